@@ -1,0 +1,5 @@
+import sys
+
+from multinode.cli import main
+
+sys.exit(main())

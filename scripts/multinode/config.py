@@ -1,0 +1,121 @@
+"""Typed, validated-once configuration for the orchestrator.
+
+Precedence is CLI flag > environment (the Makefile passes ``NODES=2`` etc. through as
+``MULTINODE_NODES``...) > default. Each spec is a frozen dataclass that validates itself in
+``__post_init__`` and raises :class:`UserError` with one actionable line, so nothing downstream
+re-checks user input.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from multinode.errors import UserError
+from multinode.state import check_cluster_name
+
+MODES = ("cpu", "gpu", "mpi", "mpi-gpu")
+CLUSTER_TYPES = ("cpu", "g4dn", "g4ad")
+DEFAULT_CLUSTER = "dev"
+DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
+
+
+def env_default(name: str, default: str | None = None) -> str | None:
+    """``MULTINODE_<NAME>`` from the environment (empty counts as unset)."""
+    value = os.environ.get(f"MULTINODE_{name}")
+    return value if value not in (None, "") else default
+
+
+def new_run_id() -> str:
+    """Sortable and unique: 20261122-135501-1a2b3c."""
+    return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6]
+
+
+def _positive(name: str, value: int, hint: str) -> None:
+    if value < 1:
+        raise UserError(f"{name}={value} must be at least 1; {hint}")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What `up` provisions."""
+
+    name: str = DEFAULT_CLUSTER
+    provider: str = "local"
+    nodes: int = 2
+    cluster_type: str = "cpu"  # cpu | g4dn | g4ad (the AWS kinds; local is always cpu)
+    mtu: int = 1500  # local provider: veth MTU (1500 is what a real network gives you)
+    options: dict[str, str] = field(default_factory=dict)  # provider-specific (region, ssh_cidr, ...)
+
+    def __post_init__(self) -> None:
+        check_cluster_name(self.name)
+        _positive("NODES", self.nodes, "a cluster needs at least one node.")
+        if self.nodes > 64:
+            raise UserError(f"NODES={self.nodes} is more than 64; lower NODES.")
+        if self.cluster_type not in CLUSTER_TYPES:
+            raise UserError(
+                f"unknown CLUSTER_TYPE {self.cluster_type!r}; valid cluster types: {', '.join(CLUSTER_TYPES)}"
+            )
+        if not 576 <= self.mtu <= 65535:
+            raise UserError(f"MTU={self.mtu} is outside 576..65535; use 1500 (realistic) or 65000 (fast)")
+
+
+ELASTIC = re.compile(r"^(\d+):(\d+)$")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """What `train` runs. ``nodes`` is how many of the cluster's nodes take part (head first)."""
+
+    mode: str = "cpu"
+    nodes: int = 2
+    nproc: int = 1  # processes per node
+    script: str | None = None  # None: our trainer (training/train.py)
+    args: tuple[str, ...] = DEFAULT_TRAIN_ARGS
+    rdzv_port: int = 29500
+    max_restarts: int = 0
+    elastic: str | None = None  # "MIN:MAX" nodes; None = static (MIN = MAX = nodes)
+    rdzv_timeout: int = 60  # seconds to wait for every node to join the rendezvous
+    pg_timeout: int = 30  # seconds a collective may wait for a dead peer before the job fails
+    deadline: float | None = None  # seconds the whole job may take; None = no limit
+    preflight_timeout: float = 30.0
+    run_id: str = field(default_factory=new_run_id)
+    dry_run: bool = False
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise UserError(f"unknown MODE {self.mode!r}; valid modes: {', '.join(MODES)}")
+        _positive("NODES", self.nodes, "run on at least one node.")
+        _positive("NPROC", self.nproc, "start at least one process per node.")
+        if not 1024 <= self.rdzv_port <= 65535:
+            raise UserError(f"RDZV_PORT={self.rdzv_port} must be in 1024..65535")
+        if self.max_restarts < 0:
+            raise UserError(f"MAX_RESTARTS={self.max_restarts} must be 0 or more")
+        if self.elastic is not None:
+            match = ELASTIC.match(self.elastic)
+            if not match or not 1 <= int(match[1]) <= int(match[2]):
+                raise UserError(f"ELASTIC={self.elastic!r} must look like MIN:MAX with 1 <= MIN <= MAX, e.g. 1:{self.nodes}")
+            if int(match[2]) != self.nodes:
+                raise UserError(f"ELASTIC={self.elastic!r}: MAX must equal NODES={self.nodes}")
+            if self.mode.startswith("mpi"):
+                raise UserError(f"ELASTIC is for torchrun modes; MODE={self.mode} runs a fixed mpirun world")
+        if self.mode.startswith("mpi") and self.max_restarts:
+            raise UserError(f"MAX_RESTARTS is for torchrun modes; MODE={self.mode} cannot restart ranks")
+        for name in ("rdzv_timeout", "pg_timeout"):
+            if getattr(self, name) < 1:
+                raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.mode in ("gpu", "mpi-gpu")
+
+    @property
+    def uses_mpi(self) -> bool:
+        return self.mode.startswith("mpi")
+
+    @property
+    def min_nodes(self) -> int:
+        return int(self.elastic.split(":")[0]) if self.elastic else self.nodes

@@ -1,0 +1,31 @@
+"""Provider registry: ``PROVIDERS[name]()`` gives a provider. Unknown names list the valid ones."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from multinode.errors import UserError
+from multinode.providers.base import Provider
+
+
+def _local() -> Provider:
+    from multinode.providers.local import LocalProvider
+
+    return LocalProvider()
+
+
+def _aws() -> Provider:
+    from multinode.providers.aws import AwsProvider
+
+    return AwsProvider()
+
+
+PROVIDERS: dict[str, Callable[[], Provider]] = {"local": _local, "aws": _aws}
+
+
+def get_provider(name: str) -> Provider:
+    try:
+        factory = PROVIDERS[name]
+    except KeyError:
+        raise UserError(f"unknown PROVIDER {name!r}; valid providers: {', '.join(PROVIDERS)}") from None
+    return factory()

@@ -1,0 +1,29 @@
+"""What a provider is: something that turns a ClusterSpec into machines and an Inventory, and back.
+
+A provider never imports launchers or runtimes; it only produces and destroys clusters.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from multinode.config import ClusterSpec
+from multinode.inventory import Inventory
+from multinode.state import ClusterState
+
+
+class Provider(Protocol):
+    name: str
+
+    def up(self, spec: ClusterSpec, state: ClusterState) -> Inventory:
+        """Create the cluster, write ``state.inventory_path`` and return the inventory.
+
+        Raises UserError (nothing created) when the cluster already exists or the spec cannot work.
+        On a failure half-way, cleans up what it created before raising.
+        """
+
+    def down(self, state: ClusterState) -> list[str]:
+        """Destroy everything the cluster owns; idempotent; works after a crashed ``up``.
+
+        Returns human-readable lines describing what was removed / verified.
+        """
