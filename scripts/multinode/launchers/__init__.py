@@ -1,0 +1,25 @@
+"""Launcher registry. A mode picks a launcher; an unknown name lists the valid ones."""
+
+from __future__ import annotations
+
+from multinode.errors import UserError
+from multinode.launchers.base import EntryPoint, Launcher, LaunchPlan, NodeCommand
+from multinode.launchers.mpirun import MpirunLauncher
+from multinode.launchers.torchrun import TorchrunLauncher
+
+LAUNCHERS: dict[str, type] = {"torchrun": TorchrunLauncher, "mpirun": MpirunLauncher}
+MODE_LAUNCHER = {"cpu": "torchrun", "gpu": "torchrun", "mpi": "mpirun", "mpi-gpu": "mpirun"}
+
+
+def get_launcher(name: str) -> Launcher:
+    try:
+        return LAUNCHERS[name]()
+    except KeyError:
+        raise UserError(f"unknown launcher {name!r}; valid launchers: {', '.join(LAUNCHERS)}") from None
+
+
+def launcher_for_mode(mode: str) -> Launcher:
+    return get_launcher(MODE_LAUNCHER[mode])
+
+
+__all__ = ["EntryPoint", "LAUNCHERS", "LaunchPlan", "Launcher", "NodeCommand", "get_launcher", "launcher_for_mode"]

@@ -1,0 +1,128 @@
+"""What a launcher produces: a :class:`LaunchPlan`, the exact argv and environment per node.
+
+Launchers are pure: (inventory, launch spec, entry point) -> plan. No I/O, no network, so
+``--dry-run`` is free and tests assert on plans without starting a process (the way DeepSpeed's
+``test_multinode_runner.py`` asserts ``cmd[0] == 'mpirun'``).
+
+A plan's environment comes in two kinds:
+
+* ``env``: literal values, the same wherever the plan is shown or run;
+* ``node_env``: shell expressions evaluated on the node right before the launch, for facts only
+  the node knows -- e.g. the name of the interface that holds the cluster subnet, which is how we
+  pin gloo/NCCL to the cluster network without hard-coding ``eth0`` or ``ens5``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+from multinode.config import LaunchSpec
+from multinode.inventory import Inventory
+
+
+def iface_for_subnet(subnet: str) -> str:
+    """Shell expression printing the name of the node's interface that carries ``subnet``."""
+    return f"$(ip -o -4 addr show to {subnet} | awk 'NR==1{{print $2}}')"
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """The program every rank runs, as a path relative to the synced code directory."""
+
+    script: str  # e.g. "training/train.py" or "user/my_script.py"
+    args: tuple[str, ...] = ()
+    ours: bool = True  # our trainer: the launcher may add --snapshot-dir/--metrics-dir/--timeout
+
+
+@dataclass(frozen=True)
+class NodeCommand:
+    """What runs on one node."""
+
+    node: str
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str] = field(default_factory=dict)
+    node_env: dict[str, str] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)  # absolute path on the node -> content (hostfile, ...)
+
+    def shell(self) -> str:
+        """One POSIX-sh line: cd, exports, exec. What the runner sends over SSH (before tagging)."""
+        parts = [f"cd {shlex.quote(self.cwd)}"]
+        parts += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
+        parts += [f'export {k}="{expr}"' for k, expr in self.node_env.items()]
+        parts.append("exec " + shlex.join(self.argv))
+        return " && ".join(parts)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Per node, exactly what will run. ``participants`` are stopped together when one fails."""
+
+    run_id: str
+    launcher: str
+    commands: tuple[NodeCommand, ...]
+    participants: tuple[str, ...]
+    world_size: int
+
+    def command_for(self, node: str) -> NodeCommand:
+        for cmd in self.commands:
+            if cmd.node == node:
+                return cmd
+        raise KeyError(node)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    def describe(self) -> str:
+        """Human-readable dry-run output."""
+        lines = [f"run {self.run_id}: {self.launcher}, world size {self.world_size}, nodes {', '.join(self.participants)}"]
+        for cmd in self.commands:
+            lines.append(f"[{cmd.node}] cwd: {cmd.cwd}")
+            for k, v in {**cmd.env, **cmd.node_env}.items():
+                lines.append(f"[{cmd.node}] env: {k}={v}")
+            for path in cmd.files:
+                lines.append(f"[{cmd.node}] file: {path}")
+            lines.append(f"[{cmd.node}] argv: {shlex.join(cmd.argv)}")
+        return "\n".join(lines)
+
+
+class Launcher(Protocol):
+    name: str
+
+    def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
+        """The plan for running ``entry`` on the first ``spec.nodes`` nodes of ``inventory``."""
+
+    def failed_rank(self, log_lines: Sequence[str]) -> int | None:
+        """The global rank a node's log names as failed, if the launcher's output says so."""
+
+
+def code_dir(inventory: Inventory, node_name: str) -> str:
+    """Where the synced code lives on a node."""
+    return f"{inventory.workdir_for(node_name)}/code"
+
+
+def run_dir(inventory: Inventory, node_name: str, run_id: str) -> str:
+    """Where a run writes on a node (snapshots, metrics)."""
+    return f"{inventory.workdir_for(node_name)}/runs/{run_id}"
+
+
+def trainer_args(entry: EntryPoint, run_directory: str, spec: LaunchSpec) -> tuple[str, ...]:
+    """Our trainer gets node-local output dirs and the job's timeouts; a user script gets its args untouched."""
+    if not entry.ours:
+        return entry.args
+    extra = ("--snapshot-dir", f"{run_directory}/snapshots", "--metrics-dir", run_directory)
+    extra += ("--timeout", str(spec.pg_timeout))
+    if spec.uses_gpu:
+        extra += ("--device", "gpu")
+    return extra + entry.args
+
+
+BASE_ENV = {
+    # torch would otherwise start one OpenMP thread per core in every rank: N ranks x N cores on one box.
+    "OMP_NUM_THREADS": "1",
+    "PYTHONUNBUFFERED": "1",
+}

@@ -1,0 +1,120 @@
+"""One ``mpirun`` on the head node; Open MPI starts the other ranks over SSH.
+
+The job is written as one MPMD app context per node (``-np P --host IP:P --wdir DIR``), so each
+node runs the code from its own node-local directory: nothing assumes a shared filesystem. A
+hostfile listing the nodes is also written on the head for anyone re-running by hand.
+
+Open MPI's TCP traffic (both the out-of-band channel and the byte transfer layer) is pinned to
+the cluster subnet by CIDR, which Open MPI accepts directly: no interface name is hard-coded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from multinode.config import LaunchSpec
+from multinode.inventory import Inventory
+from multinode.launchers.base import (
+    BASE_ENV,
+    EntryPoint,
+    LaunchPlan,
+    NodeCommand,
+    code_dir,
+    iface_for_subnet,
+    run_dir,
+    trainer_args,
+)
+
+# Environment forwarded to every rank (mpirun does not forward the environment by itself).
+FORWARDED = ("MULTINODE_RUN_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME")
+
+# mpirun's own reports of the first failed rank:
+#   "  Process name: [[12345,1],1]"  (non-zero exit, under "The first process to do so was:")
+#   "mpirun noticed that process rank 1 with PID 4242 on node 10.0.0.11 exited on signal 9 (Killed)."
+MPIRUN_FAILED_RANK = (
+    re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),
+    re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited"),
+)
+
+
+def mpi_ssh_args(inventory: Inventory) -> str:
+    """How mpirun on the head SSHes to the other nodes: the cluster key and pinned host keys only."""
+    port = inventory.extra.get("mpi_ssh_port", inventory.head.ssh_port)
+    opts = [
+        f"-p {port}",
+        f"-i {inventory.extra.get('mpi_ssh_key', inventory.ssh_key)}",
+        f"-o UserKnownHostsFile={inventory.extra.get('mpi_known_hosts', inventory.known_hosts)}",
+        "-o StrictHostKeyChecking=yes",
+        "-o BatchMode=yes",
+        "-o ConnectTimeout=10",
+    ]
+    return " ".join(opts)
+
+
+class MpirunLauncher:
+    name = "mpirun"
+
+    def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
+        inv = inventory.first(spec.nodes)
+        head = inv.head
+        head_dir = inv.workdir_for(head.name)
+        hostfile = f"{head_dir}/runs/{spec.run_id}/hostfile"
+        argv: list[str] = [
+            "mpirun",
+            "--hostfile", hostfile,
+            # Several simulated nodes share cores; pinning would put every node's rank on core 0.
+            "--bind-to", "none",
+            "--mca", "pml", "ob1",
+            "--mca", "btl", "self,vader,tcp",
+            "--mca", "btl_tcp_if_include", inv.subnet,
+            "--mca", "oob_tcp_if_include", inv.subnet,
+            "--mca", "plm_rsh_args", mpi_ssh_args(inv),
+            # Fail the whole job as soon as one rank exits non-zero.
+            "--mca", "orte_abort_on_non_zero_status", "1",
+            "--tag-output",
+        ]
+        for name in FORWARDED:
+            argv += ["-x", name]
+        contexts = []
+        for node in inv.nodes:
+            ctx = [
+                "-np", str(spec.nproc),
+                "--host", f"{node.private_ip}:{spec.nproc}",
+                "--wdir", code_dir(inv, node.name),
+                inv.python, entry.script,
+                *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
+            ]
+            contexts.append(ctx)
+        for i, ctx in enumerate(contexts):
+            if i:
+                argv.append(":")
+            argv += ctx
+        env = dict(BASE_ENV)
+        if head.ssh_user == "root":
+            # Without these Open MPI refuses to run as root -- and still exits 0.
+            env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+        content = "".join(f"{n.private_ip} slots={spec.nproc}\n" for n in inv.nodes)
+        command = NodeCommand(
+            node=head.name,
+            argv=tuple(argv),
+            cwd=code_dir(inv, head.name),
+            env=env,
+            node_env={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},
+            files={hostfile: content},
+        )
+        return LaunchPlan(
+            run_id=spec.run_id,
+            launcher=self.name,
+            commands=(command,),
+            participants=tuple(n.name for n in inv.nodes),
+            world_size=spec.nodes * spec.nproc,
+        )
+
+    def failed_rank(self, log_lines: Sequence[str]) -> int | None:
+        for line in log_lines:
+            for pattern in MPIRUN_FAILED_RANK:
+                match = pattern.search(line)
+                if match:
+                    return int(match[1])
+        return None

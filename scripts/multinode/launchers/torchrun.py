@@ -1,0 +1,82 @@
+"""torchrun on every node at once, with c10d rendezvous on the head's private IP.
+
+Each node runs the same command but for ``--local-addr`` and ``is_host``: the head hosts the
+rendezvous store (set explicitly, so nothing depends on the node's hostname resolving), every
+node advertises its cluster address, and gloo/NCCL are pinned to the interface that carries the
+cluster subnet. ``--rdzv-id`` is the run id, so two runs never join each other.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from multinode.config import LaunchSpec
+from multinode.inventory import Inventory
+from multinode.launchers.base import (
+    BASE_ENV,
+    EntryPoint,
+    LaunchPlan,
+    NodeCommand,
+    code_dir,
+    iface_for_subnet,
+    run_dir,
+    trainer_args,
+)
+
+# torchrun's error summary: "  rank      : 1 (local_rank: 0)" under "Root Cause (first observed failure)".
+ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
+
+
+class TorchrunLauncher:
+    name = "torchrun"
+
+    def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
+        inv = inventory.first(spec.nodes)
+        head = inv.head
+        nnodes = spec.elastic or str(spec.nodes)
+        commands = []
+        for node in inv.nodes:
+            is_host = node.name == head.name
+            rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={spec.rdzv_timeout},is_host={int(is_host)}"
+            argv = (
+                inv.python, "-m", "torch.distributed.run",
+                f"--nnodes={nnodes}",
+                f"--nproc-per-node={spec.nproc}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={head.private_ip}:{spec.rdzv_port}",
+                f"--rdzv-id={spec.run_id}",
+                f"--rdzv-conf={rdzv_conf}",
+                f"--max-restarts={spec.max_restarts}",
+                f"--local-addr={node.private_ip}",
+                "--monitor-interval=0.5",
+                entry.script,
+                *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
+            )
+            env = dict(BASE_ENV)
+            if spec.max_restarts:
+                # Restarted workers otherwise reconnect to stale store addresses (pytorch#135712).
+                env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+            iface = iface_for_subnet(inv.subnet)
+            node_env = {"GLOO_SOCKET_IFNAME": iface}
+            if spec.uses_gpu:
+                node_env["NCCL_SOCKET_IFNAME"] = iface
+                # One TCP flow on EC2 is capped well below the NIC; several sockets per peer fill it.
+                env.update({"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})
+            commands.append(
+                NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name), env=env, node_env=node_env)
+            )
+        return LaunchPlan(
+            run_id=spec.run_id,
+            launcher=self.name,
+            commands=tuple(commands),
+            participants=tuple(n.name for n in inv.nodes),
+            world_size=spec.nodes * spec.nproc,
+        )
+
+    def failed_rank(self, log_lines: Sequence[str]) -> int | None:
+        for line in log_lines:
+            match = ROOT_CAUSE_RANK.match(line)
+            if match:
+                return int(match[1])
+        return None
