@@ -1,0 +1,163 @@
+"""Command line: parsing only. Everything it does is a call into :mod:`multinode.orchestrator`.
+
+    multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
+    multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P] [--script PATH] [--args "..."] [--dry-run]
+    multinode down | status | logs [--run ID] [--node I] | ssh NODE [CMD...] | reap --region R [--yes]
+
+Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default.
+User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from collections.abc import Sequence
+
+from multinode import orchestrator
+from multinode.config import (
+    CLUSTER_TYPES,
+    DEFAULT_CLUSTER,
+    DEFAULT_TRAIN_ARGS,
+    MODES,
+    ClusterSpec,
+    LaunchSpec,
+    env_default,
+    new_run_id,
+)
+from multinode.errors import JobFailed, MultinodeError, UserError
+
+log = logging.getLogger("multinode")
+
+
+def _options(pairs: Sequence[str]) -> dict[str, str]:
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UserError(f"option {pair!r} must look like key=value, e.g. -o region=us-east-1")
+        options[key] = value
+    return options
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="multinode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cluster", default=env_default("CLUSTER", DEFAULT_CLUSTER), help="cluster name (default %(default)s)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    up = sub.add_parser("up", help="provision the cluster")
+    up.add_argument("--provider", default=env_default("PROVIDER", "local"))
+    up.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
+    up.add_argument("--cluster-type", default=env_default("CLUSTER_TYPE", "cpu"), help=f"one of {', '.join(CLUSTER_TYPES)}")
+    up.add_argument("--mtu", type=int, default=env_default("MTU", "1500"), help="local provider: link MTU")
+    up.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                    help="provider option (aws: region, ssh_cidr, owner, ttl_hours, spot, ...)")
+    up.add_argument("--yes", action="store_true", help="do not ask before creating billable resources")
+
+    down = sub.add_parser("down", help="destroy the cluster and verify nothing is left")
+    down.add_argument("--provider", default=env_default("PROVIDER"), help="only needed when the inventory is gone")
+
+    sub.add_parser("status", help="show the nodes and whether each answers SSH")
+
+    train = sub.add_parser("train", help="run the training job on the cluster")
+    train.add_argument("--mode", default=env_default("MODE", "cpu"), help=f"one of {', '.join(MODES)}")
+    train.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
+    train.add_argument("--nproc", type=int, default=env_default("NPROC", "1"), help="processes per node")
+    train.add_argument("--script", default=env_default("SCRIPT"), help="run this script instead of our trainer")
+    train.add_argument("--args", default=env_default("ARGS"),
+                       help=f"arguments for the script, one string (default: {' '.join(DEFAULT_TRAIN_ARGS)})")
+    train.add_argument("--rdzv-port", type=int, default=env_default("RDZV_PORT", "29500"))
+    train.add_argument("--max-restarts", type=int, default=env_default("MAX_RESTARTS", "0"))
+    train.add_argument("--elastic", default=env_default("ELASTIC"), metavar="MIN:MAX", help="elastic node range")
+    train.add_argument("--rdzv-timeout", type=int, default=env_default("RDZV_TIMEOUT", "60"))
+    train.add_argument("--pg-timeout", type=int, default=env_default("PG_TIMEOUT", "30"))
+    train.add_argument("--deadline", type=float, default=env_default("DEADLINE"), help="seconds the job may take")
+    train.add_argument("--run-id", default=env_default("RUN_ID"))
+    train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
+
+    logs = sub.add_parser("logs", help="show a run's logs (default: the latest run)")
+    logs.add_argument("--run", default=None, help="run id")
+    logs.add_argument("--node", default=None, help="node index or name")
+
+    ssh = sub.add_parser("ssh", help="open a shell on a node (pinned host key)")
+    ssh.add_argument("node", nargs="?", default=env_default("NODE", "0"))
+    ssh.add_argument("remote_command", nargs=argparse.REMAINDER)
+
+    reap = sub.add_parser("reap", help="find (and with --yes terminate) leaked instances tagged by multinode")
+    reap.add_argument("--region", required=True)
+    reap.add_argument("--yes", action="store_true")
+    return parser
+
+
+def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
+    if args.args is None:
+        script_args = DEFAULT_TRAIN_ARGS if not args.script else ()
+    else:
+        try:
+            script_args = tuple(shlex.split(args.args))
+        except ValueError as err:
+            raise UserError(f"ARGS={args.args!r} cannot be split like a shell line ({err}); check its quotes") from None
+    return LaunchSpec(
+        mode=args.mode,
+        nodes=args.nodes,
+        nproc=args.nproc,
+        script=args.script,
+        args=script_args,
+        rdzv_port=args.rdzv_port,
+        max_restarts=args.max_restarts,
+        elastic=args.elastic,
+        rdzv_timeout=args.rdzv_timeout,
+        pg_timeout=args.pg_timeout,
+        deadline=args.deadline,
+        run_id=args.run_id or new_run_id(),
+        dry_run=args.dry_run,
+    )
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    if args.command == "up":
+        spec = ClusterSpec(
+            name=args.cluster, provider=args.provider, nodes=args.nodes,
+            cluster_type=args.cluster_type, mtu=args.mtu, options=_options(args.option),
+        )
+        orchestrator.up(spec, assume_yes=args.yes)
+    elif args.command == "down":
+        orchestrator.down(args.cluster, provider=args.provider)
+    elif args.command == "status":
+        return orchestrator.status(args.cluster)
+    elif args.command == "train":
+        orchestrator.train(args.cluster, _launch_spec(args))
+    elif args.command == "logs":
+        orchestrator.logs(args.cluster, run_id=args.run, node=args.node)
+    elif args.command == "ssh":
+        return orchestrator.ssh(args.cluster, args.node, args.remote_command)
+    elif args.command == "reap":
+        orchestrator.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None, yes=args.yes)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    try:
+        return dispatch(args)
+    except JobFailed as err:
+        print(f"multinode: {err}", file=sys.stderr)
+        print(err.first.describe(), file=sys.stderr)
+        if err.summary:
+            print(err.summary, file=sys.stderr)
+        return err.exit_code
+    except MultinodeError as err:
+        print(f"multinode: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("multinode: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""The verbs behind the CLI: up, down, status, train, logs, ssh, reap.
+
+Each verb wires the one-way chain together -- config -> provider -> inventory -> launch plan ->
+runtime -> remote runner -> logs/results -- and owns nothing else. ``train`` in order:
+
+1. load the inventory and restrict it to NODES (user errors first, nothing started);
+2. plan with the mode's launcher (pure; ``--dry-run`` stops here and prints it);
+3. pre-flight every node in parallel (SSH, runtime, GPU, MPI SSH mesh, rendezvous port);
+4. sync the code (training package, or the user's script) to every node's own directory;
+5. run every node's command at once, streaming ``[node-i]`` lines and saving per-node logs; the
+   first failure stops every node of the job (by run id) and is reported with node, rank and tail;
+6. sweep: stop anything still tagged with the run id on every node, even after success;
+7. summary: exit code per node, wall time, test accuracy, where logs and metrics are.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from multinode.config import ClusterSpec, LaunchSpec
+from multinode.errors import JobFailed, NodeError, UserError
+from multinode.inventory import Inventory
+from multinode.launchers import EntryPoint, LaunchPlan, launcher_for_mode
+from multinode.providers import get_provider
+from multinode.runtimes import runtime_checks, stop_containers, to_shell
+from multinode.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TRAINING_DIR = REPO_ROOT / "training"
+OUR_ENTRY = "training/train.py"
+RESULT_LINE = re.compile(r"RESULT (\{.*\})\s*$")
+# Failures that are consequences of another node's failure, not root causes.
+PEER_FAILURE = re.compile(
+    r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
+    r"DistNetworkError|Socket Timeout|timed out|SIGTERM|Signals\.SIGTERM",
+)
+
+
+# --- up / down / status ------------------------------------------------------------
+
+
+def up(spec: ClusterSpec, assume_yes: bool = False) -> Inventory:
+    state = ClusterState.for_cluster(spec.name)
+    if state.exists():
+        existing = state.load_inventory()
+        raise UserError(
+            f"cluster {spec.name!r} is already up with {len(existing.nodes)} nodes ({existing.provider}); "
+            f"run 'make down' first or use another CLUSTER"
+        )
+    provider = get_provider(spec.provider)
+    if hasattr(provider, "confirm"):
+        provider.confirm(spec, assume_yes=assume_yes)
+    inventory = provider.up(spec, state)
+    print(f"cluster {inventory.cluster!r} is up: {len(inventory.nodes)} nodes ({inventory.provider}), subnet {inventory.subnet}")
+    for node in inventory.nodes:
+        print(f"  {node.name:8} {node.hostname:16} {node.private_ip:15} ssh {node.ssh_user}@{node.ssh_host}:{node.ssh_port}")
+    return inventory
+
+
+def down(cluster: str, provider: str | None = None) -> list[str]:
+    state = ClusterState.for_cluster(cluster)
+    if state.exists():
+        name = state.load_inventory().provider
+    else:
+        name = provider or "local"
+    lines = get_provider(name).down(state)
+    for line in lines:
+        print(line)
+    return lines
+
+
+def status(cluster: str) -> int:
+    from multinode.preflight import probe_ssh
+
+    inventory = ClusterState.for_cluster(cluster).load_inventory()
+    print(f"cluster {inventory.cluster!r} ({inventory.provider}, runtime {inventory.runtime}), subnet {inventory.subnet}")
+    answers = probe_ssh(inventory)
+    down_nodes = 0
+    for node in inventory.nodes:
+        ok, detail = answers[node.name]
+        down_nodes += not ok
+        state = "ssh ok" if ok else f"NO SSH ({detail})"
+        print(f"  {node.name:8} {node.hostname:16} {node.private_ip:15} {node.accelerator:6} {state}")
+    return 1 if down_nodes else 0
+
+
+# --- train ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    mode: str
+    nodes: int
+    world_size: int
+    exit_codes: dict[str, int | None]
+    wall_seconds: float
+    result: dict | None
+    log_dir: str
+    metrics: str | None
+    failed_node: str | None = None
+    failed_rank: int | None = None
+
+
+def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]]]:
+    """The entry point and what to sync: [(local path, path under the node's code dir)]."""
+    if spec.script is None:
+        return EntryPoint(OUR_ENTRY, spec.args, ours=True), [(TRAINING_DIR, "training")]
+    script = Path(spec.script)
+    if not script.is_file():
+        raise UserError(f"SCRIPT={spec.script} does not exist or is not a file; pass the path of a Python script")
+    return EntryPoint(f"user/{script.name}", spec.args, ours=False), [(script.resolve(), f"user/{script.name}")]
+
+
+def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[tuple[Path, str]]]:
+    """Validate the job against the cluster and plan it. Pure: no I/O beyond checking SCRIPT exists."""
+    inv = inventory.first(spec.nodes)
+    if spec.uses_gpu and inv.accelerator == "none":
+        raise UserError(
+            f"MODE={spec.mode} needs GPU nodes but cluster {inv.cluster!r} has CPU nodes; "
+            f"use MODE=cpu or MODE=mpi, or bring up a GPU cluster (make up PROVIDER=aws CLUSTER_TYPE=g4dn)"
+        )
+    entry, sync = resolve_entry(spec)
+    return launcher_for_mode(spec.mode).plan(inv, spec, entry), sync
+
+
+def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSummary | None:
+    out = out or sys.stdout
+    state = ClusterState.for_cluster(cluster)
+    inventory = state.load_inventory()
+    plan, sync = plan_job(inventory, spec)
+    inv = inventory.first(spec.nodes)
+    shells = {cmd.node: to_shell(cmd, inv, spec.run_id) for cmd in plan.commands}
+    if spec.dry_run:
+        print(plan.describe(), file=out)
+        for node, line in shells.items():
+            print(f"[{node}] shell: {line}", file=out)
+        return None
+
+    from multinode.preflight import preflight
+    from multinode.remote import RemoteRunner
+    from multinode.sync import sync_code
+
+    run_dir = state.run_dir(spec.run_id)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "plan.json").write_text(plan.to_json())
+    launcher = launcher_for_mode(spec.mode)
+    print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es), logs in {run_dir}", file=out)
+    start = time.monotonic()
+    with RemoteRunner(inv, out=out) as runner:
+        preflight(
+            runner,
+            checks=runtime_checks(inv, need_gpu=spec.uses_gpu),
+            need_mpi_ssh=spec.uses_mpi,
+            port=None if spec.uses_mpi else spec.rdzv_port,
+            timeout=spec.preflight_timeout,
+        )
+        sync_code(runner, sync, subdir="code")
+        for cmd in plan.commands:
+            for path, content in cmd.files.items():
+                runner.write_file(cmd.node, path, content)
+        try:
+            results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
+                                 extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
+        except JobFailed as err:
+            summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
+            raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
+        finally:
+            runner.stop_all(spec.run_id)
+        metrics = _fetch_metrics(runner, inv, spec, run_dir)
+    head_log = run_dir / f"{inv.head.name}.log"
+    summary = RunSummary(
+        run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=plan.world_size,
+        exit_codes={name: r.exit_code for name, r in results.items()},
+        wall_seconds=round(time.monotonic() - start, 2),
+        result=parse_result(head_log.read_text(errors="replace").splitlines()) if head_log.exists() else None,
+        log_dir=str(run_dir), metrics=metrics,
+    )
+    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    print(_describe(summary), file=out)
+    return summary
+
+
+def parse_result(lines: list[str]) -> dict | None:
+    """The trainer's final ``RESULT {json}`` line, if the script printed one."""
+    for line in reversed(lines):
+        match = RESULT_LINE.search(line)
+        if match:
+            try:
+                return json.loads(match[1])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def pick_root_cause(failures: list[NodeError], first: NodeError) -> NodeError:
+    """The first failure whose log does not read like a reaction to another node's failure."""
+    for failure in failures:
+        if not any(PEER_FAILURE.search(line) for line in failure.tail):
+            return failure
+    return first
+
+
+def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float):
+    results = getattr(err, "results", {}) or {}
+    failures = [r.error for r in sorted(results.values(), key=lambda r: r.finished or 0) if getattr(r, "error", None)]
+    first = pick_root_cause(failures, err.first) if failures else err.first
+    log_path = Path(first.log_path) if first.log_path else run_dir / f"{first.node}.log"
+    lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else first.tail
+    rank = launcher.failed_rank(lines)
+    summary = RunSummary(
+        run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=plan.world_size,
+        exit_codes={name: r.exit_code for name, r in results.items()},
+        wall_seconds=round(wall, 2), result=None, log_dir=str(run_dir), metrics=None,
+        failed_node=first.node, failed_rank=rank,
+    )
+    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    return first, summary
+
+
+def _fetch_metrics(runner, inv: Inventory, spec: LaunchSpec, run_dir: Path) -> str | None:
+    """Copy rank 0's metrics.jsonl from the head node into the local run directory."""
+    if spec.script is not None:
+        return None
+    remote = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}/metrics.jsonl"
+    local = run_dir / "metrics.jsonl"
+    try:
+        runner.get_file(inv.head.name, remote, local)
+    except (OSError, NodeError) as err:
+        log.warning("no metrics fetched from %s: %s", remote, err)
+        return None
+    return str(local)
+
+
+def _describe(summary: RunSummary) -> str:
+    status = "FAILED" if summary.failed_node else "ok"
+    lines = [f"run {summary.run_id} {status}: MODE={summary.mode}, {summary.nodes} node(s), world size "
+             f"{summary.world_size}, wall {summary.wall_seconds:.1f} s"]
+    for node, code in summary.exit_codes.items():
+        lines.append(f"  {node}: exit {'lost' if code is None else code}")
+    if summary.failed_node:
+        rank = "unknown" if summary.failed_rank is None else summary.failed_rank
+        lines.append(f"  first failure: {summary.failed_node}, rank {rank}")
+    if summary.result:
+        acc = summary.result.get("test_accuracy")
+        if acc is not None:
+            lines.append(f"  test accuracy: {acc:.4f}")
+        if "collective_ok" in summary.result:
+            lines.append(f"  collective correct: {summary.result['collective_ok']}")
+    lines.append(f"  logs: {summary.log_dir}")
+    if summary.metrics:
+        lines.append(f"  metrics: {summary.metrics}")
+    return "\n".join(lines)
+
+
+# --- logs / ssh / reap --------------------------------------------------------------
+
+
+def logs(cluster: str, run_id: str | None = None, node: str | None = None) -> None:
+    state = ClusterState.for_cluster(cluster)
+    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
+    if not runs:
+        raise UserError(f"cluster {cluster!r} has no runs yet; run 'make train' first")
+    run = state.run_dir(run_id) if run_id else runs[-1]
+    if not run.exists():
+        raise UserError(f"no run {run_id!r}; runs are: {', '.join(p.name for p in runs[-5:])}")
+    files = sorted(run.glob("node-*.log"))
+    if node is not None:
+        name = f"node-{node}" if str(node).isdigit() else str(node)
+        files = [f for f in files if f.stem == name]
+        if not files:
+            raise UserError(f"run {run.name} has no log for node {node!r}")
+    for path in files:
+        for line in path.read_text(errors="replace").splitlines():
+            print(f"[{path.stem}] {line}")
+    summary = run / "summary.json"
+    if summary.exists():
+        print(summary.read_text())
+
+
+def ssh_argv(inventory: Inventory, node_key: str) -> list[str]:
+    node = inventory.node(node_key)
+    return [
+        "ssh", "-i", inventory.ssh_key, "-p", str(node.ssh_port),
+        "-o", f"UserKnownHostsFile={inventory.known_hosts}", "-o", "StrictHostKeyChecking=yes",
+        f"{node.ssh_user}@{node.ssh_host}",
+    ]
+
+
+def ssh(cluster: str, node_key: str, command: list[str]) -> int:
+    inventory = ClusterState.for_cluster(cluster).load_inventory()
+    argv = ssh_argv(inventory, node_key) + ([shlex.join(command)] if command else [])
+    os.execvp(argv[0], argv)
+    return 0  # not reached
+
+
+def reap(region: str, cluster: str | None, yes: bool) -> None:
+    from multinode.providers.aws import reap as aws_reap
+
+    for line in aws_reap(region=region, cluster=cluster, yes=yes):
+        print(line)
