@@ -99,6 +99,15 @@ class Inventory:
         kinds = {n.accelerator for n in self.nodes}
         return kinds.pop() if len(kinds) == 1 else "none"
 
+    @property
+    def interpreter(self) -> str:
+        """The Python that runs the job: the node's own (host runtime) or the image's (docker runtime)."""
+        return self.python if self.runtime == "host" else self.extra.get("container_python", "python3")
+
+    def workdir_for(self, node_name: str) -> str:
+        """The node's work directory (``workdir`` may hold ``{node}``: local nodes share one disk)."""
+        return self.workdir.replace("{node}", node_name)
+
     def first(self, count: int) -> "Inventory":
         """The same cluster restricted to its first ``count`` nodes (head included)."""
         if not 0 < count <= len(self.nodes):

@@ -82,7 +82,7 @@ class MpirunLauncher:
                 "-np", str(spec.nproc),
                 "--host", f"{node.private_ip}:{spec.nproc}",
                 "--wdir", code_dir(inv, node.name),
-                inv.python, entry.script,
+                inv.interpreter, entry.script,
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
             ]
             contexts.append(ctx)

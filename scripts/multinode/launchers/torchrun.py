@@ -40,7 +40,7 @@ class TorchrunLauncher:
             is_host = node.name == head.name
             rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={spec.rdzv_timeout},is_host={int(is_host)}"
             argv = (
-                inv.python, "-m", "torch.distributed.run",
+                inv.interpreter, "-m", "torch.distributed.run",
                 f"--nnodes={nnodes}",
                 f"--nproc-per-node={spec.nproc}",
                 "--rdzv-backend=c10d",

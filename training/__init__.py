@@ -1,0 +1,1 @@
+"""The data-parallel trainer that runs under torchrun, mpirun, srun or as one process (entry: train.py)."""
