@@ -150,13 +150,10 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
 
     from multinode.preflight import preflight
     from multinode.remote import RemoteRunner
-    from multinode.sync import sync_code
+    from multinode.sync import sync_code, sync_mpi_credentials
 
     run_dir = state.run_dir(spec.run_id)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "plan.json").write_text(plan.to_json())
     launcher = launcher_for_mode(spec.mode)
-    print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es), logs in {run_dir}", file=out)
     start = time.monotonic()
     with RemoteRunner(inv, out=out) as runner:
         preflight(
@@ -166,7 +163,14 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
         )
+        # Nothing is written before pre-flight passed: a refused job leaves no trace.
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "plan.json").write_text(plan.to_json())
+        print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es), "
+              f"logs in {run_dir}", file=out)
         sync_code(runner, sync, subdir="code")
+        if spec.uses_mpi:
+            sync_mpi_credentials(runner)
         for cmd in plan.commands:
             for path, content in cmd.files.items():
                 runner.write_file(cmd.node, path, content)

@@ -50,10 +50,16 @@ class TorchrunLauncher:
                 f"--max-restarts={spec.max_restarts}",
                 f"--local-addr={node.private_ip}",
                 "--monitor-interval=0.5",
+                # Tee worker output through the agent so each line carries its rank prefix;
+                # per-rank copies stay in the node's run directory.
+                "--tee=3",
+                f"--log-dir={run_dir(inv, node.name, spec.run_id)}/torchrun",
                 entry.script,
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
             )
             env = dict(BASE_ENV)
+            # Every worker line starts with its global rank: "[node-1] [rank1]: ...".
+            env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]: "
             if spec.max_restarts:
                 # Restarted workers otherwise reconnect to stale store addresses (pytorch#135712).
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"

@@ -1,0 +1,132 @@
+"""Pre-flight: before a job starts, prove every node can run it, in parallel, within a deadline.
+
+Checks, in order (each failure is one line naming the node and the fix, and nothing is started):
+
+1. every node answers SSH with the pinned host key (retried with back-off until the deadline);
+2. every node has the runtime (the project's Python with torch, or the container CLI and image),
+   and a GPU in gpu modes;
+3. torchrun modes: the rendezvous port is free on the head node;
+4. mpi modes: the head can SSH to every other node with the cluster key (mpirun needs it).
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from multinode.errors import UserError
+from multinode.inventory import Inventory
+from multinode.remote import RemoteRunner
+
+RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0)
+
+
+class PreflightFailed(UserError):
+    """A node cannot run the job; nothing was started."""
+
+
+def wait_for_ssh(runner: RemoteRunner, timeout: float) -> None:
+    """Connect to every node, retrying the ones that fail until ``timeout`` seconds have passed."""
+    inv = runner.inventory
+    end = time.monotonic() + timeout
+    missing = [n.name for n in inv.nodes]
+    attempt = 0
+    while True:
+        answers = runner.connect_all(missing, timeout=max(1.0, min(runner.connect_timeout + 2, end - time.monotonic())))
+        failed = {name: why for name, why in answers.items() if why}
+        fatal = {name: why for name, why in failed.items() if "host key" in why or "key was refused" in why}
+        if fatal or not failed or time.monotonic() + RETRY_BACKOFF[min(attempt, 3)] > end:
+            break
+        time.sleep(RETRY_BACKOFF[min(attempt, 3)])
+        attempt += 1
+        missing = list(failed)
+    if failed:
+        name, why = next(iter((fatal or failed).items()))
+        node = inv.node(name)
+        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise PreflightFailed(
+            f"{name} ({node.ssh_user}@{node.ssh_host}:{node.ssh_port}) does not answer SSH{others}: {why}; "
+            f"check the cluster with 'make status' (or 'make down' and 'make up')"
+        )
+
+
+def _check_script(checks: list[tuple[str, str]]) -> str:
+    """A shell script that runs every check and prints 'FAIL <what>: <output>' for each that fails."""
+    parts = []
+    for desc, command in checks:
+        parts.append(
+            f"out=$( {{ {command}; }} 2>&1 ) || echo \"FAIL {desc}: $(echo \"$out\" | tail -n 2 | tr '\\n' ' ')\""
+        )
+    return "\n".join(parts) or "true"
+
+
+def port_check(port: int) -> tuple[str, str]:
+    return (f"rendezvous port {port} is free", f"! ss -Hltnp 'sport = :{port}' | grep .")
+
+
+def mpi_mesh_check(inv: Inventory) -> tuple[str, str]:
+    """From the head: SSH to every other node exactly the way mpirun will."""
+    from multinode.launchers.mpirun import mpi_ssh_args
+
+    args = mpi_ssh_args(inv)
+    probes = " && ".join(
+        f"{{ ssh {args} {shlex.quote(f'{n.ssh_user}@{n.private_ip}')} true 2>&1 || {{ echo 'to {n.name}'; false; }}; }}"
+        for n in inv.nodes[1:]
+    )
+    return ("the head can SSH to the other nodes", probes or "true")
+
+
+def preflight(
+    runner: RemoteRunner,
+    *,
+    checks: list[tuple[str, str]],
+    need_mpi_ssh: bool = False,
+    port: int | None = None,
+    timeout: float = 30.0,
+) -> None:
+    """Raise :class:`PreflightFailed` (one line) unless every node can run the job."""
+    inv = runner.inventory
+    start = time.monotonic()
+    wait_for_ssh(runner, timeout)
+    commands = {}
+    for node in inv.nodes:
+        node_checks = list(checks)
+        if node.name == inv.head.name:
+            if port is not None:
+                node_checks.append(port_check(port))
+            if need_mpi_ssh and len(inv.nodes) > 1:
+                node_checks.append(mpi_mesh_check(inv))
+        commands[node.name] = _check_script(node_checks)
+    remaining = max(5.0, timeout - (time.monotonic() - start))
+    results = runner.run_each(commands, timeout=remaining)
+    for node in inv.nodes:
+        res = results[node.name]
+        if res.exit_code is None:
+            raise PreflightFailed(f"{node.name} stopped answering during pre-flight: {res.error}; check it with 'make status'")
+        failures = [line[5:] for line in res.stdout.splitlines() if line.startswith("FAIL ")]
+        if failures:
+            desc, _, output = failures[0].partition(": ")
+            detail = f" ({output.strip()})" if output.strip() else ""
+            raise PreflightFailed(f"{node.name}: pre-flight check '{desc}' failed{detail}{_hint(desc, port)}")
+
+
+def _hint(failure: str, port: int | None) -> str:
+    if failure.startswith("rendezvous port"):
+        return f"; stop what listens there or pass RDZV_PORT=<another port> (e.g. {(port or 29500) + 1})"
+    if failure.startswith("a GPU"):
+        return "; use MODE=cpu or MODE=mpi, or a GPU cluster"
+    if failure.startswith("the head can SSH"):
+        return "; mpirun starts remote ranks over SSH: check the nodes' authorized_keys and known_hosts"
+    if failure.startswith("python with torch"):
+        return "; run 'make setup' (or fix the inventory's python)"
+    return ""
+
+
+def probe_ssh(inventory: Inventory, timeout: float = 5.0) -> dict[str, tuple[bool, str]]:
+    """For `status`: does each node answer SSH (and run a command)? {node: (ok, detail)}."""
+    with RemoteRunner(inventory, connect_timeout=timeout) as runner:
+        results = runner.run_all("uptime -p 2>/dev/null || uptime", timeout=timeout)
+    return {
+        name: (res.ok, res.stdout.strip() if res.ok else (res.error or res.stderr.strip() or f"exit {res.exit_code}"))
+        for name, res in results.items()
+    }

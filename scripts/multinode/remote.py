@@ -1,0 +1,427 @@
+"""The one runner for everything that happens on nodes: Fabric connections, in parallel, with
+pinned host keys, whole-line streaming, deadlines and gang-stop.
+
+Contract:
+
+* Every connection uses the cluster key only and the cluster's ``known_hosts`` only, with
+  Paramiko's ``RejectPolicy``: an unknown or changed host key is refused, never added.
+* Commands run with ``pty=False``: a lost connection does not kill the remote job (it is stopped
+  explicitly, by run id), and stdout/stderr stay separate streams.
+* Output is re-assembled into whole lines before it is written, so lines of different nodes
+  never interleave mid-line; each line goes to ``<log_dir>/<node>.log`` and, prefixed
+  ``[node-i]``, to the console.
+* :meth:`RemoteRunner.run` starts a job on every node at once. The first node that exits non-zero
+  or loses its SSH session makes the runner stop the job on every node (processes whose
+  environment carries ``MULTINODE_RUN_ID=<run id>``: torchrun starts workers in their own
+  session, so a process-tree or process-group kill would miss them) and raise
+  :class:`~multinode.errors.JobFailed`. A deadline and Ctrl-C do the same.
+* Fabric's ``ThreadingGroup`` has no join timeout and no cancel, so parallelism here is plain
+  daemon threads joined with deadlines: a node that stops answering can delay us by at most the
+  deadline, never hang us.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import queue
+import shlex
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import paramiko
+from fabric import Config, Connection
+
+from multinode.errors import Interrupted, JobFailed, NodeError
+from multinode.inventory import Inventory, Node
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL on a node
+LOST_GRACE = 15.0  # after a stop, how long a node's session may take to end before we drop it
+
+# Stop every process of one run on this node: match the exact environment entry, restricted to
+# this node's network namespace (simulated nodes share one /proc). TERM, wait, KILL, report.
+STOP_SCRIPT = r"""
+tag="MULTINODE_RUN_ID=$1"; grace_ticks=$2
+self_ns=$(readlink /proc/self/ns/net)
+list() {
+  for f in $(grep -lzxF "$tag" /proc/[0-9]*/environ 2>/dev/null); do
+    p=${f#/proc/}; p=${p%/environ}
+    [ "$(readlink /proc/$p/ns/net 2>/dev/null)" = "$self_ns" ] && echo "$p"
+  done
+}
+pids=$(list)
+[ -z "$pids" ] && { echo "stopped 0"; exit 0; }
+n=$(echo $pids | wc -w)
+kill -TERM $pids 2>/dev/null
+i=0
+while [ $i -lt $grace_ticks ]; do sleep 0.1; pids=$(list); [ -z "$pids" ] && break; i=$((i+1)); done
+[ -n "$pids" ] && kill -KILL $pids 2>/dev/null && sleep 0.2
+left=$(list)
+echo "stopped $n${left:+ left $left}"
+"""
+
+
+@dataclass
+class CommandResult:
+    """A short command run on one node with its output captured."""
+
+    node: str
+    exit_code: int | None  # None: no answer (SSH failed or timed out)
+    stdout: str = ""
+    stderr: str = ""
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass
+class NodeResult:
+    """How one node's part of a job ended."""
+
+    node: str
+    exit_code: int | None = None  # None: lost (SSH died) or never finished
+    started: float = 0.0
+    finished: float | None = None
+    error: NodeError | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+
+class LineSink:
+    """File-like target for Fabric's out_stream/err_stream: emits whole lines only."""
+
+    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque):
+        self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
+        self.buffer = ""
+
+    def write(self, data: str) -> int:
+        self.buffer += data
+        if "\n" in self.buffer:
+            *lines, self.buffer = self.buffer.split("\n")
+            self._emit(lines)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buffer:
+            self._emit([self.buffer])
+            self.buffer = ""
+
+    def _emit(self, lines: list[str]) -> None:
+        lines = [line.rstrip("\r") for line in lines]
+        self.tail.extend(lines)
+        with self.lock:
+            if self.log_file:
+                self.log_file.write("".join(f"{line}\n" for line in lines))
+                self.log_file.flush()
+            if self.out:
+                self.out.write("".join(f"[{self.node}] {line}\n" for line in lines))
+                self.out.flush()
+
+
+def _parallel(fn: Callable[[str], Any], names: Iterable[str], timeout: float | None) -> dict[str, tuple[bool, Any]]:
+    """Run ``fn(name)`` for every name at once; {name: (finished, value or exception)} after ``timeout``."""
+    results: dict[str, tuple[bool, Any]] = {}
+    threads = []
+    for name in names:
+        def target(name: str = name) -> None:
+            try:
+                results[name] = (True, fn(name))
+            except Exception as err:  # reported per node by the caller
+                results[name] = (True, err)
+        thread = threading.Thread(target=target, name=f"mn-{name}", daemon=True)
+        thread.start()
+        threads.append((name, thread))
+    end = None if timeout is None else time.monotonic() + timeout
+    for name, thread in threads:
+        thread.join(None if end is None else max(0.0, end - time.monotonic()))
+    return {name: results.get(name, (False, TimeoutError(f"no answer within {timeout:.0f} s"))) for name, _ in threads}
+
+
+def describe_ssh_error(err: BaseException) -> str:
+    if isinstance(err, paramiko.BadHostKeyException):
+        return "its host key does not match the pinned one in known_hosts (refused; was the node replaced?)"
+    if isinstance(err, paramiko.SSHException) and "not found in known_hosts" in str(err):
+        return "its host key is not in the cluster's known_hosts (refused)"
+    if isinstance(err, paramiko.AuthenticationException):
+        return "the cluster key was refused"
+    return f"{type(err).__name__}: {err}".strip().rstrip(":")
+
+
+class RemoteRunner:
+    """Connections to the nodes of one inventory, opened lazily and closed on exit."""
+
+    def __init__(self, inventory: Inventory, out: TextIO | None = None, connect_timeout: float = 5.0):
+        self.inventory = inventory
+        self.out = out if out is not None else sys.stdout
+        self.connect_timeout = connect_timeout
+        self._connections: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+        self._print_lock = threading.Lock()
+
+    def __enter__(self) -> "RemoteRunner":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for conn in list(self._connections.values()):
+            try:
+                conn.close()
+            except Exception:  # closing a dead transport may raise; nothing to do about it
+                pass
+        self._connections.clear()
+
+    def say(self, message: str) -> None:
+        with self._print_lock:
+            print(f"[multinode] {message}", file=self.out, flush=True)
+
+    # --- connections ------------------------------------------------------------
+
+    def _node(self, name: str) -> Node:
+        return self.inventory.node(name)
+
+    def connection(self, name: str) -> Connection:
+        """An open connection to a node (pinned host key, cluster key only)."""
+        with self._lock:
+            conn = self._connections.get(name)
+        if conn is not None and conn.is_connected:
+            return conn
+        node = self._node(name)
+        conn = Connection(
+            host=node.ssh_host,
+            user=node.ssh_user,
+            port=node.ssh_port,
+            connect_timeout=self.connect_timeout,
+            config=Config(overrides={"load_ssh_configs": False}),
+            connect_kwargs={
+                "key_filename": [self.inventory.ssh_key],
+                "look_for_keys": False,
+                "allow_agent": False,
+                "banner_timeout": self.connect_timeout,
+                "auth_timeout": self.connect_timeout,
+            },
+        )
+        # Fabric's client trusts ~/.ssh/known_hosts and auto-adds unknown keys; ours trusts the
+        # cluster's pinned keys only.
+        client = paramiko.SSHClient()
+        client.load_host_keys(self.inventory.known_hosts)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        conn.client = client
+        conn.open()
+        conn.transport.set_keepalive(5)
+        with self._lock:
+            self._connections[name] = conn
+        return conn
+
+    def drop(self, name: str) -> None:
+        """Forget (and close) a node's connection, e.g. after it stopped answering."""
+        with self._lock:
+            conn = self._connections.pop(name, None)
+        if conn is not None:
+            threading.Thread(target=conn.close, daemon=True).start()
+
+    def connect_all(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, str | None]:
+        """Open every connection at once; {node: None if connected else why not}."""
+        names = list(names or (n.name for n in self.inventory.nodes))
+        answers = _parallel(self.connection, names, timeout or self.connect_timeout + 5)
+        return {
+            name: None if done and not isinstance(value, BaseException) else describe_ssh_error(value)
+            for name, (done, value) in answers.items()
+        }
+
+    def parallel(self, fn: Callable[[str], Any], names: Iterable[str], timeout: float) -> dict[str, BaseException | None]:
+        """``fn(node)`` on every node at once; {node: None or the exception it raised / a timeout}."""
+        answers = _parallel(fn, names, timeout)
+        return {name: value if isinstance(value, BaseException) else None for name, (done, value) in answers.items()}
+
+    # --- short commands ------------------------------------------------------------
+
+    def run_on(self, name: str, command: str, timeout: float | None = 30.0) -> CommandResult:
+        try:
+            res = self.connection(name).run(command, hide=True, warn=True, pty=False, in_stream=False, timeout=timeout)
+        except Exception as err:  # SSH failure or CommandTimedOut: the node did not answer
+            return CommandResult(name, None, error=describe_ssh_error(err))
+        return CommandResult(name, res.exited, res.stdout, res.stderr)
+
+    def run_each(self, commands: dict[str, str], timeout: float = 30.0) -> dict[str, CommandResult]:
+        """A (different) short command on each node, all at once, output captured."""
+        answers = _parallel(lambda name: self.run_on(name, commands[name], timeout), commands, timeout + 5)
+        return {
+            name: value if done else CommandResult(name, None, error=str(value))
+            for name, (done, value) in answers.items()
+        }
+
+    def run_all(self, command: str, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, CommandResult]:
+        names = list(names or (n.name for n in self.inventory.nodes))
+        return self.run_each({name: command for name in names}, timeout)
+
+    # --- files ------------------------------------------------------------------------
+
+    def _exec_raw(self, name: str, command: str, data: bytes = b"", timeout: float = 60.0) -> bytes:
+        """Run ``command`` with ``data`` on stdin; return stdout. Plain exec channel: no SFTP subsystem needed."""
+        channel = self.connection(name).transport.open_session(timeout=timeout)
+        channel.settimeout(timeout)
+        try:
+            channel.exec_command(command)
+            if data:
+                channel.sendall(data)
+            channel.shutdown_write()
+            chunks = []
+            while chunk := channel.recv(1 << 16):
+                chunks.append(chunk)
+            err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
+            code = channel.recv_exit_status()
+        finally:
+            channel.close()
+        if code != 0:
+            raise NodeError(name, command, code, err or f"{command!r} failed")
+        return b"".join(chunks)
+
+    def put_bytes(self, name: str, path: str, data: bytes, mode: int | None = None) -> None:
+        """Write a file on a node (parents created, replaced atomically)."""
+        quoted, tmp = shlex.quote(path), shlex.quote(f"{path}.tmp{threading.get_ident()}")
+        chmod = f" && chmod {mode:o} {tmp}" if mode is not None else ""
+        self._exec_raw(name, f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cat > {tmp}{chmod} && mv -f {tmp} {quoted}", data)
+
+    def write_file(self, name: str, path: str, content: str) -> None:
+        self.put_bytes(name, path, content.encode())
+
+    def get_file(self, name: str, remote: str, local: Path) -> None:
+        """Copy a node's file to the control machine; OSError if it does not exist."""
+        try:
+            data = self._exec_raw(name, f"cat {shlex.quote(remote)}")
+        except NodeError as err:
+            raise OSError(f"{name}: cannot read {remote}: {err.message}") from None
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(data)
+
+    # --- jobs ---------------------------------------------------------------------------
+
+    def stop_all(self, run_id: str, extra_stop: Callable[[str], str | None] | None = None,
+                 names: Iterable[str] | None = None) -> dict[str, CommandResult]:
+        """Stop every process tagged with ``run_id`` on every node (and the run's containers)."""
+        names = list(names or (n.name for n in self.inventory.nodes))
+        commands = {}
+        for name in names:
+            line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(STOP_GRACE * 10)}"
+            extra = extra_stop(name) if extra_stop else None
+            commands[name] = f"{extra}; {line}" if extra else line
+        results = self.run_each(commands, timeout=STOP_GRACE + 10)
+        for name, res in results.items():
+            if not res.ok:
+                log.warning("%s: could not stop run %s: %s", name, run_id, res.error or res.stderr.strip())
+            elif "left" in res.stdout:
+                log.warning("%s: processes of run %s survived SIGKILL: %s", name, run_id, res.stdout.strip())
+        return results
+
+    def run(
+        self,
+        shells: dict[str, str],
+        *,
+        run_id: str,
+        log_dir: Path,
+        deadline: float | None = None,
+        extra_stop: Callable[[str], str | None] | None = None,
+    ) -> dict[str, NodeResult]:
+        """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure."""
+        log_dir.mkdir(parents=True, exist_ok=True)
+        results = {name: NodeResult(name) for name in shells}
+        events: queue.Queue[str] = queue.Queue()
+        log_files = {name: open(log_dir / f"{name}.log", "a", encoding="utf-8") for name in shells}
+        sinks: dict[str, list[LineSink]] = {}
+        for name in shells:
+            sinks[name] = [LineSink(name, self._print_lock, log_files[name], self.out, results[name].tail) for _ in range(2)]
+
+        def node_job(name: str) -> None:
+            result = results[name]
+            result.started = time.monotonic()
+            command = f"export MULTINODE_RUN_ID={shlex.quote(run_id)} && {shells[name]}"
+            try:
+                res = self.connection(name).run(
+                    command, hide=False, echo=False, warn=True, pty=False, in_stream=False,
+                    out_stream=sinks[name][0], err_stream=sinks[name][1],
+                )
+                result.exit_code = res.exited
+            except Exception as err:  # lost SSH session: the node is gone or unreachable
+                result.error = self._node_error(name, result, f"lost its SSH session ({describe_ssh_error(err)})", log_dir)
+            finally:
+                for sink in sinks[name]:
+                    sink.close()
+                result.finished = time.monotonic()
+                events.put(name)
+
+        for name in shells:
+            threading.Thread(target=node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
+
+        try:
+            failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop)
+        except KeyboardInterrupt:
+            self.say("interrupted: stopping the job on every node")
+            self._gang_stop(run_id, results, events, extra_stop)
+            raise Interrupted(f"interrupted; run {run_id} was stopped on every node") from None
+        finally:
+            for fh in log_files.values():
+                fh.close()
+        if failure is not None:
+            err = JobFailed(failure)
+            err.results = results  # type: ignore[attr-defined]  # for the summary: every node's ending
+            raise err
+        return results
+
+    def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
+               deadline: float | None, extra_stop: Callable[[str], str | None] | None) -> NodeError | None:
+        pending = set(results)
+        end = None if deadline is None else time.monotonic() + deadline
+        while pending:
+            try:
+                name = events.get(timeout=0.2)
+            except queue.Empty:
+                if end is not None and time.monotonic() > end:
+                    head = next(iter(results))
+                    failure = NodeError(head, "job", None, f"deadline of {deadline:.0f} s passed; the job was stopped")
+                    self.say(f"deadline of {deadline:.0f} s passed: stopping the job on every node")
+                    self._gang_stop(run_id, results, events, extra_stop, pending)
+                    return failure
+                continue
+            pending.discard(name)
+            result = results[name]
+            if result.error is None and result.exit_code not in (0, None):
+                result.error = self._node_error(name, result, f"exited with code {result.exit_code}", log_dir)
+            if result.error is not None:
+                self.say(f"{name} failed ({result.error.message}): stopping the job on every node")
+                self._gang_stop(run_id, results, events, extra_stop, pending)
+                return result.error
+        return None
+
+    def _gang_stop(self, run_id: str, results: dict[str, NodeResult], events: "queue.Queue[str]",
+                   extra_stop: Callable[[str], str | None] | None, pending: set[str] | None = None) -> None:
+        """Stop the run everywhere, then give the remaining sessions a bounded time to end."""
+        pending = set(pending if pending is not None else (n for n, r in results.items() if r.finished is None))
+        self.stop_all(run_id, extra_stop)
+        end = time.monotonic() + LOST_GRACE
+        while pending and time.monotonic() < end:
+            try:
+                pending.discard(events.get(timeout=0.2))
+            except queue.Empty:
+                continue
+        for name in pending:  # still no end of session: the node is unreachable; drop it
+            log.warning("%s: no end of session %.0f s after the stop; dropping the connection", name, LOST_GRACE)
+            self.drop(name)
+
+    def _node_error(self, name: str, result: NodeResult, message: str, log_dir: Path) -> NodeError:
+        return NodeError(name, "job", result.exit_code, message, tail=list(result.tail),
+                         log_path=str(log_dir / f"{name}.log"))

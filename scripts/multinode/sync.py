@@ -1,0 +1,77 @@
+"""Code sync: put the job's code in every node's own code directory, in parallel.
+
+Nodes share no filesystem (EC2) -- and simulated nodes get separate directories to behave the
+same -- so each node receives one gzipped tarball over SFTP and unpacks it in place, replacing
+the previous copy of the same top-level paths. Caches and bytecode are left out.
+"""
+
+from __future__ import annotations
+
+import io
+import posixpath
+import shlex
+import tarfile
+from pathlib import Path
+
+from multinode.errors import NodeError
+from multinode.launchers.base import code_dir
+from multinode.remote import RemoteRunner
+
+EXCLUDED = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
+
+
+def _filter(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = set(Path(info.name).parts)
+    if parts & EXCLUDED or info.name.endswith((".pyc", ".pyo")):
+        return None
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def bundle(items: list[tuple[Path, str]]) -> bytes:
+    """A .tar.gz of [(local path, path inside the code dir)]."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for local, rel in items:
+            tar.add(str(local), arcname=rel, filter=_filter)
+    return buffer.getvalue()
+
+
+def sync_code(runner: RemoteRunner, items: list[tuple[Path, str]], subdir: str = "code") -> None:
+    """Copy ``items`` into every node's code directory; raise NodeError naming the first node that failed."""
+    inv = runner.inventory
+    data = bundle(items)
+    tops = sorted({rel.split("/")[0] for _, rel in items})
+
+    def push(name: str) -> None:
+        target = code_dir(inv, name) if subdir == "code" else f"{inv.workdir_for(name)}/{subdir}"
+        archive = posixpath.join(target, ".sync.tar.gz")
+        runner.put_bytes(name, archive, data)
+        command = (
+            f"cd {shlex.quote(target)} && rm -rf {' '.join(shlex.quote(t) for t in tops)} && "
+            f"tar -xzf .sync.tar.gz && rm -f .sync.tar.gz"
+        )
+        res = runner.run_on(name, command, timeout=60)
+        if not res.ok:
+            raise NodeError(name, command, res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
+
+    errors = runner.parallel(push, [n.name for n in inv.nodes], timeout=120)
+    for name, err in errors.items():
+        if err is not None:
+            raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")
+
+
+def sync_mpi_credentials(runner: RemoteRunner) -> None:
+    """mpirun on the head SSHes to the other nodes: give the head the cluster key and pinned host keys.
+
+    Only when the inventory says the head reads them from its own disk (cloud nodes); simulated
+    nodes read the control machine's files directly.
+    """
+    inv = runner.inventory
+    key, known = inv.extra.get("mpi_ssh_key"), inv.extra.get("mpi_known_hosts")
+    if not key or key == inv.ssh_key:
+        return
+    runner.put_bytes(inv.head.name, key, Path(inv.ssh_key).read_bytes(), mode=0o600)
+    if known and known != inv.known_hosts:
+        runner.put_bytes(inv.head.name, known, Path(inv.known_hosts).read_bytes(), mode=0o644)
