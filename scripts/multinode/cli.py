@@ -143,6 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    logging.getLogger("paramiko").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return dispatch(args)
     except JobFailed as err:

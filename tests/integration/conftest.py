@@ -1,0 +1,21 @@
+"""Integration fixtures: real local clusters (network namespaces + sshd per node), driven through
+the real CLI in a subprocess, exactly as `make` does (see localcluster.py).
+
+Every cluster is brought down at teardown and the teardown asserts that nothing of it is left
+(namespaces, links, sshd, python), so a leak fails the test that caused it.
+"""
+
+from __future__ import annotations
+
+import pytest
+from localcluster import bring_up, tear_down
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory):
+    """A 3-node local cluster shared by one test module."""
+    cluster = bring_up(tmp_path_factory.mktemp("mnhome"), 3)
+    try:
+        yield cluster
+    finally:
+        tear_down(cluster)

@@ -1,0 +1,79 @@
+"""Real local clusters for integration tests: the CLI in a subprocess, state in a temporary
+MULTINODE_HOME, and a teardown that proves nothing of the cluster is left."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def clean_env(home: Path, cluster: str, **extra: str) -> dict[str, str]:
+    """The environment of a CLI call: no MULTINODE_* leaking in from `make` or the shell."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MULTINODE_")}
+    env.update(MULTINODE_HOME=str(home), MULTINODE_CLUSTER=cluster, PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+@dataclass
+class Cluster:
+    name: str
+    home: Path
+
+    @property
+    def state(self):
+        from multinode.state import ClusterState
+
+        return ClusterState.for_cluster(self.name, root=self.home)
+
+    def env(self, **extra: str) -> dict[str, str]:
+        return clean_env(self.home, self.name, **extra)
+
+    def cli(self, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "multinode", *args],
+            cwd=REPO, env=self.env(**env), capture_output=True, text=True, timeout=timeout,
+        )
+
+    def popen(self, *args: str, **env: str) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "multinode", *args],
+            cwd=REPO, env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+
+    def inventory(self):
+        return self.state.load_inventory()
+
+    def job_processes(self) -> dict[str, list[int]]:
+        """Processes other than sshd on every node: must be empty whenever no job runs."""
+        from multinode.providers.local import job_pids
+
+        return {node.name: job_pids(self.state, node.name) for node in self.inventory().nodes}
+
+    def runs(self) -> list[Path]:
+        runs = self.state.runs_dir
+        return sorted(runs.iterdir()) if runs.exists() else []
+
+
+def new_cluster_name(prefix: str = "t") -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def bring_up(home: Path, nodes: int, prefix: str = "t") -> Cluster:
+    cluster = Cluster(new_cluster_name(prefix), home)
+    res = cluster.cli("up", "--nodes", str(nodes), timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return cluster
+
+
+def tear_down(cluster: Cluster) -> None:
+    from multinode.providers.local import leftovers
+
+    res = cluster.cli("down", timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert leftovers(cluster.name) == []

@@ -1,0 +1,101 @@
+"""Bad input and bad state on a real local cluster: one line naming the value and the fix, exit 2,
+no side effects (no run directory, no process on any node, the cluster still usable)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from localcluster import Cluster, new_cluster_name
+
+pytestmark = pytest.mark.integration
+
+
+def assert_one_line_error(res: subprocess.CompletedProcess, *fragments: str) -> str:
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert len(lines) == 1, res.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def untouched(cluster3: Cluster):
+    """After the test: no new run directory and no process on any node."""
+    before = cluster3.runs()
+    yield cluster3
+    assert cluster3.runs() == before
+    assert cluster3.job_processes() == {node.name: [] for node in cluster3.inventory().nodes}
+
+
+def test_train_before_up(tmp_path: Path):
+    cluster = Cluster(new_cluster_name(), tmp_path)
+    res = cluster.cli("train")
+    assert_one_line_error(res, f"cluster '{cluster.name}' is not up", "make up")
+    assert not (tmp_path / cluster.name).exists()
+
+
+def test_more_nodes_than_the_cluster_has(untouched: Cluster):
+    assert_one_line_error(untouched.cli("train", "--nodes", "5"), "NODES=5", "has 3 nodes", "make up NODES=5")
+
+
+def test_unknown_mode(untouched: Cluster):
+    assert_one_line_error(untouched.cli("train", "--mode", "tpu"), "unknown MODE 'tpu'", "cpu, gpu, mpi, mpi-gpu")
+
+
+@pytest.mark.parametrize("mode", ["gpu", "mpi-gpu"])
+def test_gpu_mode_on_cpu_nodes(untouched: Cluster, mode: str):
+    assert_one_line_error(untouched.cli("train", "--mode", mode), f"MODE={mode} needs GPU nodes", "MODE=cpu")
+
+
+def test_script_that_does_not_exist(untouched: Cluster, tmp_path: Path):
+    missing = tmp_path / "nope.py"
+    assert_one_line_error(untouched.cli("train", "--script", str(missing)), f"SCRIPT={missing} does not exist")
+
+
+def test_unreachable_node(untouched: Cluster):
+    from multinode.providers.local import start_sshd, stop_sshd
+
+    stop_sshd(untouched.state, "node-2")
+    try:
+        res = untouched.cli("train", "--nodes", "3")
+    finally:
+        start_sshd(untouched.state, "node-2")
+    ip = untouched.inventory().node("node-2").private_ip
+    assert_one_line_error(res, "node-2", ip, "does not answer SSH", "make status")
+    # Only node-2 is named: the two healthy nodes are not part of the message.
+    assert "node-0" not in res.stderr and "node-1" not in res.stderr
+
+
+def test_rendezvous_port_in_use(untouched: Cluster):
+    from multinode.providers.local import namespaces_of
+
+    head_ns = namespaces_of(untouched.name)[0]
+    listener = subprocess.Popen(
+        ["ip", "netns", "exec", head_ns, "python3", "-c",
+         "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 29611)); s.listen(); time.sleep(120)"],
+    )
+    try:
+        time.sleep(0.5)
+        res = untouched.cli("train", "--rdzv-port", "29611")
+    finally:
+        listener.kill()
+        listener.wait()
+    assert_one_line_error(res, "node-0", "rendezvous port 29611", "RDZV_PORT=")
+
+
+def test_up_twice(untouched: Cluster):
+    res = untouched.cli("up", "--nodes", "2")
+    assert_one_line_error(res, f"cluster '{untouched.name}' is already up with 3 nodes", "make down")
+    assert len(untouched.inventory().nodes) == 3
+    assert untouched.cli("status").returncode == 0
+
+
+def test_bad_values_before_anything_runs(untouched: Cluster):
+    assert_one_line_error(untouched.cli("train", "--nodes", "0"), "NODES=0")
+    assert_one_line_error(untouched.cli("train", "--elastic", "3:1"), "ELASTIC='3:1'")
+    assert_one_line_error(untouched.cli("train", "--args", "'unbalanced"), "ARGS=")
+
