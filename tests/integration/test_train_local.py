@@ -71,7 +71,8 @@ def test_dry_run_prints_commands_and_runs_nothing(cluster3: Cluster):
     res = cluster3.cli("train", "--nodes", "3", "--dry-run")
     assert res.returncode == 0, res.stderr
     head_ip = cluster3.inventory().head.private_ip
-    assert res.stdout.count(f"--rdzv-endpoint={head_ip}:29500") == 3
+    argv_lines = [line for line in res.stdout.splitlines() if "] argv: " in line]
+    assert len(argv_lines) == 3 and all(f"--rdzv-endpoint={head_ip}:29500" in line for line in argv_lines)
     assert "[node-2] env: GLOO_SOCKET_IFNAME=" in res.stdout
     assert cluster3.runs() == before
 
