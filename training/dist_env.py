@@ -1,0 +1,139 @@
+"""Who started us, and the process group that follows from it.
+
+:func:`detect` is pure (environment in, :class:`Launch` out):
+
+* torchrun: ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/``MASTER_ADDR`` set by the agent;
+* mpirun (Open MPI, MPICH, Intel MPI): ``OMPI_COMM_WORLD_*`` / ``PMI_*`` / ``PMIX_RANK``; rank, size and
+  local rank then come from MPI itself (mpi4py), not from the environment;
+* SLURM ``srun``: ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``; the rendezvous is ``MASTER_ADDR``
+  if set, else the node srun was launched from;
+* none of these: one process.
+
+:func:`init` creates the torch process group. Under MPI, rank 0 broadcasts its address and a free
+port over MPI, so no ``MASTER_ADDR`` is needed; torch's MPI backend is used when this torch has it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping
+
+MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+
+
+@dataclass(frozen=True)
+class Launch:
+    launcher: str  # torchrun | mpirun | slurm | single
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def detect(env: Mapping[str, str]) -> Launch:
+    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
+        return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+                      env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)))
+    if any(marker in env for marker in MPI_MARKERS):
+        rank = int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", env.get("PMIX_RANK", 0))))
+        size = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", 1)))
+        local = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", 0)))
+        return Launch("mpirun", rank, size, local)
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR")
+        return Launch("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),
+                      addr, int(env.get("MASTER_PORT", 29500)))
+    return Launch("single")
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of a network interface (Linux SIOCGIFADDR)."""
+    import fcntl
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))
+    return socket.inet_ntoa(packed[20:24])
+
+
+def my_address() -> str:
+    """The address peers reach this process at: the pinned interface's, else the hostname's."""
+    iface = os.environ.get("GLOO_SOCKET_IFNAME") or os.environ.get("NCCL_SOCKET_IFNAME")
+    if iface:
+        return interface_address(iface.split(",")[0])
+    return socket.gethostbyname(socket.gethostname())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class World:
+    """The running job: who we are, and the MPI communicator when MPI launched us."""
+
+    launch: Launch
+    backend: str | None  # torch process-group backend; None when single
+    comm: Any = None  # mpi4py COMM_WORLD under mpirun
+
+    @property
+    def rank(self) -> int:
+        return self.launch.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.launch.world_size
+
+    @property
+    def local_rank(self) -> int:
+        return self.launch.local_rank
+
+
+def resolve_backend(requested: str, launch: Launch, use_gpu: bool) -> str:
+    import torch.distributed as dist
+
+    if requested == "auto":
+        if launch.launcher == "mpirun" and dist.is_mpi_available():
+            return "mpi"
+        return "nccl" if use_gpu else "gloo"
+    return requested
+
+
+def init(launch: Launch, backend: str, timeout: float) -> World:
+    """Create the process group (nothing for one process)."""
+    import torch.distributed as dist
+
+    comm = None
+    if launch.launcher == "mpirun":
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+        local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        launch = Launch("mpirun", comm.Get_rank(), comm.Get_size(), local.Get_rank())
+        local.Free()
+    if not launch.distributed:
+        return World(launch, None, comm)
+    pg_timeout = timedelta(seconds=timeout)
+    if comm is not None and backend == "mpi":
+        dist.init_process_group("mpi", timeout=pg_timeout)
+    elif comm is not None:
+        # Rendezvous over MPI: rank 0's address and a free port, broadcast to every rank.
+        endpoint = comm.bcast((my_address(), free_port()) if launch.rank == 0 else None, root=0)
+        dist.init_process_group(backend, init_method=f"tcp://{endpoint[0]}:{endpoint[1]}",
+                                rank=launch.rank, world_size=launch.world_size, timeout=pg_timeout)
+    else:
+        os.environ.setdefault("MASTER_ADDR", launch.master_addr or "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(launch.master_port or 29500))
+        dist.init_process_group(backend, init_method="env://", rank=launch.rank,
+                                world_size=launch.world_size, timeout=pg_timeout)
+    return World(launch, backend, comm)

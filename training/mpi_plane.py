@@ -1,0 +1,79 @@
+"""MPI as the gradient data plane: gradients averaged with mpi4py ``Allreduce`` on flat buckets.
+
+Used under mpirun when torch has no MPI backend (stock wheels). After ``backward()``, the
+gradients are packed into a few flat float32 buckets (~25 MB each, like DDP's), each bucket is
+summed in place with one ``MPI.Allreduce`` and divided by the world size, and unpacked.
+GPU tensors go through host memory unless the MPI library is CUDA/ROCm-aware (then the device
+buffer is passed directly); :attr:`MpiGradients.kind` says which ran.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch import nn
+
+BUCKET_BYTES = 25 * 1024 * 1024
+
+
+def gpu_aware(comm) -> bool:
+    """Does this MPI accept device pointers? (Open MPI exposes it through mpi4py's query.)"""
+    try:
+        from mpi4py import MPI
+
+        return bool(MPI.Query_cuda_support())
+    except Exception:  # older mpi4py / MPI without the query: assume not
+        return False
+
+
+class MpiGradients:
+    def __init__(self, model: nn.Module, comm, device: torch.device):
+        self.comm = comm
+        self.world = comm.Get_size()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.direct = device.type == "cpu" or gpu_aware(comm)
+        self.kind = "mpi4py-allreduce(host)" if device.type == "cpu" else (
+            "mpi4py-allreduce(gpu-aware)" if self.direct else "mpi4py-allreduce(host-staged)")
+        self.buckets: list[list[nn.Parameter]] = [[]]
+        size = 0
+        for p in self.params:
+            if size and size + p.numel() * 4 > BUCKET_BYTES:
+                self.buckets.append([])
+                size = 0
+            self.buckets[-1].append(p)
+            size += p.numel() * 4
+        self.comm_seconds = 0.0
+
+    def broadcast_parameters(self) -> None:
+        """Every rank starts from rank 0's weights (as DDP does at construction)."""
+        with torch.no_grad():
+            for p in self.params:
+                host = p.detach().cpu().contiguous()
+                self.comm.Bcast(host.numpy(), root=0)
+                p.copy_(host.to(p.device))
+
+    def average(self) -> None:
+        """Average every gradient across ranks (call after backward, before optimizer.step)."""
+        from mpi4py import MPI
+
+        for bucket in self.buckets:
+            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
+            flat = torch.cat([g.reshape(-1) for g in grads]).float()
+            buf = flat if self.direct else flat.cpu()
+            start = time.perf_counter()
+            if buf.is_cuda:
+                self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            else:
+                self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
+            self.comm_seconds += time.perf_counter() - start
+            buf = buf.to(flat.device).div_(self.world)
+            offset = 0
+            for p, g in zip(bucket, grads):
+                n = g.numel()
+                chunk = buf[offset:offset + n].view_as(g).to(g.dtype)
+                if p.grad is None:
+                    p.grad = chunk.clone()
+                else:
+                    p.grad.copy_(chunk)
+                offset += n

@@ -1,0 +1,72 @@
+"""Snapshots: everything needed to resume exactly, written atomically by global rank 0 only.
+
+A snapshot holds the model, optimizer, scheduler and grad-scaler states, the NEXT epoch to run
+and the RNG states (torch, numpy, python). It is written to a temporary file in the same
+directory, fsynced, renamed over the previous snapshot and the directory fsynced: a crash at any
+point leaves either the old or the new snapshot, never a torn one.
+
+On resume, rank 0 reads the file and broadcasts it: nodes share no filesystem, so the other ranks
+may have no file at all.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+NAME = "snapshot.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+
+
+def save(directory: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` atomically as ``<directory>/snapshot.pt``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / NAME
+    tmp = directory / f".{NAME}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as fh:
+        torch.save(state, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for stale in directory.glob(f".{NAME}.*.tmp"):  # left by a writer killed mid-write
+        stale.unlink(missing_ok=True)
+    return path
+
+
+def read(directory: str | Path | None) -> bytes | None:
+    if directory is None:
+        return None
+    path = Path(directory) / NAME
+    return path.read_bytes() if path.exists() else None
+
+
+def decode(blob: bytes) -> dict[str, Any]:
+    return torch.load(io.BytesIO(blob), weights_only=False)
+
+
+def load_everywhere(directory: str | Path | None, rank: int, broadcast) -> dict[str, Any] | None:
+    """Rank 0 reads the snapshot (if any) and ``broadcast(obj) -> obj`` gives it to every rank."""
+    blob = read(directory) if rank == 0 else None
+    blob = broadcast(blob)
+    return decode(blob) if blob is not None else None

@@ -1,0 +1,135 @@
+"""Entry point: one data-parallel trainer for torchrun, mpirun, srun or a plain process.
+
+    torchrun --nnodes=2 --nproc-per-node=1 ... training/train.py --workload digits 10 5
+    mpirun -np 2 ... python training/train.py --workload digits 10 5      (MPI gradient data plane)
+    python training/train.py --workload regression 5 5                  (one process)
+
+Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the seed scripts.
+Bad input: one line on stderr, exit 2, before any process group exists. Rank 0 ends with
+``RESULT {json}`` (what the orchestrator's summary reads); a failure exits non-zero.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import socket
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make `training` importable from its parent
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from training import dist_env  # noqa: E402
+from training.config import Config, ConfigError, load  # noqa: E402
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def pick_device(cfg: Config, launch: dist_env.Launch) -> torch.device:
+    wanted = cfg.training.device
+    has_gpu = torch.cuda.is_available()  # true on ROCm builds too
+    if wanted == "gpu" and not has_gpu:
+        raise ConfigError("--device gpu but this node has no usable GPU (torch.cuda.is_available() is False); use --device cpu")
+    if wanted == "gpu" or (wanted == "auto" and has_gpu):
+        return torch.device("cuda", launch.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def plan(cfg: Config, launch: dist_env.Launch, device: torch.device) -> tuple[str, str]:
+    """(torch backend, gradient data plane), checked before anything starts."""
+    d = cfg.distributed
+    backend = dist_env.resolve_backend(d.backend, launch, device.type == "cuda")
+    if backend == "mpi" and not dist.is_mpi_available():
+        raise ConfigError("backend=mpi but this torch has no MPI backend (stock wheels); use backend=auto (MPI data plane via mpi4py)")
+    if backend == "nccl" and device.type != "cuda":
+        raise ConfigError("backend=nccl needs a GPU; use backend=gloo on CPU")
+    if backend == "gloo" and not dist.is_gloo_available():
+        raise ConfigError("backend=gloo is not available in this torch build")
+    plane = d.data_plane
+    if plane == "auto":
+        plane = "mpi" if launch.launcher == "mpirun" and backend != "mpi" else "ddp"
+    if plane == "mpi" and launch.launcher != "mpirun":
+        raise ConfigError(f"data_plane=mpi needs mpirun, but we were started by {launch.launcher}; use data_plane=ddp")
+    if d.strategy == "single" and launch.distributed:
+        raise ConfigError(f"strategy=single but the launcher started {launch.world_size} processes; use strategy=auto")
+    if d.strategy == "ddp" and not launch.distributed:
+        raise ConfigError("strategy=ddp but this is a single process; start it with torchrun or mpirun")
+    return backend, plane
+
+
+def hello(world: dist_env.World, device: torch.device) -> dict:
+    rank, size = world.rank, world.world_size
+    print(f"hello from rank {rank}/{size} local_rank {world.local_rank} host {socket.gethostname()} pid {os.getpid()}",
+          flush=True)
+    value = torch.tensor([float(rank)], device=device if world.backend == "nccl" else "cpu")
+    if world.backend is not None:
+        dist.all_reduce(value)
+    expected = size * (size - 1) / 2
+    return {"rank_sum": value.item(), "expected": expected, "collective_ok": value.item() == expected}
+
+
+def setup_logging(rank: int) -> None:
+    # torchrun (via the orchestrator) already prefixes each line with its rank; don't say it twice.
+    prefix = "" if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") else f"[rank {rank}] "
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format=prefix + "%(message)s",
+                        stream=sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = load(argv)
+        launch = dist_env.detect(os.environ)
+        device = pick_device(cfg, launch)
+        backend, plane = plan(cfg, launch, device)
+        from training import workloads
+
+        seed_everything(cfg.training.seed)  # before the model exists: its initial weights follow the seed
+        workload = None if cfg.training.workload == "hello" else workloads.build(cfg.training)
+    except ConfigError as err:
+        print(f"train.py: error: {err}", file=sys.stderr)
+        return 2
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    world = dist_env.init(launch, backend, cfg.distributed.timeout)
+    setup_logging(world.rank)
+    log = logging.getLogger("training")
+    t = cfg.training
+    result = {"workload": t.workload, "launcher": world.launch.launcher, "world_size": world.world_size,
+              "backend": world.backend or "none", "device": device.type}
+    try:
+        if workload is None:
+            result.update(hello(world, device))
+        else:
+            from training.trainer import Trainer
+
+            log.info("%s: %s, world size %d, backend %s, per-rank batch %d, global batch %d, %d epochs",
+                     t.workload, world.launch.launcher, world.world_size, world.backend or "none",
+                     t.batch_size, t.batch_size * world.world_size, t.total_epochs)
+            trainer = Trainer(cfg, world, workload, device, plane)
+            result["data_plane"] = trainer.mpi.kind if trainer.mpi else ("ddp-" + world.backend if world.backend else "none")
+            try:
+                result.update(trainer.train())
+            finally:
+                trainer.close()
+        if world.rank == 0:
+            print("RESULT " + json.dumps(result), flush=True)
+        ok = result.get("collective_ok", True)
+    finally:
+        if world.backend is not None and dist.is_initialized():
+            dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""The Trainer, in the shape of pytorch/examples' multinode Trainer, minus its bugs.
+
+* DistributedSampler with ``set_epoch`` (a different shuffle every epoch, the same on every rank);
+* gradients averaged by DDP (gloo/NCCL/RCCL) or by MPI (``mpi_plane``), with gradient accumulation
+  (``no_sync`` on the micro-steps in between) and AMP on GPU (bf16, or fp16 with a GradScaler);
+* validation every epoch with loss and accuracy summed across ranks; test at the end;
+* early stopping decided on rank 0 and broadcast, so every rank stops at the same epoch;
+* snapshots of the NEXT epoch (a resumed run never repeats one) with optimizer, scheduler, scaler
+  and RNG states, written by global rank 0 atomically; on resume rank 0 broadcasts the snapshot;
+* ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
+  communication time, and a final test line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler
+
+from training import snapshot
+from training.config import Config
+from training.dist_env import World
+from training.mpi_plane import MpiGradients
+from training.workloads import Workload
+
+log = logging.getLogger("training")
+
+
+class CommTimer:
+    """DDP communication hook: plain allreduce-average, timing each bucket until it completes."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def hook(self, state, bucket):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        start = time.perf_counter()
+        fut = default_hooks.allreduce_hook(state, bucket)
+
+        def done(f):
+            self.seconds += time.perf_counter() - start
+            return f.value()
+
+        return fut.then(done)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, world: World, workload: Workload, device: torch.device, data_plane: str):
+        self.cfg, self.t = cfg, cfg.training
+        self.world, self.workload, self.device = world, workload, device
+        self.data_plane = data_plane
+        self.model = workload.model.to(device)
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.t.lr or workload.lr)
+        self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=self.t.total_epochs)
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp) if device.type == "cuda" else None
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
+        self.mpi: MpiGradients | None = None
+        self.timer = CommTimer()
+        self.start_epoch = 0
+        self._restore()
+        if data_plane == "mpi":
+            self.mpi = MpiGradients(self.model, world.comm, device)
+            self.mpi.broadcast_parameters()
+            self.net: nn.Module = self.model
+        elif world.backend is not None:
+            ids = [device.index] if device.type == "cuda" else None
+            self.net = DDP(self.model, device_ids=ids, find_unused_parameters=self.t.find_unused_parameters)
+            self.net.register_comm_hook(dist.group.WORLD, self.timer.hook)
+        else:
+            self.net = self.model
+        self.train_loader = self._loader(workload.train, shuffle=True)
+        self.val_loader = self._loader(workload.val, shuffle=False)
+        self.test_loader = self._loader(workload.test, shuffle=False)
+        self.metrics = self._metrics_file()
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _loader(self, dataset, shuffle: bool) -> DataLoader:
+        """Training: DistributedSampler (also for one process, so the shuffle depends only on seed
+        and epoch and a resumed run sees the same batches). Evaluation: a strided shard per rank,
+        without the sampler's padding, so every sample is counted exactly once."""
+        if shuffle:
+            sampler = DistributedSampler(dataset, num_replicas=self.world.world_size, rank=self.world.rank,
+                                         shuffle=True, seed=self.t.seed, drop_last=False)
+        else:
+            sampler = range(self.world.rank, len(dataset), self.world.world_size)
+        return DataLoader(dataset, batch_size=self.t.batch_size, sampler=sampler)
+
+    def _metrics_file(self):
+        if self.world.rank != 0 or not self.t.metrics_dir:
+            return None
+        Path(self.t.metrics_dir).mkdir(parents=True, exist_ok=True)
+        return open(Path(self.t.metrics_dir) / "metrics.jsonl", "a", encoding="utf-8")
+
+    def _record(self, **row) -> None:
+        if self.metrics:
+            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.flush()
+
+    def broadcast(self, obj):
+        if self.world.backend is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _sum(self, values: list[float]) -> list[float]:
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if self.world.backend is not None:
+            if self.world.backend == "nccl":
+                tensor = tensor.to(self.device)
+            dist.all_reduce(tensor)
+        return tensor.cpu().tolist()
+
+    # --- snapshots ------------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        state = snapshot.load_everywhere(self.t.snapshot_dir, self.world.rank, self.broadcast)
+        if state is None:
+            return
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        snapshot.set_rng_state(state["rng"])
+        self.start_epoch = state["next_epoch"]
+        log.info("resumed from snapshot: next epoch %d", self.start_epoch)
+
+    def _save(self, next_epoch: int) -> None:
+        if self.world.rank != 0 or not self.t.snapshot_dir:
+            return
+        path = snapshot.save(self.t.snapshot_dir, {
+            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
+            "rng": snapshot.rng_state(), "next_epoch": next_epoch, "workload": self.t.workload,
+        })
+        log.info("snapshot saved: %s (next epoch %d)", path, next_epoch)
+
+    # --- training ---------------------------------------------------------------------
+
+    def _autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _run_epoch(self, epoch: int) -> dict:
+        self.net.train()
+        sampler = self.train_loader.sampler
+        if isinstance(sampler, DistributedSampler):
+            sampler.set_epoch(epoch)
+        comm_before = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
+        total_loss, samples, steps = 0.0, 0, 0
+        step_times = []
+        batches = self.train_loader
+        # mpirun gives every rank a pty, so isatty() says nothing there: no bar under MPI.
+        if self.world.rank == 0 and sys.stdout.isatty() and self.world.launch.launcher != "mpirun":
+            from tqdm import tqdm
+
+            batches = tqdm(batches, desc=f"epoch {epoch}", leave=False)
+        start = time.perf_counter()
+        step_start = start
+        for i, (x, y) in enumerate(batches):
+            x, y = x.to(self.device), y.to(self.device)
+            boundary = (i + 1) % self.t.grad_accum == 0 or i + 1 == len(self.train_loader)
+            sync_ctx = self.net.no_sync() if isinstance(self.net, DDP) and not boundary else contextlib.nullcontext()
+            with sync_ctx:
+                with self._autocast():
+                    loss = self.workload.loss(self.net(x), y) / self.t.grad_accum
+                self.scaler.scale(loss).backward()
+            total_loss += loss.item() * self.t.grad_accum * len(x)
+            samples += len(x)
+            if boundary:
+                if self.mpi:
+                    self.mpi.average()
+                self.scaler.step(self.optimizer)
+                self.scaler.update()
+                self.optimizer.zero_grad(set_to_none=True)
+                steps += 1
+                now = time.perf_counter()
+                step_times.append(now - step_start)
+                step_start = now
+        elapsed = time.perf_counter() - start
+        self.scheduler.step()
+        comm = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0) - comm_before
+        loss_sum, n = self._sum([total_loss, samples])
+        step_times.sort()
+        return {"train_loss": loss_sum / n, "samples_per_s": round(n / elapsed, 1), "steps": steps,
+                "step_time_s": round(step_times[len(step_times) // 2], 5) if step_times else None,
+                "comm_time_s": round(comm / max(steps, 1), 5), "epoch_time_s": round(elapsed, 3)}
+
+    @torch.no_grad()
+    def evaluate(self, loader: DataLoader) -> dict:
+        self.net.eval()
+        loss_sum, correct, n = 0.0, 0.0, 0.0
+        for x, y in loader:
+            x, y = x.to(self.device), y.to(self.device)
+            with self._autocast():
+                out = self.model(x)
+            loss_sum += self.workload.loss(out.float(), y).item() * len(x)
+            if self.workload.classification:
+                correct += (out.argmax(1) == y).sum().item()
+            n += len(x)
+        loss_sum, correct, n = self._sum([loss_sum, correct, n])
+        result = {"loss": loss_sum / n}
+        if self.workload.classification:
+            result["accuracy"] = correct / n
+        return result
+
+    def train(self) -> dict:
+        best, stale = float("inf"), 0
+        initial_loss = self.evaluate(self.test_loader)["loss"]  # for loss_reduction (regression)
+        epoch = self.start_epoch
+        for epoch in range(self.start_epoch, self.t.total_epochs):
+            stats = self._run_epoch(epoch)
+            val = self.evaluate(self.val_loader)
+            row = {"epoch": epoch, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
+            self._record(**row)
+            acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
+            log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
+                     epoch + 1, self.t.total_epochs, stats["train_loss"], val["loss"], acc, stats["samples_per_s"],
+                     1000 * (stats["step_time_s"] or 0), 1000 * stats["comm_time_s"])
+            if (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs:
+                self._save(epoch + 1)
+            if epoch == self.t.crash_after_epoch and self.world.rank == 0:
+                os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
+            stop = None
+            if self.world.rank == 0 and self.t.patience:
+                stale = 0 if val["loss"] < best else stale + 1
+                best = min(best, val["loss"])
+                stop = stale >= self.t.patience
+            if self.broadcast(stop):
+                log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, stale)
+                self._save(epoch + 1)
+                break
+        test = self.evaluate(self.test_loader)
+        result = {"epochs_run": epoch + 1 - self.start_epoch, "test_loss": test["loss"]}
+        if "accuracy" in test:
+            result["test_accuracy"] = test["accuracy"]
+        if not self.workload.classification:
+            result["loss_reduction"] = initial_loss / max(test["loss"], 1e-12)
+        self._record(event="test", **result)
+        if self.world.rank == 0 and self.t.metrics_dir:
+            torch.save(self.model.state_dict(), Path(self.t.metrics_dir) / "final_model.pt")
+        return result
+
+    def close(self) -> None:
+        if self.metrics:
+            self.metrics.close()

@@ -1,0 +1,113 @@
+"""Workloads: a dataset split (train/val/test) and a model that learns it, chosen by name.
+
+* ``digits``: scikit-learn's bundled 8x8 digits (real data, offline), a small CNN (>= 95% test accuracy).
+* ``mnist``: torchvision MNIST, only when torchvision imports and the files are already on disk.
+* ``regression``: a synthetic linear regression that really learns (loss falls by orders of magnitude).
+* ``mlp``: a 5.25 M-parameter MLP on random data, for step-time benchmarks (accuracy is meaningless).
+
+Splits are fixed by a constant seed, independent of the training seed and of the world size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from training.config import ConfigError, TrainConfig
+
+SPLIT_SEED = 1234
+
+
+@dataclass
+class Workload:
+    name: str
+    train: TensorDataset
+    val: TensorDataset
+    test: TensorDataset
+    model: nn.Module
+    loss: nn.Module
+    classification: bool
+    lr: float = 3e-3  # Adam learning rate unless the config sets one
+
+
+def _split(x: torch.Tensor, y: torch.Tensor, val: float = 0.15, test: float = 0.15):
+    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(SPLIT_SEED))
+    n_test, n_val = int(len(x) * test), int(len(x) * val)
+    parts = order[n_test + n_val:], order[n_test:n_test + n_val], order[:n_test]
+    return [TensorDataset(x[idx], y[idx]) for idx in parts]
+
+
+class DigitsCNN(nn.Module):
+    def __init__(self, channels: int = 1, side: int = 8, classes: int = 10):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 32, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(64 * (side // 2) ** 2, 128), nn.ReLU(), nn.Linear(128, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def digits(cfg: TrainConfig) -> Workload:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(data.target, dtype=torch.long)
+    train, val, test = _split(x, y)
+    return Workload("digits", train, val, test, DigitsCNN(), nn.CrossEntropyLoss(), True)
+
+
+def mnist(cfg: TrainConfig) -> Workload:
+    try:
+        from torchvision import datasets
+    except Exception as err:  # ImportError, or torchvision's operator mismatch with this torch
+        raise ConfigError(
+            f"workload mnist needs torchvision, which does not import here ({type(err).__name__}); "
+            "PyPI's torchvision does not load beside torch 2.13 CPU: use --workload digits, or install a matching torchvision"
+        ) from None
+    root = Path(cfg.data_dir)
+    if not (root / "MNIST" / "raw").is_dir():
+        raise ConfigError(f"MNIST is not in {root}/MNIST/raw and nodes are offline; download it there first or use --workload digits")
+    train_full = datasets.MNIST(str(root), train=True, download=False)
+    test_set = datasets.MNIST(str(root), train=False, download=False)
+    x = train_full.data.unsqueeze(1).float() / 255.0
+    xt = test_set.data.unsqueeze(1).float() / 255.0
+    train, val, _ = _split(x, train_full.targets, val=0.1, test=0.0)
+    return Workload("mnist", train, val, TensorDataset(xt, test_set.targets), DigitsCNN(side=28),
+                    nn.CrossEntropyLoss(), True)
+
+
+def regression(cfg: TrainConfig) -> Workload:
+    gen = torch.Generator().manual_seed(SPLIT_SEED)
+    x = torch.randn(4096, 16, generator=gen)
+    w = torch.randn(16, 1, generator=gen)
+    y = x @ w + 0.01 * torch.randn(4096, 1, generator=gen)
+    train, val, test = _split(x, y)
+    return Workload("regression", train, val, test, nn.Linear(16, 1), nn.MSELoss(), False, lr=0.05)
+
+
+def mlp(cfg: TrainConfig) -> Workload:
+    """512 -> 2048 -> 2048 -> 10: 5.26 M parameters, the benchmark model of the field notes."""
+    steps = cfg.steps_per_epoch or 30
+    gen = torch.Generator().manual_seed(SPLIT_SEED)
+    n = steps * cfg.batch_size * 8  # enough for 8 ranks
+    x = torch.randn(n, 512, generator=gen)
+    y = torch.randint(0, 10, (n,), generator=gen)
+    small = TensorDataset(x[:256], y[:256])
+    model = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.ReLU(), nn.Linear(2048, 10))
+    return Workload("mlp", TensorDataset(x, y), small, small, model, nn.CrossEntropyLoss(), True, lr=1e-3)
+
+
+WORKLOADS = {"digits": digits, "mnist": mnist, "regression": regression, "mlp": mlp}
+
+
+def build(cfg: TrainConfig) -> Workload:
+    """The workload's data and a freshly initialised model (seeded by the caller)."""
+    return WORKLOADS[cfg.workload](cfg)
