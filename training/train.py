@@ -11,6 +11,7 @@ Bad input: one line on stderr, exit 2, before any process group exists. Rank 0 e
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -122,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                 result.update(trainer.train())
             finally:
                 trainer.close()
+                del trainer
+                gc.collect()
         if world.rank == 0:
             print("RESULT " + json.dumps(result), flush=True)
         ok = result.get("collective_ok", True)

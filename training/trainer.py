@@ -256,5 +256,7 @@ class Trainer:
         return result
 
     def close(self) -> None:
+        """Release the metrics file and the DDP reducer (it must die before the process group does)."""
         if self.metrics:
             self.metrics.close()
+        self.net = self.model
