@@ -176,7 +176,8 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
                 runner.write_file(cmd.node, path, content)
         try:
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
-                                 extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
+                                 extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
+                                 relabel=launcher.relabel(plan, spec.nproc))
         except JobFailed as err:
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None

@@ -97,11 +97,17 @@ class NodeResult:
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
 
 
+Relabel = Callable[[str, str], tuple[str, str]]
+"""(node the line arrived from, line) -> (node it belongs to, line to show); e.g. mpirun's rank tags."""
+
+
 class LineSink:
     """File-like target for Fabric's out_stream/err_stream: emits whole lines only."""
 
-    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque):
+    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque,
+                 relabel: Relabel | None = None):
         self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
+        self.relabel = relabel or (lambda node, line: (node, line))
         self.buffer = ""
 
     def write(self, data: str) -> int:
@@ -127,7 +133,8 @@ class LineSink:
                 self.log_file.write("".join(f"{line}\n" for line in lines))
                 self.log_file.flush()
             if self.out:
-                self.out.write("".join(f"[{self.node}] {line}\n" for line in lines))
+                shown = (self.relabel(self.node, line) for line in lines)
+                self.out.write("".join(f"[{node}] {line}\n" for node, line in shown))
                 self.out.flush()
 
 
@@ -336,6 +343,7 @@ class RemoteRunner:
         log_dir: Path,
         deadline: float | None = None,
         extra_stop: Callable[[str], str | None] | None = None,
+        relabel: Relabel | None = None,
     ) -> dict[str, NodeResult]:
         """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure."""
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -344,7 +352,8 @@ class RemoteRunner:
         log_files = {name: open(log_dir / f"{name}.log", "a", encoding="utf-8") for name in shells}
         sinks: dict[str, list[LineSink]] = {}
         for name in shells:
-            sinks[name] = [LineSink(name, self._print_lock, log_files[name], self.out, results[name].tail) for _ in range(2)]
+            sinks[name] = [LineSink(name, self._print_lock, log_files[name], self.out, results[name].tail, relabel)
+                           for _ in range(2)]
 
         def node_job(name: str) -> None:
             result = results[name]

@@ -96,6 +96,9 @@ class Launcher(Protocol):
     def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
         """The plan for running ``entry`` on the first ``spec.nodes`` nodes of ``inventory``."""
 
+    def relabel(self, plan: LaunchPlan, nproc: int):
+        """A line relabeler for the runner (see ``remote.Relabel``), or None."""
+
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
         """The global rank a node's log names as failed, if the launcher's output says so."""
 

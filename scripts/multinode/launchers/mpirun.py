@@ -38,6 +38,23 @@ MPIRUN_FAILED_RANK = (
 )
 
 
+# --tag-output prefixes every rank's line with "[jobid,rank]<stdout>:".
+TAGGED_LINE = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?")
+
+
+def relabel_by_rank(rank_nodes: Sequence[str]):
+    """Lines of every rank arrive through the head's mpirun: show them under the rank's own node."""
+
+    def relabel(node: str, line: str) -> tuple[str, str]:
+        match = TAGGED_LINE.match(line)
+        if not match or int(match[1]) >= len(rank_nodes):
+            return node, line
+        rank = int(match[1])
+        return rank_nodes[rank], f"[rank{rank}]: {line[match.end():]}"
+
+    return relabel
+
+
 def mpi_ssh_args(inventory: Inventory) -> str:
     """How mpirun on the head SSHes to the other nodes: the cluster key and pinned host keys only."""
     port = inventory.extra.get("mpi_ssh_port", inventory.head.ssh_port)
@@ -110,6 +127,9 @@ class MpirunLauncher:
             participants=tuple(n.name for n in inv.nodes),
             world_size=spec.nodes * spec.nproc,
         )
+
+    def relabel(self, plan: LaunchPlan, nproc: int):
+        return relabel_by_rank([node for node in plan.participants for _ in range(nproc)])
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
         for line in log_lines:

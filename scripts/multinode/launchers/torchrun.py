@@ -80,6 +80,9 @@ class TorchrunLauncher:
             world_size=spec.nodes * spec.nproc,
         )
 
+    def relabel(self, plan: LaunchPlan, nproc: int):
+        return None  # every node streams its own ranks' lines
+
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
         for line in log_lines:
             match = ROOT_CAUSE_RANK.match(line)
