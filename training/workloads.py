@@ -95,9 +95,9 @@ def regression(cfg: TrainConfig) -> Workload:
 
 def mlp(cfg: TrainConfig) -> Workload:
     """512 -> 2048 -> 2048 -> 10: 5.26 M parameters, the benchmark model of the field notes."""
-    steps = cfg.steps_per_epoch or 30
+    steps = cfg.steps_per_epoch or 30  # per rank, with 2 ranks
     gen = torch.Generator().manual_seed(SPLIT_SEED)
-    n = steps * cfg.batch_size * 8  # enough for 8 ranks
+    n = steps * cfg.batch_size * 2
     x = torch.randn(n, 512, generator=gen)
     y = torch.randint(0, 10, (n,), generator=gen)
     small = TensorDataset(x[:256], y[:256])

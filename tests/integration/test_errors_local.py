@@ -99,3 +99,19 @@ def test_bad_values_before_anything_runs(untouched: Cluster):
     assert_one_line_error(untouched.cli("train", "--elastic", "3:1"), "ELASTIC='3:1'")
     assert_one_line_error(untouched.cli("train", "--args", "'unbalanced"), "ARGS=")
 
+
+
+def test_changed_host_key_is_refused(untouched: Cluster, tmp_path: Path):
+    """A node whose host key differs from the pinned one (a replaced or spoofed machine) is refused."""
+    known_hosts = Path(untouched.inventory().known_hosts)
+    pinned = known_hosts.read_text()
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "other")], check=True)
+    other = " ".join((tmp_path / "other.pub").read_text().split()[:2])
+    lines = pinned.splitlines()
+    lines[1] = lines[1].split()[0] + " " + other  # node-1's entry now pins a different key
+    known_hosts.write_text("\n".join(lines) + "\n")
+    try:
+        res = untouched.cli("train", "--nodes", "2")
+    finally:
+        known_hosts.write_text(pinned)
+    assert_one_line_error(res, "node-1", "host key does not match the pinned one")
