@@ -44,6 +44,7 @@ RESULT_LINE = re.compile(r"RESULT (\{.*\})\s*$")
 PEER_FAILURE = re.compile(
     r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
     r"DistNetworkError|Socket Timeout|timed out|SIGTERM|Signals\.SIGTERM",
+    re.IGNORECASE,
 )
 
 
@@ -212,9 +213,16 @@ def parse_result(lines: list[str]) -> dict | None:
 def pick_root_cause(failures: list[NodeError], first: NodeError) -> NodeError:
     """The first failure whose log does not read like a reaction to another node's failure."""
     for failure in failures:
-        if not any(PEER_FAILURE.search(line) for line in failure.tail):
+        if not any(PEER_FAILURE.search(line) for line in _log_lines(failure)):
             return failure
     return first
+
+
+def _log_lines(failure: NodeError) -> list[str]:
+    """The node's whole log when we have it (the tail alone often shows only torchrun's summary)."""
+    if failure.log_path and Path(failure.log_path).exists():
+        return Path(failure.log_path).read_text(errors="replace").splitlines()
+    return failure.tail
 
 
 def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float):

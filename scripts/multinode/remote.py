@@ -278,9 +278,10 @@ class RemoteRunner:
 
     # --- files ------------------------------------------------------------------------
 
-    def _exec_raw(self, name: str, command: str, data: bytes = b"", timeout: float = 60.0) -> bytes:
+    def _exec_raw(self, name: str, command: str, data: bytes = b"", timeout: float = 60.0,
+                  open_timeout: float | None = None) -> bytes:
         """Run ``command`` with ``data`` on stdin; return stdout. Plain exec channel: no SFTP subsystem needed."""
-        channel = self.connection(name).transport.open_session(timeout=timeout)
+        channel = self.connection(name).transport.open_session(timeout=open_timeout or timeout)
         channel.settimeout(timeout)
         try:
             channel.exec_command(command)
@@ -327,7 +328,17 @@ class RemoteRunner:
             line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(STOP_GRACE * 10)}"
             extra = extra_stop(name) if extra_stop else None
             commands[name] = f"{extra}; {line}" if extra else line
-        results = self.run_each(commands, timeout=STOP_GRACE + 10)
+        def stop(name: str) -> CommandResult:
+            # A short channel-open timeout: a node that cannot open a channel in 3 s is unreachable.
+            try:
+                out = self._exec_raw(name, commands[name], timeout=STOP_GRACE + 5, open_timeout=3)
+            except Exception as err:  # no answer, or the stop itself failed
+                return CommandResult(name, None, error=describe_ssh_error(err))
+            return CommandResult(name, 0, out.decode(errors="replace"))
+
+        answers = _parallel(stop, commands, STOP_GRACE + 8)
+        results = {name: value if done and isinstance(value, CommandResult) else CommandResult(name, None, error=str(value))
+                   for name, (done, value) in answers.items()}
         for name, res in results.items():
             if not res.ok:
                 log.warning("%s: could not stop run %s: %s", name, run_id, res.error or res.stderr.strip())
@@ -403,7 +414,7 @@ class RemoteRunner:
                     head = next(iter(results))
                     failure = NodeError(head, "job", None, f"deadline of {deadline:.0f} s passed; the job was stopped")
                     self.say(f"deadline of {deadline:.0f} s passed: stopping the job on every node")
-                    self._gang_stop(run_id, results, events, extra_stop, pending)
+                    self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                     return failure
                 continue
             pending.discard(name)
@@ -412,23 +423,35 @@ class RemoteRunner:
                 result.error = self._node_error(name, result, f"exited with code {result.exit_code}", log_dir)
             if result.error is not None:
                 self.say(f"{name} failed ({result.error.message}): stopping the job on every node")
-                self._gang_stop(run_id, results, events, extra_stop, pending)
+                self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                 return result.error
         return None
 
     def _gang_stop(self, run_id: str, results: dict[str, NodeResult], events: "queue.Queue[str]",
-                   extra_stop: Callable[[str], str | None] | None, pending: set[str] | None = None) -> None:
-        """Stop the run everywhere, then give the remaining sessions a bounded time to end."""
+                   extra_stop: Callable[[str], str | None] | None, pending: set[str] | None = None,
+                   log_dir: Path | None = None) -> None:
+        """Stop the run everywhere, then give the remaining sessions a bounded time to end.
+
+        A node that does not even answer the stop command is unreachable (crashed, or cut off): its
+        session is dropped at once and it is reported as lost, which makes it the likely root cause.
+        """
         pending = set(pending if pending is not None else (n for n, r in results.items() if r.finished is None))
-        self.stop_all(run_id, extra_stop)
         end = time.monotonic() + LOST_GRACE
-        while pending and time.monotonic() < end:
+        answers = self.stop_all(run_id, extra_stop)
+        unreachable = {name for name in pending if answers[name].exit_code is None}
+        while pending - unreachable and time.monotonic() < end:
             try:
                 pending.discard(events.get(timeout=0.2))
             except queue.Empty:
                 continue
-        for name in pending:  # still no end of session: the node is unreachable; drop it
-            log.warning("%s: no end of session %.0f s after the stop; dropping the connection", name, LOST_GRACE)
+        for name in pending:
+            result = results[name]
+            why = "stopped answering (unreachable: no answer to the stop)" if name in unreachable else \
+                f"did not end within {LOST_GRACE:.0f} s of the stop"
+            log.warning("%s: %s; dropping its connection", name, why)
+            if result.error is None and log_dir is not None:
+                result.error = self._node_error(name, result, why, log_dir)
+                result.finished = time.monotonic()
             self.drop(name)
 
     def _node_error(self, name: str, result: NodeResult, message: str, log_dir: Path) -> NodeError:
