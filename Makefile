@@ -33,7 +33,7 @@ export MULTINODE_RDZV_PORT := $(RDZV_PORT)
 export MULTINODE_MTU := $(MTU)
 export MULTINODE_NODE := $(NODE)
 
-.PHONY: help setup demo up train down status logs ssh test lint bench image reap clean
+.PHONY: help setup demo up train down status logs ssh test lint bench reap clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -79,11 +79,9 @@ ssh: setup ## open a shell on node NODE (default 0)
 reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
 	$(MN) reap --region $(REGION) $(if $(YES),--yes)
 
-image: setup ## build the image for MODE (PUSH=<ecr repo> to push)
-	$(PY) -m multinode.images --mode $(MODE) $(if $(CLUSTER_TYPE),--cluster-type $(CLUSTER_TYPE)) $(if $(PUSH),--push $(PUSH))
-
-bench: setup ## benchmarks: writes docs/benchmarks.md, JSON and plots
-	$(PY) -m bench $(if $(QUICK),--quick)
+bench: setup ## benchmarks and failure drills -> docs/benchmarks.md, docs/reliability.md (QUICK=1: short)
+	$(PY) -m bench.mpi_vs_ddp $(if $(QUICK),--quick) --out docs/benchmarks.md
+	$(PY) -m bench.drills --out docs/reliability.md
 
 test: setup ## the whole test suite (unit + integration), as CI runs it
 	$(PY) -m pytest -q

@@ -67,16 +67,39 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def page(result: dict) -> str:
+    from datetime import datetime, timezone
+
+    return "\n".join([
+        "# Benchmarks",
+        "",
+        "## MPI gradient data plane vs gloo DDP",
+        "",
+        f"Measured by `python -m bench.mpi_vs_ddp` on {datetime.now(timezone.utc):%Y-%m-%d}, this machine "
+        f"({os.cpu_count()} cores, CPU only), both runs in the same invocation: {result['model']}, "
+        f"{result['ranks']} ranks on one machine, per-rank batch {result['batch_per_rank']}, "
+        f"{result['epochs']} epochs x {result['steps_per_epoch']} steps (epoch 0 left out as warm-up), "
+        "OMP_NUM_THREADS=1, Adam. Step time = median of the per-epoch medians from metrics.jsonl; "
+        "comm = time inside the gradient allreduce per step (DDP overlaps it with backward).",
+        "",
+        table(result),
+        "",
+    ])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a short run that checks the benchmark works")
-    parser.add_argument("--out", type=Path, help="write the result as JSON here")
+    parser.add_argument("--out", type=Path, help="write the result here (.md: a page with the table; else JSON)")
     args = parser.parse_args()
     result = run(args.quick)
     print(table(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
+        if args.out.suffix == ".md":
+            args.out.write_text(page(result))
+        else:
+            args.out.write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
