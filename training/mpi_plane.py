@@ -1,8 +1,9 @@
 """MPI as the gradient data plane: gradients averaged with mpi4py ``Allreduce`` on flat buckets.
 
-Used under mpirun when torch has no MPI backend (stock wheels). After ``backward()``, the
-gradients are packed into a few flat float32 buckets (~25 MB each, like DDP's), each bucket is
-summed in place with one ``MPI.Allreduce`` and divided by the world size, and unpacked.
+Used under mpirun when torch has no MPI backend (stock wheels). Every gradient is a view into one of
+a few flat float32 buckets (~25 MB each, like DDP's ``gradient_as_bucket_view``), so after
+``backward()`` each bucket is summed in place with one ``MPI.Allreduce`` and divided by the world
+size, with no packing or unpacking copies.
 GPU tensors go through host memory unless the MPI library is CUDA/ROCm-aware (then the device
 buffer is passed directly); :attr:`MpiGradients.kind` says which ran.
 """
@@ -53,13 +54,26 @@ class MpiGradients:
                 self.comm.Bcast(host.numpy(), root=0)
                 p.copy_(host.to(p.device))
 
+    def attach_buckets(self) -> None:
+        """Make every gradient a view into a flat per-bucket buffer (like DDP's gradient_as_bucket_view):
+        backward accumulates straight into the buffers, so no copy is needed around the allreduce."""
+        self.flat = []
+        for bucket in self.buckets:
+            device = bucket[0].device
+            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=torch.float32, device=device)
+            offset = 0
+            for p in bucket:
+                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                offset += p.numel()
+            self.flat.append(flat)
+
     def average(self) -> None:
         """Average every gradient across ranks (call after backward, before optimizer.step)."""
         from mpi4py import MPI
 
-        for bucket in self.buckets:
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in bucket]
-            flat = torch.cat([g.reshape(-1) for g in grads]).float()
+        if not hasattr(self, "flat"):
+            raise RuntimeError("MpiGradients.attach_buckets() must run before the first backward")
+        for flat in self.flat:
             buf = flat if self.direct else flat.cpu()
             start = time.perf_counter()
             if buf.is_cuda:
@@ -67,13 +81,6 @@ class MpiGradients:
             else:
                 self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
             self.comm_seconds += time.perf_counter() - start
-            buf = buf.to(flat.device).div_(self.world)
-            offset = 0
-            for p, g in zip(bucket, grads):
-                n = g.numel()
-                chunk = buf[offset:offset + n].view_as(g).to(g.dtype)
-                if p.grad is None:
-                    p.grad = chunk.clone()
-                else:
-                    p.grad.copy_(chunk)
-                offset += n
+            if buf is not flat:
+                flat.copy_(buf)
+            flat.div_(self.world)

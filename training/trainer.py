@@ -62,7 +62,11 @@ class Trainer:
         self.world, self.workload, self.device = world, workload, device
         self.data_plane = data_plane
         self.model = workload.model.to(device)
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=self.t.lr or workload.lr)
+        lr = self.t.lr or workload.lr
+        if workload.optimizer == "sgd":
+            self.optimizer = torch.optim.SGD(self.model.parameters(), lr=lr, momentum=0.9)
+        else:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=self.t.total_epochs)
         self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp) if device.type == "cuda" else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
@@ -73,6 +77,7 @@ class Trainer:
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()
+            self.mpi.attach_buckets()
             self.net: nn.Module = self.model
         elif world.backend is not None:
             ids = [device.index] if device.type == "cuda" else None
@@ -186,7 +191,8 @@ class Trainer:
                     self.mpi.average()
                 self.scaler.step(self.optimizer)
                 self.scaler.update()
-                self.optimizer.zero_grad(set_to_none=True)
+                # MPI plane: gradients are views into its flat buckets and must stay allocated.
+                self.optimizer.zero_grad(set_to_none=self.mpi is None)
                 steps += 1
                 now = time.perf_counter()
                 step_times.append(now - step_start)
