@@ -15,8 +15,12 @@ def _local() -> Provider:
 
 
 def _aws() -> Provider:
-    from multinode.providers.aws import AwsProvider
-
+    try:
+        from multinode.providers.aws import AwsProvider
+    except ModuleNotFoundError as err:
+        if err.name != "multinode.providers.aws":
+            raise
+        raise UserError("PROVIDER=aws is not implemented in this version yet (see README, 'AWS'); use PROVIDER=local") from None
     return AwsProvider()
 
 
