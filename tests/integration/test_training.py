@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,8 +118,8 @@ def test_hello_collective_is_correct(launch):
     res = launch("--workload", "hello", **({"nproc": 3} if launch is torchrun else {"np": 3}))
     result = result_of(res)
     assert result["collective_ok"] is True and result["rank_sum"] == 3.0 and result["world_size"] == 3
-    assert sorted(line.split()[3] for line in res.stdout.splitlines() if line.startswith("hello from rank")) == \
-        ["0/3", "1/3", "2/3"]
+    # Ranks share one pipe here (no torchrun --tee), so a line may land in the middle of another's.
+    assert sorted(re.findall(r"hello from rank (\d/3)", res.stdout)) == ["0/3", "1/3", "2/3"]
 
 
 def test_regression_learns_in_one_process(tmp_path):
