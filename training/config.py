@@ -20,11 +20,18 @@ STRATEGIES = ("auto", "single", "ddp")
 BACKENDS = ("auto", "gloo", "nccl", "mpi")
 DATA_PLANES = ("auto", "ddp", "mpi")
 DEVICES = ("auto", "cpu", "gpu")
-AMP = ("off", "bf16", "fp16")
+AMP = ("off", "auto", "bf16", "fp16")
 
 
 class ConfigError(ValueError):
     """One line naming the bad value and the fix."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad flag is a :class:`ConfigError` (one line, exit 2) instead of usage + message."""
+
+    def error(self, message: str):
+        raise ConfigError(f"{message}; see 'train.py --help'")
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,7 @@ class TrainConfig:
     lr: float | None = None  # None: the workload's default
     seed: int = 0
     grad_accum: int = 1
-    amp: str = "off"  # GPU only
+    amp: str = "off"  # GPU only; auto: bf16 where the GPU supports it, else fp16 with a GradScaler
     find_unused_parameters: bool = False
     patience: int = 0  # early stopping after this many epochs without val-loss improvement; 0 = off
     device: str = "auto"
@@ -62,7 +69,7 @@ class Config:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="train.py", description="Data-parallel trainer (torchrun, mpirun, srun or one process).")
+    p = _Parser(prog="train.py", description="Data-parallel trainer (torchrun, mpirun, srun or one process).")
     p.add_argument("total_epochs", nargs="?", type=int, help="epochs to train (seed scripts' first positional)")
     p.add_argument("save_every", nargs="?", type=int, help="snapshot every N epochs")
     p.add_argument("--config", help="YAML file with 'distributed' and 'training' sections")
@@ -71,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
-    p.add_argument("--amp", help=f"one of {', '.join(AMP)} (GPU only)")
+    p.add_argument("--amp", nargs="?", const="auto", help=f"one of {', '.join(AMP)} (GPU only; bare --amp = auto)")
     p.add_argument("--find-unused-parameters", action="store_const", const=True)
     p.add_argument("--patience", type=int, help="early stopping patience in epochs (0 = off)")
     p.add_argument("--device", help=f"one of {', '.join(DEVICES)}")

@@ -9,8 +9,11 @@
   if set, else the node srun was launched from;
 * none of these: one process.
 
-:func:`init` creates the torch process group. Under MPI, rank 0 broadcasts its address and a free
-port over MPI, so no ``MASTER_ADDR`` is needed; torch's MPI backend is used when this torch has it.
+:func:`init` creates the torch process group. Under MPI, rank 0 starts a TCP store on a port the
+kernel picks and broadcasts its address and that port over MPI, so no ``MASTER_ADDR`` is needed (and
+no port race); the address is the one on ``GLOO_SOCKET_IFNAME`` when set. torch's MPI backend is used
+when this torch has it. Under MPI an uncaught exception aborts the whole job (``MPI_Abort``): without
+that, the failed rank waits in ``MPI_Finalize`` while its peers wait in an allreduce, forever.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Mapping
@@ -72,12 +76,6 @@ def my_address() -> str:
     return socket.gethostbyname(socket.gethostname())
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class World:
     """The running job: who we are, and the MPI communicator when MPI launched us."""
@@ -109,6 +107,35 @@ def resolve_backend(requested: str, launch: Launch, use_gpu: bool) -> str:
     return requested
 
 
+def abort_on_uncaught_exception(comm) -> None:
+    """What ``python -m mpi4py`` does: an uncaught exception on any rank ends every rank."""
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        sys.stderr.flush()
+        comm.Abort(1)
+
+    sys.excepthook = hook
+
+
+def mpi_rendezvous(comm, rank: int, world_size: int, nodes: int, timeout: timedelta):
+    """A torch TCP store whose endpoint rank 0 broadcasts over MPI (rank 0 hosts it)."""
+    import torch.distributed as dist
+
+    if rank == 0:
+        address = my_address()
+        if address.startswith("127.") and nodes > 1:
+            raise RuntimeError(f"this host's name resolves to {address} but the job spans {nodes} nodes; "
+                               "export GLOO_SOCKET_IFNAME=<cluster interface> (mpirun -x GLOO_SOCKET_IFNAME)")
+        store = dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, timeout=timeout, wait_for_workers=False)
+        endpoint = comm.bcast((address, store.port), root=0)
+    else:
+        endpoint = comm.bcast(None, root=0)
+        store = dist.TCPStore(endpoint[0], endpoint[1], world_size, is_master=False, timeout=timeout)
+    return store
+
+
 def init(launch: Launch, backend: str, timeout: float) -> World:
     """Create the process group (nothing for one process)."""
     import torch.distributed as dist
@@ -118,8 +145,10 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
         from mpi4py import MPI
 
         comm = MPI.COMM_WORLD
+        abort_on_uncaught_exception(comm)
         local = comm.Split_type(MPI.COMM_TYPE_SHARED)
         launch = Launch("mpirun", comm.Get_rank(), comm.Get_size(), local.Get_rank())
+        nodes = comm.allreduce(1 if local.Get_rank() == 0 else 0)
         local.Free()
     if not launch.distributed:
         return World(launch, None, comm)
@@ -127,10 +156,9 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
     if comm is not None and backend == "mpi":
         dist.init_process_group("mpi", timeout=pg_timeout)
     elif comm is not None:
-        # Rendezvous over MPI: rank 0's address and a free port, broadcast to every rank.
-        endpoint = comm.bcast((my_address(), free_port()) if launch.rank == 0 else None, root=0)
-        dist.init_process_group(backend, init_method=f"tcp://{endpoint[0]}:{endpoint[1]}",
-                                rank=launch.rank, world_size=launch.world_size, timeout=pg_timeout)
+        store = mpi_rendezvous(comm, launch.rank, launch.world_size, nodes, pg_timeout)
+        dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
+                                timeout=pg_timeout)
     else:
         os.environ.setdefault("MASTER_ADDR", launch.master_addr or "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(launch.master_port or 29500))

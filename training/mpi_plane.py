@@ -10,6 +10,9 @@ buffer is passed directly); :attr:`MpiGradients.kind` says which ran.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import os
 import time
 
 import torch
@@ -18,14 +21,30 @@ from torch import nn
 BUCKET_BYTES = 25 * 1024 * 1024
 
 
-def gpu_aware(comm) -> bool:
-    """Does this MPI accept device pointers? (Open MPI exposes it through mpi4py's query.)"""
+def loaded_mpi_library() -> str | None:
+    """Path of the MPI library mpi4py loaded into this process (from /proc/self/maps)."""
     try:
-        from mpi4py import MPI
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                path = line.split()[-1]
+                if os.path.basename(path).startswith("libmpi.so"):
+                    return path
+    except OSError:
+        pass
+    return ctypes.util.find_library("mpi")
 
-        return bool(MPI.Query_cuda_support())
-    except Exception:  # older mpi4py / MPI without the query: assume not
+
+def gpu_aware(library: str | None, rocm: bool) -> bool:
+    """Does this MPI accept device pointers? Asked through its MPIX extension (Open MPI's
+    ``MPIX_Query_cuda_support`` / ``MPIX_Query_rocm_support``); False when the library cannot say."""
+    if library is None:
         return False
+    try:
+        query = getattr(ctypes.CDLL(library), "MPIX_Query_rocm_support" if rocm else "MPIX_Query_cuda_support")
+    except (OSError, AttributeError):
+        return False
+    query.restype = ctypes.c_int
+    return bool(query())
 
 
 class MpiGradients:
@@ -33,9 +52,10 @@ class MpiGradients:
         self.comm = comm
         self.world = comm.Get_size()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.direct = device.type == "cpu" or gpu_aware(comm)
+        self.direct = device.type == "cpu" or gpu_aware(loaded_mpi_library(), rocm=torch.version.hip is not None)
+        aware = "rocm-aware" if torch.version.hip else "cuda-aware"
         self.kind = "mpi4py-allreduce(host)" if device.type == "cpu" else (
-            "mpi4py-allreduce(gpu-aware)" if self.direct else "mpi4py-allreduce(host-staged)")
+            f"mpi4py-allreduce({aware})" if self.direct else "mpi4py-allreduce(host-staged)")
         self.buckets: list[list[nn.Parameter]] = [[]]
         size = 0
         for p in self.params:
@@ -74,13 +94,17 @@ class MpiGradients:
         if not hasattr(self, "flat"):
             raise RuntimeError("MpiGradients.attach_buckets() must run before the first backward")
         for flat in self.flat:
-            buf = flat if self.direct else flat.cpu()
             start = time.perf_counter()
-            if buf.is_cuda:
-                self.comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            if flat.is_cuda and self.direct:
+                # MPI reads the device memory directly: backward's kernels must have finished.
+                torch.cuda.current_stream(flat.device).synchronize()
+                raw = [MPI.buffer.fromaddress(flat.data_ptr(), flat.numel() * flat.element_size()), MPI.FLOAT]
+                self.comm.Allreduce(MPI.IN_PLACE, raw, op=MPI.SUM)
+            elif flat.is_cuda:
+                host = flat.cpu()  # synchronous copy: waits for backward
+                self.comm.Allreduce(MPI.IN_PLACE, host.numpy(), op=MPI.SUM)
+                flat.copy_(host)
             else:
-                self.comm.Allreduce(MPI.IN_PLACE, buf.numpy(), op=MPI.SUM)
+                self.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
             self.comm_seconds += time.perf_counter() - start
-            if buf is not flat:
-                flat.copy_(buf)
             flat.div_(self.world)

@@ -20,8 +20,13 @@ import socket
 import sys
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `training` importable from its parent
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __package__ in (None, ""):
+    # Run as a script (`python training/train.py`, cwd = a copy of training/ and nothing else):
+    # import our siblings as `training.x` from the parent directory, and take training/ itself off
+    # the path so its module names (config, snapshot, ...) cannot shadow anyone's.
+    _here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
+    sys.path.insert(0, str(_here.parent))
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -80,6 +85,15 @@ def hello(world: dist_env.World, device: torch.device) -> dict:
     return {"rank_sum": value.item(), "expected": expected, "collective_ok": value.item() == expected}
 
 
+def data_plane_name(trainer, world: dist_env.World) -> str:
+    """What averaged the gradients: gloo-ddp, nccl-ddp, mpi-backend, mpi4py-allreduce(host|cuda-aware|...)."""
+    if trainer.mpi is not None:
+        return trainer.mpi.kind
+    if world.backend is None:
+        return "none"
+    return "mpi-backend" if world.backend == "mpi" else f"{world.backend}-ddp"
+
+
 def setup_logging(rank: int) -> None:
     # torchrun (via the orchestrator) already prefixes each line with its rank; don't say it twice.
     prefix = "" if os.environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") else f"[rank {rank}] "
@@ -108,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     t = cfg.training
     result = {"workload": t.workload, "launcher": world.launch.launcher, "world_size": world.world_size,
               "backend": world.backend or "none", "device": device.type}
+    if t.amp != "off" and device.type != "cuda":
+        log.warning("--amp %s ignored: mixed precision is for GPUs, this run is on %s", t.amp, device.type)
     try:
         if workload is None:
             result.update(hello(world, device))
@@ -118,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
                      t.workload, world.launch.launcher, world.world_size, world.backend or "none",
                      t.batch_size, t.batch_size * world.world_size, t.total_epochs)
             trainer = Trainer(cfg, world, workload, device, plane)
-            result["data_plane"] = trainer.mpi.kind if trainer.mpi else ("ddp-" + world.backend if world.backend else "none")
+            result.update(epochs=t.total_epochs, seed=t.seed, batch_size=t.batch_size,
+                          global_batch=t.batch_size * world.world_size)
+            result["data_plane"] = data_plane_name(trainer, world)
             try:
                 result.update(trainer.train())
             finally:

@@ -68,11 +68,15 @@ class Trainer:
         else:
             self.optimizer = torch.optim.Adam(self.model.parameters(), lr=lr)
         self.scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(self.optimizer, T_max=self.t.total_epochs)
-        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.t.amp) if device.type == "cuda" else None
+        amp = self.t.amp
+        if amp == "auto" and device.type == "cuda":
+            amp = "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        self.amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(amp) if device.type == "cuda" else None
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
         self.mpi: MpiGradients | None = None
         self.timer = CommTimer()
         self.start_epoch = 0
+        self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self._restore()
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
@@ -141,6 +145,7 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         snapshot.set_rng_state(state["rng"])
         self.start_epoch = state["next_epoch"]
+        self.initial_test_loss = state.get("initial_test_loss")
         log.info("resumed from snapshot: next epoch %d", self.start_epoch)
 
     def _save(self, next_epoch: int) -> None:
@@ -150,6 +155,7 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
             "rng": snapshot.rng_state(), "next_epoch": next_epoch, "workload": self.t.workload,
+            "initial_test_loss": self.initial_test_loss,
         })
         log.info("snapshot saved: %s (next epoch %d)", path, next_epoch)
 
@@ -159,6 +165,23 @@ class Trainer:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+
+    def _run_batch(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> float:
+        """Forward and backward of one micro-batch; at an accumulation boundary, average the gradients
+        (DDP does it inside backward, the MPI plane here) and step. Returns the batch's mean loss."""
+        sync_ctx = self.net.no_sync() if isinstance(self.net, DDP) and not boundary else contextlib.nullcontext()
+        with sync_ctx:
+            with self._autocast():
+                loss = self.workload.loss(self.net(x), y) / self.t.grad_accum
+            self.scaler.scale(loss).backward()
+        if boundary:
+            if self.mpi:
+                self.mpi.average()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            # MPI plane: gradients are views into its flat buckets and must stay allocated.
+            self.optimizer.zero_grad(set_to_none=self.mpi is None)
+        return loss.item() * self.t.grad_accum
 
     def _run_epoch(self, epoch: int) -> dict:
         self.net.train()
@@ -179,20 +202,9 @@ class Trainer:
         for i, (x, y) in enumerate(batches):
             x, y = x.to(self.device), y.to(self.device)
             boundary = (i + 1) % self.t.grad_accum == 0 or i + 1 == len(self.train_loader)
-            sync_ctx = self.net.no_sync() if isinstance(self.net, DDP) and not boundary else contextlib.nullcontext()
-            with sync_ctx:
-                with self._autocast():
-                    loss = self.workload.loss(self.net(x), y) / self.t.grad_accum
-                self.scaler.scale(loss).backward()
-            total_loss += loss.item() * self.t.grad_accum * len(x)
+            total_loss += self._run_batch(x, y, boundary) * len(x)
             samples += len(x)
             if boundary:
-                if self.mpi:
-                    self.mpi.average()
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-                # MPI plane: gradients are views into its flat buckets and must stay allocated.
-                self.optimizer.zero_grad(set_to_none=self.mpi is None)
                 steps += 1
                 now = time.perf_counter()
                 step_times.append(now - step_start)
@@ -202,7 +214,7 @@ class Trainer:
         comm = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0) - comm_before
         loss_sum, n = self._sum([total_loss, samples])
         step_times.sort()
-        return {"train_loss": loss_sum / n, "samples_per_s": round(n / elapsed, 1), "steps": steps,
+        return {"loss": loss_sum / n, "samples_per_s": round(n / elapsed, 1), "steps": steps,
                 "step_time_s": round(step_times[len(step_times) // 2], 5) if step_times else None,
                 "comm_time_s": round(comm / max(steps, 1), 5), "epoch_time_s": round(elapsed, 3)}
 
@@ -225,19 +237,21 @@ class Trainer:
         return result
 
     def train(self) -> dict:
-        best, stale = float("inf"), 0
-        initial_loss = self.evaluate(self.test_loader)["loss"]  # for loss_reduction (regression)
-        epoch = self.start_epoch
+        best, stale, epochs_run = float("inf"), 0, 0
+        if self.initial_test_loss is None:  # for loss_reduction (regression); a resumed run keeps the original
+            self.initial_test_loss = self.evaluate(self.test_loader)["loss"]
         for epoch in range(self.start_epoch, self.t.total_epochs):
+            epochs_run += 1
             stats = self._run_epoch(epoch)
             val = self.evaluate(self.val_loader)
             row = {"epoch": epoch, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
             self._record(**row)
             acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
             log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
-                     epoch + 1, self.t.total_epochs, stats["train_loss"], val["loss"], acc, stats["samples_per_s"],
+                     epoch + 1, self.t.total_epochs, stats["loss"], val["loss"], acc, stats["samples_per_s"],
                      1000 * (stats["step_time_s"] or 0), 1000 * stats["comm_time_s"])
-            if (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs:
+            saved = (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs
+            if saved:
                 self._save(epoch + 1)
             if epoch == self.t.crash_after_epoch and self.world.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
@@ -248,14 +262,15 @@ class Trainer:
                 stop = stale >= self.t.patience
             if self.broadcast(stop):
                 log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, stale)
-                self._save(epoch + 1)
+                if not saved:
+                    self._save(epoch + 1)
                 break
         test = self.evaluate(self.test_loader)
-        result = {"epochs_run": epoch + 1 - self.start_epoch, "test_loss": test["loss"]}
+        result = {"epochs_run": epochs_run, "test_loss": test["loss"]}
         if "accuracy" in test:
             result["test_accuracy"] = test["accuracy"]
         if not self.workload.classification:
-            result["loss_reduction"] = initial_loss / max(test["loss"], 1e-12)
+            result["loss_reduction"] = self.initial_test_loss / max(test["loss"], 1e-12)
         self._record(event="test", **result)
         if self.world.rank == 0 and self.t.metrics_dir:
             torch.save(self.model.state_dict(), Path(self.t.metrics_dir) / "final_model.pt")

@@ -1,14 +1,22 @@
 """The trainer for real: torchrun (gloo DDP) and mpirun (mpi4py data plane) with 2 ranks on this
-machine, exact resume after a SIGKILL, a kill during a snapshot write, and one-line bad input."""
+machine, SLURM-style and plain runs of a copy of training/ alone, exact resume after a SIGKILL, a
+kill during a snapshot write, a dead peer under mpirun, and one-line bad input.
+
+Every process carries MULTINODE_RUN_ID=<this module's id>; teardown kills any that is left
+(torchrun starts its workers in their own session, so killing the launcher is not enough)."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -18,8 +26,9 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = str(REPO / "training" / "train.py")
-ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("MULTINODE_", "OMPI_", "PMI"))},
-       "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+RUN_ID = f"pytest-training-{uuid.uuid4().hex[:8]}"
+ENV = {**{k: v for k, v in os.environ.items() if not k.startswith(("MULTINODE_", "OMPI_", "PMI", "SLURM_"))},
+       "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "MULTINODE_RUN_ID": RUN_ID}
 MPI_ENV = {**ENV, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 
 
@@ -32,6 +41,30 @@ def mpirun(*args: str, np: int = 2) -> subprocess.CompletedProcess:
     argv = ["mpirun", "-np", str(np), "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
             "--mca", "btl", "self,vader,tcp", sys.executable, TRAIN, *args]
     return subprocess.run(argv, env=MPI_ENV, capture_output=True, text=True, timeout=300)
+
+
+def our_pids() -> list[int]:
+    mark = f"MULTINODE_RUN_ID={RUN_ID}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and mark in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.fixture(autouse=True, scope="module")
+def kill_leftovers():
+    yield
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in our_pids():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.5)
 
 
 def result_of(res: subprocess.CompletedProcess) -> dict:
@@ -56,13 +89,14 @@ def digits_runs(tmp_path_factory):
 
 def test_digits_reaches_95_under_torchrun_and_mpirun(digits_runs):
     base, ddp, mpi = digits_runs
-    assert ddp["launcher"] == "torchrun" and ddp["data_plane"] == "ddp-gloo"
+    assert ddp["launcher"] == "torchrun" and ddp["data_plane"] == "gloo-ddp"
     assert mpi["launcher"] == "mpirun" and mpi["data_plane"] == "mpi4py-allreduce(host)"
     assert ddp["world_size"] == mpi["world_size"] == 2
     assert ddp["test_accuracy"] >= 0.95 and mpi["test_accuracy"] >= 0.95
     rows = [json.loads(line) for line in (base / "ddp" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in rows[:-1]] == list(range(10)) and rows[-1]["event"] == "test"
     assert all(r["samples_per_s"] > 0 and r["step_time_s"] > 0 and r["comm_time_s"] > 0 for r in rows[:-1])
+    assert rows[-1]["test_accuracy"] == ddp["test_accuracy"] and rows[0]["loss"] > rows[-2]["loss"]
 
 
 def test_mpi_data_plane_matches_ddp_weights(digits_runs):
@@ -122,21 +156,59 @@ def test_hello_collective_is_correct(launch):
     assert sorted(re.findall(r"hello from rank (\d/3)", res.stdout)) == ["0/3", "1/3", "2/3"]
 
 
-def test_regression_learns_in_one_process(tmp_path):
-    res = subprocess.run([sys.executable, TRAIN, "--workload", "regression", "5", "5"], env=ENV,
-                         capture_output=True, text=True, timeout=120)
-    assert result_of(res)["loss_reduction"] >= 10
+@pytest.fixture
+def training_copy(tmp_path) -> Path:
+    """A directory holding a copy of training/ and nothing else, as the orchestrator ships it."""
+    shutil.copytree(REPO / "training", tmp_path / "code" / "training",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "code"
+
+
+def test_regression_learns_in_one_process_from_a_copy(training_copy):
+    res = subprocess.run([sys.executable, "training/train.py", "--workload", "regression", "5", "5"], env=ENV,
+                         cwd=training_copy, capture_output=True, text=True, timeout=120)
+    result = result_of(res)
+    assert result["launcher"] == "single" and result["loss_reduction"] >= 10
+
+
+def test_slurm_environment_two_tasks(training_copy):
+    """What srun gives each task (SLURM_PROCID/NTASKS/LOCALID); the rendezvous is MASTER_ADDR:PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "training/train.py", "--workload", "regression", "3", "3"],
+                              cwd=training_copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**ENV, "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(2)]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    result = result_of(subprocess.CompletedProcess([], 0, outs[0], ""))
+    assert (result["launcher"], result["world_size"], result["data_plane"]) == ("slurm", 2, "gloo-ddp")
+    assert result["loss_reduction"] >= 10 and "RESULT" not in outs[1]
+
+
+def test_dead_peer_under_mpirun_fails_the_job(tmp_path):
+    """Rank 0 is SIGKILLed after epoch 1 while rank 1 heads into the next MPI allreduce: mpirun must end
+    the job with a non-zero code (the timeout here only turns a hang into a failure)."""
+    res = mpirun("--workload", "digits", "3", "1", "--snapshot-dir", str(tmp_path), "--crash-after-epoch", "0")
+    assert res.returncode != 0 and "RESULT" not in res.stdout
+    assert torch.load(tmp_path / "snapshot.pt", weights_only=False)["next_epoch"] == 1
 
 
 @pytest.mark.parametrize("args, fragment", [
     (["--batch-size", "0"], "batch-size=0 must be at least 1"),
     (["--device", "gpu"], "--device gpu but this node has no usable GPU"),
-    (["--workload", "mnist", "--data-dir", "/nonexistent"], "workload mnist"),
-    (["--backend", "nccl"], "backend=nccl needs a GPU"),
-    (["--backend", "bogus"], "backend='bogus' is not one of"),
-    (["--config", "/nonexistent.yaml"], "no such file"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, fragment):
+    """The real process (the other bad values are checked in-process by the unit tests)."""
     res = subprocess.run([sys.executable, TRAIN, *args], env=ENV, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and fragment in res.stderr, res.stderr
+
+
+def test_bad_input_under_mpirun_is_not_a_success():
+    """mpirun exits 0 when it refuses to start; a rank that exits 2 before MPI init must fail the job."""
+    res = mpirun("--batch-size", "0")
+    assert res.returncode != 0 and "RESULT" not in res.stdout
+    assert "batch-size=0 must be at least 1" in res.stderr
