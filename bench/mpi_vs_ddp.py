@@ -3,7 +3,7 @@
     python -m bench.mpi_vs_ddp [--quick] [--out bench/out/mpi_vs_ddp.json]
 
 Model: the 5.26 M-parameter MLP (512-2048-2048-10) of ``training.workloads.mlp``, per-rank batch 64,
-random data. Both runs use training/train.py; the step time is the median of the per-epoch median
+random data, SGD. Both runs use training/train.py; the step time is the median of the per-epoch median
 step times in ``metrics.jsonl`` (epoch 0 is warm-up and left out). Target (issue 2): MPI <= 0.7x DDP.
 """
 
@@ -48,7 +48,8 @@ def run(quick: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for name, argv in launchers.items():
             out = Path(tmp) / name
-            res = subprocess.run([*argv, *args, "--metrics-dir", str(out)], env=_env(), capture_output=True, text=True)
+            res = subprocess.run([*argv, *args, "--metrics-dir", str(out)], env=_env(), capture_output=True, text=True,
+                                 timeout=900)
             if res.returncode != 0 or not (out / "metrics.jsonl").exists():
                 raise RuntimeError(f"{name} run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
             results[name] = _step_times(out)
@@ -79,7 +80,7 @@ def page(result: dict) -> str:
         f"({os.cpu_count()} cores, CPU only), both runs in the same invocation: {result['model']}, "
         f"{result['ranks']} ranks on one machine, per-rank batch {result['batch_per_rank']}, "
         f"{result['epochs']} epochs x {result['steps_per_epoch']} steps (epoch 0 left out as warm-up), "
-        "OMP_NUM_THREADS=1, Adam. Step time = median of the per-epoch medians from metrics.jsonl; "
+        "OMP_NUM_THREADS=1, SGD with momentum. Step time = median of the per-epoch medians from metrics.jsonl; "
         "comm = time inside the gradient allreduce per step (DDP overlaps it with backward).",
         "",
         table(result),

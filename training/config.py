@@ -59,6 +59,7 @@ class TrainConfig:
     metrics_dir: str | None = None
     data_dir: str = "data"
     steps_per_epoch: int = 0  # mlp workload: synthetic steps per epoch (0 = default)
+    stop_after_epoch: int = -1  # drills: every rank exits 3 right after this (0-based) epoch's snapshot
     crash_after_epoch: int = -1  # testing: SIGKILL rank 0 right after this epoch's snapshot
 
 
@@ -86,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-dir")
     p.add_argument("--data-dir")
     p.add_argument("--steps-per-epoch", type=int)
+    p.add_argument("--stop-after-epoch", type=int, help="exit with code 3 right after this (0-based) epoch and its snapshot")
     p.add_argument("--crash-after-epoch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)}")
     p.add_argument("--backend", help=f"one of {', '.join(BACKENDS)}")

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if workload is None:
             result.update(hello(world, device))
         else:
-            from training.trainer import Trainer
+            from training.trainer import StoppedAfterEpoch, Trainer
 
             log.info("%s: %s, world size %d, backend %s, per-rank batch %d, global batch %d, %d epochs",
                      t.workload, world.launch.launcher, world.world_size, world.backend or "none",
@@ -139,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
             result["data_plane"] = data_plane_name(trainer, world)
             try:
                 result.update(trainer.train())
+            except StoppedAfterEpoch as stop:
+                log.warning("%s", stop)
+                return 3
             finally:
                 trainer.close()
                 del trainer

@@ -37,6 +37,10 @@ from training.workloads import Workload
 log = logging.getLogger("training")
 
 
+class StoppedAfterEpoch(Exception):
+    """``--stop-after-epoch k``: every rank stops right after epoch k (and its snapshot) on purpose."""
+
+
 class CommTimer:
     """DDP communication hook: plain allreduce-average, timing each bucket until it completes."""
 
@@ -77,6 +81,7 @@ class Trainer:
         self.timer = CommTimer()
         self.start_epoch = 0
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
+        self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
         self._restore()
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
@@ -146,6 +151,7 @@ class Trainer:
         snapshot.set_rng_state(state["rng"])
         self.start_epoch = state["next_epoch"]
         self.initial_test_loss = state.get("initial_test_loss")
+        self.best, self.stale = state.get("early_stopping", (float("inf"), 0))
         log.info("resumed from snapshot: next epoch %d", self.start_epoch)
 
     def _save(self, next_epoch: int) -> None:
@@ -155,7 +161,7 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
             "rng": snapshot.rng_state(), "next_epoch": next_epoch, "workload": self.t.workload,
-            "initial_test_loss": self.initial_test_loss,
+            "initial_test_loss": self.initial_test_loss, "early_stopping": (self.best, self.stale),
         })
         log.info("snapshot saved: %s (next epoch %d)", path, next_epoch)
 
@@ -237,7 +243,7 @@ class Trainer:
         return result
 
     def train(self) -> dict:
-        best, stale, epochs_run = float("inf"), 0, 0
+        epochs_run = 0
         if self.initial_test_loss is None:  # for loss_reduction (regression); a resumed run keeps the original
             self.initial_test_loss = self.evaluate(self.test_loader)["loss"]
         for epoch in range(self.start_epoch, self.t.total_epochs):
@@ -250,18 +256,22 @@ class Trainer:
             log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
                      epoch + 1, self.t.total_epochs, stats["loss"], val["loss"], acc, stats["samples_per_s"],
                      1000 * (stats["step_time_s"] or 0), 1000 * stats["comm_time_s"])
+            stop = None
+            if self.world.rank == 0 and self.t.patience:
+                self.stale = 0 if val["loss"] < self.best else self.stale + 1
+                self.best = min(self.best, val["loss"])
+                stop = self.stale >= self.t.patience
             saved = (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs
             if saved:
                 self._save(epoch + 1)
             if epoch == self.t.crash_after_epoch and self.world.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
-            stop = None
-            if self.world.rank == 0 and self.t.patience:
-                stale = 0 if val["loss"] < best else stale + 1
-                best = min(best, val["loss"])
-                stop = stale >= self.t.patience
+            if epoch == self.t.stop_after_epoch:
+                if not saved:
+                    self._save(epoch + 1)  # whatever save_every says: the point is to resume from here
+                raise StoppedAfterEpoch(f"stopped after epoch {epoch + 1} as asked (--stop-after-epoch {epoch})")
             if self.broadcast(stop):
-                log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, stale)
+                log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, self.stale)
                 if not saved:
                     self._save(epoch + 1)
                 break

@@ -172,12 +172,13 @@ def test_regression_learns_in_one_process_from_a_copy(training_copy):
 
 
 def test_slurm_environment_two_tasks(training_copy):
-    """What srun gives each task (SLURM_PROCID/NTASKS/LOCALID); the rendezvous is MASTER_ADDR:PORT."""
+    """What srun gives each task (SLURM_PROCID/NTASKS/LOCALID); the rendezvous is MASTER_ADDR:PORT.
+    With --grad-accum 2, so DDP's no_sync micro-steps run too."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen([sys.executable, "training/train.py", "--workload", "regression", "3", "3"],
-                              cwd=training_copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    procs = [subprocess.Popen([sys.executable, "training/train.py", "--workload", "regression", "3", "3",
+                               "--grad-accum", "2"], cwd=training_copy, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                               env={**ENV, "SLURM_PROCID": str(r), "SLURM_NTASKS": "2", "SLURM_LOCALID": str(r),
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
              for r in range(2)]

@@ -1,0 +1,50 @@
+"""The Trainer in one process (no process group, no sockets): it learns, stops early, and resumes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training import train
+from training.config import load
+from training.dist_env import Launch, World
+from training.trainer import StoppedAfterEpoch, Trainer
+from training.workloads import build
+
+
+def run(argv: list[str]) -> tuple[Trainer, dict]:
+    cfg = load(argv)
+    train.seed_everything(cfg.training.seed)
+    trainer = Trainer(cfg, World(Launch("single"), None), build(cfg.training), torch.device("cpu"), "ddp")
+    try:
+        return trainer, trainer.train()
+    finally:
+        trainer.close()
+
+
+def test_regression_learns_and_writes_metrics(tmp_path):
+    _, result = run(["--workload", "regression", "3", "3", "--metrics-dir", str(tmp_path), "--grad-accum", "2"])
+    assert result["epochs_run"] == 3 and result["loss_reduction"] >= 10
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("epoch") for r in rows] == [0, 1, 2, None] and rows[-1]["event"] == "test"
+    assert {"loss", "val_loss", "samples_per_s", "step_time_s", "comm_time_s"} <= rows[0].keys()
+
+
+def test_early_stopping_ends_a_diverging_run(tmp_path):
+    # lr 10 on a linear regression diverges: the validation loss never improves after epoch 1.
+    _, result = run(["--workload", "regression", "20", "100", "--lr", "10", "--patience", "2",
+                     "--snapshot-dir", str(tmp_path)])
+    assert result["epochs_run"] == 3
+    assert torch.load(tmp_path / "snapshot.pt", weights_only=False)["next_epoch"] == 3
+
+
+def test_resume_continues_at_the_next_epoch_and_ends_equal(tmp_path):
+    full, _ = run(["--workload", "regression", "4", "2"])
+    with pytest.raises(StoppedAfterEpoch):  # the first half, saved after epoch 2 (index 1)
+        run(["--workload", "regression", "4", "3", "--snapshot-dir", str(tmp_path), "--stop-after-epoch", "1"])
+    resumed, result = run(["--workload", "regression", "4", "2", "--snapshot-dir", str(tmp_path)])
+    assert result["epochs_run"] == 2
+    for name, value in full.model.state_dict().items():
+        assert torch.equal(value, resumed.model.state_dict()[name]), name
