@@ -1,0 +1,92 @@
+# The nodes: one instance per node, same AMI, same bootstrap, pinned host keys.
+
+resource "aws_key_pair" "client" {
+  key_name   = "${var.cluster_name}-multinode"
+  public_key = var.ssh_public_key
+}
+
+resource "aws_placement_group" "cluster" {
+  count = var.placement_group ? 1 : 0
+
+  name     = "${var.cluster_name}-multinode"
+  strategy = "cluster"
+}
+
+resource "aws_instance" "node" {
+  count = var.nodes
+
+  ami                    = local.ami_id
+  instance_type          = local.instance_type
+  subnet_id              = local.subnet_id
+  vpc_security_group_ids = [aws_security_group.cluster.id]
+  key_name               = aws_key_pair.client.key_name
+  placement_group        = var.placement_group ? aws_placement_group.cluster[0].id : null
+  ebs_optimized          = true
+  monitoring             = false
+
+  # Reached over SSH from ssh_cidr (security.tf); there is no bastion for a throw-away cluster.
+  associate_public_ip_address = true
+
+  # The TTL timer in user data runs `shutdown -h`; "terminate" turns that into the end of the
+  # instance (and of its billing), not a stopped instance whose EBS volume keeps costing.
+  instance_initiated_shutdown_behavior = "terminate"
+
+  dynamic "instance_market_options" {
+    for_each = var.spot ? [1] : []
+    content {
+      market_type = "spot"
+      spot_options {
+        spot_instance_type             = "one-time"
+        instance_interruption_behavior = "terminate"
+      }
+    }
+  }
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required" # IMDSv2 only
+    http_put_response_hop_limit = 2          # containers on the node (docker bridge) may still read it
+  }
+
+  root_block_device {
+    volume_type           = "gp3"
+    volume_size           = var.root_volume_gb
+    encrypted             = true
+    delete_on_termination = true
+  }
+
+  # cloud-init installs the host key before sshd starts (no window with a generated key),
+  # then runs the bootstrap script once.
+  user_data_replace_on_change = true
+  user_data = join("\n", ["#cloud-config", yamlencode({
+    ssh_deletekeys  = true
+    ssh_genkeytypes = []
+    ssh_keys = {
+      ed25519_private = var.host_keys[count.index].private_key
+      ed25519_public  = var.host_keys[count.index].public_key
+    }
+    hostname = "${var.cluster_name}-node-${count.index}"
+    write_files = [{
+      path        = "/var/lib/multinode/bootstrap.sh"
+      permissions = "0700"
+      content = templatefile("${path.module}/user_data.sh.tftpl", {
+        cluster_type       = var.cluster_type
+        image              = var.image
+        ttl_minutes        = var.ttl_hours * 60
+        ssh_user           = local.ssh_user
+        rocm_installer_url = var.rocm_installer_url
+      })
+    }]
+    runcmd = [["/var/lib/multinode/bootstrap.sh"]]
+  })])
+
+  tags = {
+    Name = "${var.cluster_name}-node-${count.index}"
+    node = "node-${count.index}"
+  }
+  volume_tags = merge(local.tags, { Name = "${var.cluster_name}-node-${count.index}" })
+
+  #checkov:skip=CKV_AWS_88:The control machine SSHes to the nodes directly; inbound is limited to ssh_cidr.
+  #checkov:skip=CKV_AWS_126:Detailed monitoring costs per instance and a cluster lives hours; status checks do not need it.
+  #checkov:skip=CKV2_AWS_41:Nodes call no AWS API, so they get no instance role (least privilege).
+}

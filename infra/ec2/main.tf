@@ -1,0 +1,51 @@
+# A multinode cluster on EC2: raw aws_* resources only (no registry modules), tagged so that
+# `make down` and `make reap` can find every instance again.
+
+provider "aws" {
+  region = var.region
+
+  # General -> specific: user tags first, then ours (which must not be overridden).
+  default_tags {
+    tags = local.tags
+  }
+}
+
+locals {
+  tags = merge(var.tags, {
+    cluster    = var.cluster_name
+    owner      = var.owner
+    expiry     = var.expires_at
+    managed-by = "multinode"
+  })
+
+  default_instance_type = {
+    cpu  = "c6i.xlarge"
+    g4dn = "g4dn.xlarge"
+    g4ad = "g4ad.xlarge"
+  }
+  instance_type = coalesce(var.instance_type, local.default_instance_type[var.cluster_type])
+
+  # GPUs per instance type; sizes not listed have one.
+  gpu_count = {
+    "g4dn.12xlarge" = 4
+    "g4dn.metal"    = 8
+    "g4ad.8xlarge"  = 2
+    "g4ad.16xlarge" = 4
+  }
+  accelerator       = { cpu = "none", g4dn = "nvidia", g4ad = "amd" }[var.cluster_type]
+  accelerator_count = var.cluster_type == "cpu" ? 0 : lookup(local.gpu_count, local.instance_type, 1)
+
+  # SSM public parameters: always the current image, no hard-coded AMI ids per region.
+  ami_parameter = {
+    cpu  = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+    g4dn = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+    g4ad = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+  }[var.cluster_type]
+  ami_id = coalesce(var.ami_id, data.aws_ssm_parameter.ami.insecure_value)
+
+  ssh_user = "ubuntu" # both the Ubuntu and the Deep Learning AMI use it
+}
+
+data "aws_ssm_parameter" "ami" {
+  name = local.ami_parameter
+}

@@ -1,0 +1,206 @@
+# Inputs of the cluster. multinode's AWS provider writes them to terraform.tfvars.json;
+# examples/*.tfvars show them for a manual `terraform apply`.
+
+variable "cluster_name" {
+  type        = string
+  description = "Cluster name: prefix of every resource name and the value of the 'cluster' tag."
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,15}$", var.cluster_name))
+    error_message = "cluster_name must be 1-16 lowercase letters, digits or '-', starting with a letter (e.g. \"dev\")."
+  }
+}
+
+variable "region" {
+  type        = string
+  description = "AWS region to create the cluster in, e.g. us-east-1."
+
+  validation {
+    condition     = can(regex("^[a-z]{2}(-[a-z]+)+-[0-9]$", var.region))
+    error_message = "region must look like us-east-1 or eu-west-2."
+  }
+}
+
+variable "cluster_type" {
+  type        = string
+  description = "Kind of node: cpu (no accelerator), g4dn (NVIDIA T4) or g4ad (AMD Radeon Pro V520)."
+
+  validation {
+    condition     = contains(["cpu", "g4dn", "g4ad"], var.cluster_type)
+    error_message = "cluster_type must be one of cpu, g4dn, g4ad."
+  }
+}
+
+variable "instance_type" {
+  type        = string
+  description = "EC2 instance type; null picks the default of cluster_type (c6i.xlarge, g4dn.xlarge, g4ad.xlarge)."
+  default     = null
+
+  validation {
+    condition = var.instance_type == null || (
+      var.cluster_type == "cpu" ? !can(regex("^(g|p|inf|trn|dl|f)[0-9]", var.instance_type)) :
+      startswith(coalesce(var.instance_type, "-"), "${var.cluster_type}.")
+    )
+    error_message = "instance_type must belong to cluster_type: g4dn.* for g4dn, g4ad.* for g4ad, a non-accelerated type (e.g. c6i.xlarge) for cpu."
+  }
+}
+
+variable "nodes" {
+  type        = number
+  description = "Number of instances (node-0 is the head)."
+
+  validation {
+    condition     = var.nodes >= 1 && var.nodes <= 64 && floor(var.nodes) == var.nodes
+    error_message = "nodes must be a whole number from 1 to 64."
+  }
+}
+
+variable "ssh_cidr" {
+  type        = string
+  description = "The only source allowed to SSH in: your public address as a /32, e.g. 203.0.113.4/32 (no default on purpose)."
+
+  validation {
+    condition     = can(cidrhost(var.ssh_cidr, 0)) && !contains(["0.0.0.0/0", "::/0"], var.ssh_cidr)
+    error_message = "ssh_cidr must be a CIDR such as 203.0.113.4/32 and not 0.0.0.0/0; find your address with 'curl -s https://checkip.amazonaws.com'."
+  }
+}
+
+variable "ssh_public_key" {
+  type        = string
+  description = "Client public key (OpenSSH format) installed for the ssh user of every node."
+
+  validation {
+    condition     = can(regex("^ssh-(ed25519|rsa) [A-Za-z0-9+/=]+", var.ssh_public_key))
+    error_message = "ssh_public_key must be an OpenSSH public key line (ssh-ed25519 AAAA...)."
+  }
+}
+
+variable "host_keys" {
+  type = list(object({
+    private_key = string
+    public_key  = string
+  }))
+  description = "One ed25519 SSH host key pair per node, made on the control machine so the client pins them without trust-on-first-use. Passed through user data, which is readable by anyone on the instance via IMDS (see README)."
+  sensitive   = true
+
+  validation {
+    condition     = alltrue([for k in var.host_keys : startswith(k.public_key, "ssh-ed25519 ") && strcontains(k.private_key, "OPENSSH PRIVATE KEY")])
+    error_message = "host_keys must be ed25519 key pairs in OpenSSH format (ssh-keygen -t ed25519)."
+  }
+}
+
+variable "owner" {
+  type        = string
+  description = "Who to ask about this cluster; the value of the 'owner' tag."
+
+  validation {
+    condition     = length(trimspace(var.owner)) > 0
+    error_message = "owner must not be empty; use your user name or e-mail address."
+  }
+}
+
+variable "ttl_hours" {
+  type        = number
+  description = "Hours after boot at which every node shuts down and, being instance_initiated_shutdown_behavior=terminate, ends itself."
+  default     = 8
+
+  validation {
+    condition     = var.ttl_hours >= 1 && var.ttl_hours <= 72 && floor(var.ttl_hours) == var.ttl_hours
+    error_message = "ttl_hours must be a whole number from 1 to 72; run 'make up' again for a longer job."
+  }
+}
+
+variable "expires_at" {
+  type        = string
+  description = "RFC 3339 time at which the cluster ends itself (now + ttl_hours); the value of the 'expiry' tag. Passed in so plans stay stable."
+
+  validation {
+    condition     = can(formatdate("YYYY", var.expires_at))
+    error_message = "expires_at must be an RFC 3339 timestamp such as 2026-11-22T18:00:00Z."
+  }
+}
+
+variable "spot" {
+  type        = bool
+  description = "Run on one-time spot instances (cheaper, can be interrupted) instead of on-demand."
+  default     = false
+}
+
+variable "image" {
+  type        = string
+  description = "Container image every node pulls at boot so the first job starts without waiting for it."
+}
+
+variable "ami_id" {
+  type        = string
+  description = "AMI override; null uses the SSM public parameter of cluster_type (Deep Learning AMI for g4dn, Ubuntu 22.04 otherwise)."
+  default     = null
+
+  validation {
+    condition     = var.ami_id == null || can(regex("^ami-[0-9a-f]{8,17}$", coalesce(var.ami_id, "-")))
+    error_message = "ami_id must look like ami-0123456789abcdef0, or be null."
+  }
+}
+
+variable "root_volume_gb" {
+  type        = number
+  description = "Size of each node's encrypted gp3 root volume in GiB (the Deep Learning AMI needs at least 75)."
+  default     = 100
+
+  validation {
+    condition     = var.root_volume_gb >= 30 && var.root_volume_gb <= 2000
+    error_message = "root_volume_gb must be from 30 to 2000."
+  }
+}
+
+variable "vpc_id" {
+  type        = string
+  description = "Existing VPC to use; null creates a VPC for the cluster. Give subnet_id with it."
+  default     = null
+}
+
+variable "subnet_id" {
+  type        = string
+  description = "Existing subnet (in vpc_id) for the nodes; null creates one. It must give instances a route to the internet."
+  default     = null
+
+  validation {
+    condition     = (var.subnet_id == null) == (var.vpc_id == null)
+    error_message = "vpc_id and subnet_id go together: set both to use an existing network, or neither to create one."
+  }
+}
+
+variable "vpc_cidr" {
+  type        = string
+  description = "CIDR of the VPC created when vpc_id is null."
+  default     = "10.42.0.0/16"
+
+  validation {
+    condition     = can(cidrhost(var.vpc_cidr, 0))
+    error_message = "vpc_cidr must be a CIDR such as 10.42.0.0/16."
+  }
+}
+
+variable "availability_zone" {
+  type        = string
+  description = "Availability zone of the created subnet; null takes the first one of the region. Pick one that offers the instance type."
+  default     = null
+}
+
+variable "placement_group" {
+  type        = bool
+  description = "Put the nodes in a 'cluster' placement group (low latency, high bandwidth between nodes)."
+  default     = true
+}
+
+variable "rocm_installer_url" {
+  type        = string
+  description = "amdgpu-install package that sets up the amdgpu kernel driver on g4ad nodes (pinned ROCm release for Ubuntu 22.04)."
+  default     = "https://repo.radeon.com/amdgpu-install/6.1.3/ubuntu/jammy/amdgpu-install_6.1.60103-1_all.deb"
+}
+
+variable "tags" {
+  type        = map(string)
+  description = "Extra tags for every resource; merged under the cluster, owner, expiry and managed-by tags."
+  default     = {}
+}

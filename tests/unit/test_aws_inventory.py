@@ -1,0 +1,121 @@
+"""AWS provider, pure parts: terraform output -> Inventory, known_hosts, settings errors, cost line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from multinode.config import ClusterSpec
+from multinode.errors import UserError
+from multinode.inventory import Inventory
+from multinode.providers.aws import (PRICES, AwsSettings, cost_line, inventory_from_outputs, known_hosts_lines,
+                                     new_ed25519)
+from multinode.state import ClusterState
+
+# What `terraform output -json` prints for infra/ec2 (2 x g4dn.xlarge), trimmed of nothing.
+OUTPUTS = {
+    "inventory": {
+        "sensitive": False,
+        "type": ["object", {"cluster": "string", "region": "string", "subnet_cidr": "string", "ssh_user": "string",
+                            "nodes": ["tuple", [["object", {}], ["object", {}]]]}],
+        "value": {
+            "cluster": "gpu",
+            "region": "us-east-1",
+            "subnet_cidr": "10.42.1.0/24",
+            "ssh_user": "ubuntu",
+            "nodes": [
+                {"name": "node-0", "hostname": "gpu-node-0", "private_ip": "10.42.1.23", "public_ip": "54.163.10.7",
+                 "instance_id": "i-0a1b2c3d4e5f60718", "instance_type": "g4dn.xlarge", "accelerator": "nvidia",
+                 "accelerator_count": 1},
+                {"name": "node-1", "hostname": "gpu-node-1", "private_ip": "10.42.1.187", "public_ip": "3.90.44.201",
+                 "instance_id": "i-0f9e8d7c6b5a40312", "instance_type": "g4dn.xlarge", "accelerator": "nvidia",
+                 "accelerator_count": 1},
+            ],
+        },
+    }
+}
+KEYS = {"node-0": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH0 gpu-node-0",
+        "node-1": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIH1 gpu-node-1"}
+
+
+@pytest.fixture
+def state(tmp_path):
+    return ClusterState.for_cluster("gpu", root=tmp_path)
+
+
+def test_outputs_round_trip_into_inventory(state, tmp_path):
+    inv = inventory_from_outputs(OUTPUTS, state, KEYS, "multinode-cuda:1")
+    assert [n.name for n in inv.nodes] == ["node-0", "node-1"]
+    assert inv.head.ssh_host == "54.163.10.7" and inv.head.private_ip == "10.42.1.23"
+    assert inv.nodes[1].host_key == KEYS["node-1"] and inv.nodes[1].instance_id == "i-0f9e8d7c6b5a40312"
+    assert inv.accelerator == "nvidia" and inv.nodes[0].accelerator_count == 1
+    assert (inv.provider, inv.runtime, inv.image, inv.workdir) == ("aws", "docker", "multinode-cuda:1", "/opt/multinode")
+    assert inv.interpreter == "python3" and inv.extra["region"] == "us-east-1"
+    assert inv.extra["mpi_ssh_key"] == "/opt/multinode/.ssh/id_ed25519"
+    assert inv.ssh_key == str(state.ssh_key) and inv.known_hosts == str(state.known_hosts)
+    inv.save(tmp_path / "inv.json")
+    assert Inventory.load(tmp_path / "inv.json") == inv
+
+
+def test_known_hosts_pins_public_and_private_address(state):
+    lines = known_hosts_lines(inventory_from_outputs(OUTPUTS, state, KEYS, "img"))
+    assert lines == [f"54.163.10.7,10.42.1.23 {KEYS['node-0']}\n", f"3.90.44.201,10.42.1.187 {KEYS['node-1']}\n"]
+
+
+def test_missing_output_field_names_it(state):
+    broken = json.loads(json.dumps(OUTPUTS))
+    del broken["inventory"]["value"]["nodes"][0]["private_ip"]
+    with pytest.raises(UserError, match="private_ip"):
+        inventory_from_outputs(broken, state, KEYS, "img")
+
+
+def test_private_ip_outside_subnet_is_refused(state):
+    broken = json.loads(json.dumps(OUTPUTS))
+    broken["inventory"]["value"]["subnet_cidr"] = "10.99.0.0/24"
+    with pytest.raises(UserError, match="outside subnet"):
+        inventory_from_outputs(broken, state, KEYS, "img")
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in ("REGION", "SSH_CIDR", "TTL_HOURS", "SPOT", "OWNER", "IMAGE", "INSTANCE_TYPE"):
+        monkeypatch.delenv(f"MULTINODE_{name}", raising=False)
+    return monkeypatch
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"ssh_cidr": "203.0.113.4/32"}, "REGION is not set.*make up PROVIDER=aws SSH_CIDR=203.0.113.4/32 REGION=us-east-1"),
+    ({"region": "us-east-1"}, "SSH_CIDR is not set.*make up PROVIDER=aws SSH_CIDR="),
+    ({"region": "us-east-1", "ssh_cidr": "0.0.0.0/0"}, "whole internet"),
+    ({"region": "us-east-1", "ssh_cidr": "not-a-cidr"}, "is not a CIDR"),
+    ({"region": "us-east-1", "ssh_cidr": "203.0.113.4/32", "ttl_hours": "100"}, "TTL_HOURS='100' must be"),
+])
+def test_bad_settings_are_one_line_user_errors(clean_env, options, message):
+    with pytest.raises(UserError, match=message):
+        AwsSettings.from_spec(ClusterSpec(name="gpu", provider="aws", options=options))
+
+
+def test_settings_fall_back_to_environment(clean_env):
+    clean_env.setenv("MULTINODE_REGION", "eu-west-1")
+    clean_env.setenv("MULTINODE_SSH_CIDR", "198.51.100.7/32")
+    clean_env.setenv("MULTINODE_SPOT", "1")
+    clean_env.setenv("MULTINODE_OWNER", "alice")
+    settings = AwsSettings.from_spec(ClusterSpec(name="gpu", provider="aws", cluster_type="g4ad"))
+    assert (settings.region, settings.ssh_cidr, settings.spot, settings.owner, settings.ttl_hours) == (
+        "eu-west-1", "198.51.100.7/32", True, "alice", 8)
+
+
+def test_cost_line_uses_price_table(clean_env):
+    prices = json.loads(PRICES.read_text())
+    assert prices["date"] and prices["source"]
+    spec = ClusterSpec(name="gpu", provider="aws", nodes=2, cluster_type="g4dn",
+                       options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32"})
+    line = cost_line(spec, AwsSettings.from_spec(spec), prices)
+    expected = 2 * prices["on_demand_usd_per_hour"]["us-east-1"]["g4dn.xlarge"]
+    assert line.startswith(f"2 x g4dn.xlarge on-demand = ${expected:.2f}/h (prices of {prices['date']}, us-east-1")
+
+
+def test_generated_host_key_is_openssh_ed25519():
+    private, public = new_ed25519("c-node-0")
+    assert "BEGIN OPENSSH PRIVATE KEY" in private and public.startswith("ssh-ed25519 ") and public.endswith(" c-node-0")
