@@ -4,9 +4,15 @@
     mpirun -np 2 ... python training/train.py --workload digits 10 5      (MPI gradient data plane)
     python training/train.py --workload regression 5 5                  (one process)
 
-Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the seed scripts.
-Bad input: one line on stderr, exit 2, before any process group exists. Rank 0 ends with
-``RESULT {json}`` (what the orchestrator's summary reads); a failure exits non-zero.
+Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the seed scripts;
+``--help`` lists the rest (--workload, --config, --snapshot-dir, --metrics-dir, --timeout, --device,
+--backend, --data-plane, --lr, --seed, --grad-accum, --amp, --patience, --stop-after-epoch ...).
+
+Rank 0 ends with ``RESULT {json}`` (what the orchestrator's summary reads: workload, launcher,
+world_size, backend, data_plane, test_accuracy | loss_reduction | collective_ok, ...).
+Exit codes: 0 done; 1 failed (or hello's collective was wrong); 2 bad input, one line on stderr,
+before any process group exists; 3 stopped on purpose by --stop-after-epoch. Under mpirun an
+uncaught exception on any rank aborts every rank.
 """
 
 from __future__ import annotations
@@ -82,7 +88,11 @@ def hello(world: dist_env.World, device: torch.device) -> dict:
     if world.backend is not None:
         dist.all_reduce(value)
     expected = size * (size - 1) / 2
-    return {"rank_sum": value.item(), "expected": expected, "collective_ok": value.item() == expected}
+    result = {"rank_sum": value.item(), "expected": expected, "collective_ok": value.item() == expected}
+    if world.comm is not None:  # under mpirun, the MPI data plane's own allreduce too
+        result["mpi_rank_sum"] = world.comm.allreduce(rank)
+        result["collective_ok"] = result["collective_ok"] and result["mpi_rank_sum"] == expected
+    return result
 
 
 def data_plane_name(trainer, world: dist_env.World) -> str:

@@ -7,6 +7,7 @@
 * early stopping decided on rank 0 and broadcast, so every rank stops at the same epoch;
 * snapshots of the NEXT epoch (a resumed run never repeats one) with optimizer, scheduler, scaler
   and RNG states, written by global rank 0 atomically; on resume rank 0 broadcasts the snapshot;
+  ``--stop-after-epoch k`` ends every rank right after epoch k's snapshot (StoppedAfterEpoch);
 * ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
   communication time, and a final test line.
 """

@@ -152,6 +152,7 @@ def test_hello_collective_is_correct(launch):
     res = launch("--workload", "hello", **({"nproc": 3} if launch is torchrun else {"np": 3}))
     result = result_of(res)
     assert result["collective_ok"] is True and result["rank_sum"] == 3.0 and result["world_size"] == 3
+    assert result.get("mpi_rank_sum", 3) == 3 and ("mpi_rank_sum" in result) == (launch is mpirun)
     # Ranks share one pipe here (no torchrun --tee), so a line may land in the middle of another's.
     assert sorted(re.findall(r"hello from rank (\d/3)", res.stdout)) == ["0/3", "1/3", "2/3"]
 

@@ -48,3 +48,14 @@ def test_resume_continues_at_the_next_epoch_and_ends_equal(tmp_path):
     assert result["epochs_run"] == 2
     for name, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
+
+
+def test_main_exits_3_after_a_requested_stop_and_resumes(tmp_path, monkeypatch, capsys):
+    for var in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(var, raising=False)
+    args = ["--workload", "regression", "3", "10", "--snapshot-dir", str(tmp_path)]
+    assert train.main([*args, "--stop-after-epoch", "0"]) == 3
+    assert "RESULT" not in capsys.readouterr().out
+    assert train.main(args) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("RESULT ")][-1]
+    assert json.loads(line[len("RESULT "):])["epochs_run"] == 2
