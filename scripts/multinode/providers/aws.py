@@ -194,9 +194,11 @@ Terraform = Callable[..., str]
 class AwsProvider:
     name = "aws"
 
-    def __init__(self, terraform: Terraform = run_terraform, ec2_client: Callable[[str], Any] = aws_ec2.client) -> None:
-        self.terraform = terraform
+    def __init__(self, terraform: Terraform = run_terraform, ec2_client: Callable[[str], Any] = aws_ec2.client,
+                 ssh_port: int = 22) -> None:
+        self.terraform = terraform  # tests pass a stand-in: provider downloads fail without internet
         self.ec2_client = ec2_client
+        self.ssh_port = ssh_port  # port the readiness probe connects to (tests: a loopback listener)
 
     def confirm(self, spec: ClusterSpec, assume_yes: bool = False) -> None:
         """Print what the cluster costs per hour; ask unless ``assume_yes``."""
@@ -259,7 +261,7 @@ class AwsProvider:
         inventory = inventory_from_outputs(outputs, state, keys, settings.image)
         ec2 = self.ec2_client(settings.region)
         aws_ec2.wait_status_ok(ec2, [n.instance_id for n in inventory.nodes], timeout=STATUS_TIMEOUT)
-        aws_ec2.wait_tcp([n.ssh_host for n in inventory.nodes], 22, timeout=SSH_TIMEOUT)
+        aws_ec2.wait_tcp([n.ssh_host for n in inventory.nodes], self.ssh_port, timeout=SSH_TIMEOUT)
         state.known_hosts.write_text("".join(known_hosts_lines(inventory)))
         inventory.save(state.inventory_path)
         return inventory

