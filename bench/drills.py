@@ -52,7 +52,22 @@ class DrillResult:
 class Watcher:
     def __init__(self, stream):
         self.lines: list[str] = []
-        threading.Thread(target=lambda: self.lines.extend(stream), daemon=True).start()
+        self.times: list[float] = []  # time.monotonic() at which each line arrived
+
+        def read() -> None:
+            for line in stream:
+                self.times.append(time.monotonic())
+                self.lines.append(line)
+
+        threading.Thread(target=read, daemon=True).start()
+
+    def first(self, pattern: str, after: float = 0.0) -> tuple[float, re.Match] | None:
+        """(arrival time, match) of the first line matching ``pattern`` that arrived after ``after``."""
+        for when, line in zip(list(self.times), list(self.lines)):
+            match = re.search(pattern, line)
+            if when >= after and match:
+                return when, match
+        return None
 
     def wait_for(self, pattern: str, timeout: float = 120) -> None:
         end = time.monotonic() + timeout
@@ -70,13 +85,13 @@ def _cmdline(pid: int) -> list[bytes]:
         return []
 
 
-def _find(state, node: str, agent: bool) -> int:
+def _find(state, node: str, agent: bool, script: bytes = b"user_allreduce.py") -> int:
     from multinode.providers.local import job_pids
 
     for pid in job_pids(state, node):
         cmd = _cmdline(pid)
         is_agent = b"torch.distributed.run" in cmd
-        if any(part.endswith(b"user_allreduce.py") for part in cmd) and is_agent == agent:
+        if any(part.endswith(script) for part in cmd) and is_agent == agent:
             return pid
     raise RuntimeError(f"no {'torchrun agent' if agent else 'worker'} on {node}")
 
@@ -157,7 +172,78 @@ def run_drill(cluster, name: str) -> DrillResult:
                        left_at_exit, cluster.job_processes(), first_line)
 
 
-def markdown(results: list[DrillResult]) -> str:
+# --- elastic drills: MAX_RESTARTS=1, our trainer with snapshots; the job must finish ------------
+
+ELASTIC_EPOCHS, SAVE_EVERY = 40, 4
+FAULT_AFTER_EPOCH = 9  # rank 0 has printed "epoch 9/40": epochs 0..8 are done, the last snapshot holds next epoch 8
+
+
+@dataclass
+class ElasticResult:
+    name: str
+    exit_code: int
+    test_accuracy: float | None
+    epochs_done_at_fault: int  # epochs rank 0 had finished when the fault hit
+    resumed_from: int | None  # the next epoch of the snapshot the job resumed from
+    seconds_to_resume: float | None  # fault -> rank 0 says it resumed
+    wall_seconds: float
+    left_at_exit: dict[str, list[int]]
+
+    @property
+    def epochs_lost(self) -> int | None:
+        return None if self.resumed_from is None else self.epochs_done_at_fault - self.resumed_from
+
+
+def elastic_kill_worker(state, proc):
+    os.kill(_find(state, "node-1", agent=False, script=b"train.py"), signal.SIGKILL)
+
+
+def elastic_restart_node(state, proc):
+    """Every process of node-1, its sshd included, dies; the node is back (sshd answers) 2 s later."""
+    from multinode.providers.local import node_pids, start_sshd
+
+    for pid in node_pids(state, "node-1"):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    time.sleep(2.0)
+    start_sshd(state, "node-1")
+
+
+ELASTIC_DRILLS: dict[str, Callable] = {
+    "kill -9 one worker, MAX_RESTARTS=1": elastic_kill_worker,
+    "node-1 dies and comes back 2 s later, MAX_RESTARTS=1": elastic_restart_node,
+}
+
+
+def run_elastic_drill(cluster, name: str) -> ElasticResult:
+    """Our digits trainer on 3 nodes with MAX_RESTARTS=1 and a snapshot every 4 epochs; the fault hits
+    node-1 after epoch 9; the job must finish, resumed from its last snapshot, with the accuracy target met."""
+    args = f"--workload digits {ELASTIC_EPOCHS} {SAVE_EVERY}"
+    begin = time.monotonic()
+    proc = cluster.popen("train", "--nodes", "3", "--max-restarts", "1", f"--args={args}")
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        out.wait_for(rf"\[rank0\]: epoch {FAULT_AFTER_EPOCH}/{ELASTIC_EPOCHS} ", timeout=180)
+        done = max(int(m[1]) for m in (re.search(r"\[rank0\]: epoch (\d+)/", line) for line in list(out.lines)) if m)
+        fault = time.monotonic()
+        ELASTIC_DRILLS[name](cluster.state, proc)
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.3)
+    resumed = out.first(r"resumed from snapshot: next epoch (\d+)", after=fault)
+    accuracy = out.first(r"^\s*test accuracy: ([0-9.]+)")
+    return ElasticResult(name, proc.returncode, float(accuracy[1][1]) if accuracy else None, done,
+                         int(resumed[1][1]) if resumed else None,
+                         round(resumed[0] - fault, 1) if resumed else None,
+                         round(time.monotonic() - begin, 1), cluster.job_processes())
+
+
+def markdown(results: list[DrillResult], elastic: list[ElasticResult] = ()) -> str:
     lines = [
         "# Reliability drills",
         "",
@@ -180,6 +266,27 @@ def markdown(results: list[DrillResult]) -> str:
         "A node cut off from the network cannot be reached to be stopped; its ranks end on their own when",
         "their process-group timeout expires, which the 'left after recovery' column checks.",
     ]
+    if elastic:
+        lines += [
+            "",
+            "## With restarts (elastic)",
+            "",
+            f"Our digits trainer on 3 nodes, `MAX_RESTARTS=1`, {ELASTIC_EPOCHS} epochs with a snapshot every "
+            f"{SAVE_EVERY}; the fault hits node-1 once rank 0 has finished epoch {FAULT_AFTER_EPOCH}. A killed worker is "
+            "restarted by its node's torchrun agent; a node that dies is started again by the orchestrator once it "
+            "answers SSH (its peers' agents keep the rendezvous open), and every rank resumes from the freshest snapshot.",
+            "",
+            "| drill | exit | test accuracy | epochs done at fault | resumed from epoch | epochs lost (max "
+            f"{SAVE_EVERY}) | seconds fault -> resumed | wall (s) | processes left |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in elastic:
+            acc = "-" if r.test_accuracy is None else f"{r.test_accuracy:.4f}"
+            lines.append(f"| {r.name} | {r.exit_code} | {acc} | {r.epochs_done_at_fault} | "
+                         f"{'-' if r.resumed_from is None else r.resumed_from} | "
+                         f"{'-' if r.epochs_lost is None else r.epochs_lost} | "
+                         f"{'-' if r.seconds_to_resume is None else r.seconds_to_resume} | {r.wall_seconds} | "
+                         f"{sum(len(v) for v in r.left_at_exit.values())} |")
     return "\n".join(lines) + "\n"
 
 
@@ -202,10 +309,19 @@ def main() -> None:
                 print(f"{name}: exit {result.exit_code} in {result.seconds_to_exit} s, named {result.first_named}, "
                       f"left after recovery {sum(map(len, result.left_after_recovery.values()))}", flush=True)
                 results.append(result)
+            elastic = []
+            for name in ELASTIC_DRILLS:
+                if args.only and not any(part in name for part in args.only):
+                    continue
+                result = run_elastic_drill(cluster, name)
+                print(f"{name}: exit {result.exit_code}, accuracy {result.test_accuracy}, resumed from "
+                      f"{result.resumed_from} ({result.epochs_lost} epochs lost) {result.seconds_to_resume} s after "
+                      f"the fault", flush=True)
+                elastic.append(result)
         finally:
             tear_down(cluster)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(results))
+    args.out.write_text(markdown(results, elastic))
     print(f"wrote {args.out}")
 
 

@@ -5,8 +5,10 @@ and the RNG states (torch, numpy, python). It is written to a temporary file in 
 directory, fsynced, renamed over the previous snapshot and the directory fsynced: a crash at any
 point leaves either the old or the new snapshot, never a torn one.
 
-On resume, rank 0 reads the file and broadcasts it: nodes share no filesystem, so the other ranks
-may have no file at all.
+On resume, every rank looks at its own disk and the freshest snapshot (highest next epoch; the lowest
+rank on a tie) is broadcast by the rank that holds it: nodes share no filesystem, so most ranks have
+no file at all, and after an elastic restart global rank 0 may sit on a node other than the one
+that wrote the snapshot.
 """
 
 from __future__ import annotations
@@ -72,8 +74,18 @@ def decode(blob: bytes) -> dict[str, Any]:
     return torch.load(io.BytesIO(blob), weights_only=False)
 
 
-def load_everywhere(directory: str | Path | None, rank: int, broadcast) -> dict[str, Any] | None:
-    """Rank 0 reads the snapshot (if any) and ``broadcast(obj) -> obj`` gives it to every rank."""
-    blob = read(directory) if rank == 0 else None
-    blob = broadcast(blob)
-    return decode(blob) if blob is not None else None
+def load_everywhere(directory: str | Path | None, rank: int, gather, broadcast) -> dict[str, Any] | None:
+    """The freshest snapshot any rank has, on every rank.
+
+    ``gather(obj) -> [obj of rank 0, obj of rank 1, ...]`` (an all-gather) and
+    ``broadcast(obj, src) -> obj`` are the process group's collectives (identity for one process).
+    """
+    blob = read(directory)
+    mine = -1 if blob is None else int(decode(blob)["next_epoch"])
+    epochs = gather(mine)
+    best = max(epochs)
+    if best < 0:
+        return None
+    src = epochs.index(best)
+    blob = broadcast(blob if rank == src else None, src)
+    return decode(blob)

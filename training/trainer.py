@@ -6,7 +6,8 @@
 * validation every epoch with loss and accuracy summed across ranks; test at the end;
 * early stopping decided on rank 0 and broadcast, so every rank stops at the same epoch;
 * snapshots of the NEXT epoch (a resumed run never repeats one) with optimizer, scheduler, scaler
-  and RNG states, written by global rank 0 atomically; on resume rank 0 broadcasts the snapshot;
+  and RNG states, written by global rank 0 atomically; on resume the rank holding the freshest
+  snapshot broadcasts it (after an elastic restart that need not be rank 0);
   ``--stop-after-epoch k`` ends every rank right after epoch k's snapshot (StoppedAfterEpoch);
 * ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
   communication time, and a final test line.
@@ -124,12 +125,19 @@ class Trainer:
             self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
 
-    def broadcast(self, obj):
+    def broadcast(self, obj, src: int = 0):
         if self.world.backend is None:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=src)
         return box[0]
+
+    def gather(self, obj) -> list:
+        if self.world.backend is None:
+            return [obj]
+        everyone = [None] * self.world.world_size
+        dist.all_gather_object(everyone, obj)
+        return everyone
 
     def _sum(self, values: list[float]) -> list[float]:
         tensor = torch.tensor(values, dtype=torch.float64)
@@ -142,7 +150,7 @@ class Trainer:
     # --- snapshots ------------------------------------------------------------------------
 
     def _restore(self) -> None:
-        state = snapshot.load_everywhere(self.t.snapshot_dir, self.world.rank, self.broadcast)
+        state = snapshot.load_everywhere(self.t.snapshot_dir, self.world.rank, self.gather, self.broadcast)
         if state is None:
             return
         self.model.load_state_dict(state["model"])
@@ -282,7 +290,7 @@ class Trainer:
             result["test_accuracy"] = test["accuracy"]
         if not self.workload.classification:
             result["loss_reduction"] = self.initial_test_loss / max(test["loss"], 1e-12)
-        self._record(event="test", **result)
+        self._record(event="test", world_size=self.world.world_size, **result)
         if self.world.rank == 0 and self.t.metrics_dir:
             torch.save(self.model.state_dict(), Path(self.t.metrics_dir) / "final_model.pt")
         return result

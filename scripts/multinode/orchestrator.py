@@ -150,7 +150,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         return None
 
     from multinode.preflight import preflight
-    from multinode.remote import RemoteRunner
+    from multinode.remote import RemoteRunner, Rejoin
     from multinode.sync import sync_code, sync_mpi_credentials
 
     run_dir = state.run_dir(spec.run_id)
@@ -175,10 +175,21 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         for cmd in plan.commands:
             for path, content in cmd.files.items():
                 runner.write_file(cmd.node, path, content)
+
+        def prepare_again(node: str) -> None:
+            """A node that comes back (rebooted or replaced) gets the code and the plan's files again."""
+            sync_code(runner, sync, subdir="code", names=[node])
+            for path, content in plan.command_for(node).files.items():
+                runner.write_file(node, path, content)
+
+        # Elastic (MAX_RESTARTS >= 1): a lost node is started again and rejoins the rendezvous, which
+        # its peers' torchrun agents keep open for RDZV_TIMEOUT; the head hosts it, so its loss is final.
+        rejoin = Rejoin(budget=spec.max_restarts, wait=spec.rdzv_timeout, prepare=prepare_again,
+                        exclude=(inv.head.name,)) if spec.max_restarts else None
         try:
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
-                                 relabel=launcher.relabel(plan, spec.nproc))
+                                 relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin)
         except JobFailed as err:
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
@@ -190,7 +201,8 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=plan.world_size,
         exit_codes={name: r.exit_code for name, r in results.items()},
         wall_seconds=round(time.monotonic() - start, 2),
-        result=parse_result(head_log.read_text(errors="replace").splitlines()) if head_log.exists() else None,
+        result=(parse_result(head_log.read_text(errors="replace").splitlines()) if head_log.exists() else None)
+        or _result_from_metrics(metrics),
         log_dir=str(run_dir), metrics=metrics,
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
@@ -207,6 +219,21 @@ def parse_result(lines: list[str]) -> dict | None:
                 return json.loads(match[1])
             except json.JSONDecodeError:
                 return None
+    return None
+
+
+def _result_from_metrics(metrics: str | None) -> dict | None:
+    """Our trainer's final ``test`` row of metrics.jsonl: the result when the RESULT line was not seen whole
+    (mpirun forwards every rank's output through one pipe, and a long line can arrive cut)."""
+    if not metrics or not Path(metrics).exists():
+        return None
+    for line in reversed(Path(metrics).read_text().splitlines()):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("event") == "test":
+            return {k: v for k, v in row.items() if k != "event"}
     return None
 
 

@@ -15,6 +15,11 @@ Contract:
   environment carries ``MULTINODE_RUN_ID=<run id>``: torchrun starts workers in their own
   session, so a process-tree or process-group kill would miss them) and raise
   :class:`~multinode.errors.JobFailed`. A deadline and Ctrl-C do the same.
+* Elastic jobs (``rejoin``): a node whose session is lost or whose launcher is killed by a signal
+  is not a failure while it has restarts left. The runner stops what is left of the run on it,
+  waits for it to answer SSH again (a rebooted or replaced node), lets the caller prepare it
+  (code sync) and starts its command again; torchrun's rendezvous takes it back in. A launcher
+  that exits with its own error code (e.g. torchrun after its restarts ran out) is a failure.
 * Fabric's ``ThreadingGroup`` has no join timeout and no cancel, so parallelism here is plain
   daemon threads joined with deadlines: a node that stops answering can delay us by at most the
   deadline, never hang us.
@@ -95,6 +100,23 @@ class NodeResult:
     finished: float | None = None
     error: NodeError | None = None
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lost: bool = False  # the SSH session died (node down or cut off), as opposed to an exit code
+    relaunches: int = 0  # times the runner started this node's command again (elastic jobs)
+
+    @property
+    def killed(self) -> bool:
+        """Lost, or the launcher died by a signal (SSH reports -1; a shell, 128 + signal)."""
+        return self.lost or self.exit_code is None or self.exit_code < 0 or self.exit_code >= 128
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Elastic policy for :meth:`RemoteRunner.run`: which nodes may be started again, how often, how."""
+
+    budget: int  # relaunches allowed per node
+    wait: float  # seconds a lost node has to answer SSH again
+    prepare: Callable[[str], None] = lambda name: None  # e.g. sync the code again (a replaced node has none)
+    exclude: tuple[str, ...] = ()  # nodes whose loss ends the job (the head: it hosts the rendezvous)
 
 
 Relabel = Callable[[str, str], tuple[str, str]]
@@ -355,40 +377,43 @@ class RemoteRunner:
         deadline: float | None = None,
         extra_stop: Callable[[str], str | None] | None = None,
         relabel: Relabel | None = None,
+        rejoin: Rejoin | None = None,
     ) -> dict[str, NodeResult]:
-        """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure."""
+        """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure
+        (with ``rejoin``, a lost or killed node is first started again while its budget lasts)."""
         log_dir.mkdir(parents=True, exist_ok=True)
         results = {name: NodeResult(name) for name in shells}
         events: queue.Queue[str] = queue.Queue()
         log_files = {name: open(log_dir / f"{name}.log", "a", encoding="utf-8") for name in shells}
-        sinks: dict[str, list[LineSink]] = {}
-        for name in shells:
-            sinks[name] = [LineSink(name, self._print_lock, log_files[name], self.out, results[name].tail, relabel)
-                           for _ in range(2)]
-
         def node_job(name: str) -> None:
             result = results[name]
             result.started = time.monotonic()
+            result.exit_code, result.error, result.lost, result.finished = None, None, False, None
+            sinks = [LineSink(name, self._print_lock, log_files[name], self.out, result.tail, relabel) for _ in range(2)]
             command = f"export MULTINODE_RUN_ID={shlex.quote(run_id)} && {shells[name]}"
             try:
                 res = self.connection(name).run(
                     command, hide=False, echo=False, warn=True, pty=False, in_stream=False,
-                    out_stream=sinks[name][0], err_stream=sinks[name][1],
+                    out_stream=sinks[0], err_stream=sinks[1],
                 )
                 result.exit_code = res.exited
             except Exception as err:  # lost SSH session: the node is gone or unreachable
+                result.lost = True
                 result.error = self._node_error(name, result, f"lost its SSH session ({describe_ssh_error(err)})", log_dir)
             finally:
-                for sink in sinks[name]:
+                for sink in sinks:
                     sink.close()
                 result.finished = time.monotonic()
                 events.put(name)
 
-        for name in shells:
+        def start(name: str) -> None:
             threading.Thread(target=node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
 
+        for name in shells:
+            start(name)
+
         try:
-            failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop)
+            failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start)
         except KeyboardInterrupt:
             self.say("interrupted: stopping the job on every node")
             self._gang_stop(run_id, results, events, extra_stop)
@@ -403,7 +428,8 @@ class RemoteRunner:
         return results
 
     def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
-               deadline: float | None, extra_stop: Callable[[str], str | None] | None) -> NodeError | None:
+               deadline: float | None, extra_stop: Callable[[str], str | None] | None,
+               rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None) -> NodeError | None:
         pending = set(results)
         end = None if deadline is None else time.monotonic() + deadline
         while pending:
@@ -417,15 +443,55 @@ class RemoteRunner:
                     self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                     return failure
                 continue
-            pending.discard(name)
             result = results[name]
+            if result.finished is None:
+                continue  # a relaunch started it again before this event was read
             if result.error is None and result.exit_code not in (0, None):
                 result.error = self._node_error(name, result, f"exited with code {result.exit_code}", log_dir)
+            if result.error is not None and self._may_rejoin(name, result, rejoin):
+                result.relaunches += 1
+                self.say(f"{name} {result.error.message}: starting it again when it answers "
+                         f"(relaunch {result.relaunches}/{rejoin.budget})")
+                threading.Thread(target=self._relaunch, args=(name, run_id, rejoin, extra_stop, start, events, results,
+                                                              log_dir), name=f"mn-rejoin-{name}", daemon=True).start()
+                continue
+            pending.discard(name)
             if result.error is not None:
                 self.say(f"{name} failed ({result.error.message}): stopping the job on every node")
                 self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                 return result.error
         return None
+
+    @staticmethod
+    def _may_rejoin(name: str, result: NodeResult, rejoin: Rejoin | None) -> bool:
+        return (rejoin is not None and name not in rejoin.exclude and result.killed
+                and result.relaunches < rejoin.budget)
+
+    def _relaunch(self, name: str, run_id: str, rejoin: Rejoin, extra_stop, start, events, results, log_dir) -> None:
+        """Wait for the node to answer SSH, clear what is left of the run on it, prepare it, start it again.
+        If it does not come back within ``rejoin.wait``, its failure stands and ends the job."""
+        result = results[name]
+        self.drop(name)
+        end = time.monotonic() + rejoin.wait
+        why = None
+        while time.monotonic() < end:
+            why = self.connect_all([name], timeout=min(self.connect_timeout + 2, max(1.0, end - time.monotonic())))[name]
+            if why is None:
+                break
+            time.sleep(1.0)
+        if why is None:
+            try:
+                self.stop_all(run_id, extra_stop, names=[name])
+                rejoin.prepare(name)
+            except Exception as err:  # the node answered but cannot be prepared: its failure stands
+                why = f"could not be prepared again: {err}"
+        if why is not None:
+            result.error = self._node_error(name, result, f"did not come back within {rejoin.wait:.0f} s ({why})", log_dir)
+            result.relaunches = rejoin.budget  # no further attempt
+            events.put(name)
+            return
+        self.say(f"{name} answers again: relaunching its part of run {run_id}")
+        start(name)
 
     def _gang_stop(self, run_id: str, results: dict[str, NodeResult], events: "queue.Queue[str]",
                    extra_stop: Callable[[str], str | None] | None, pending: set[str] | None = None,

@@ -38,8 +38,10 @@ def bundle(items: list[tuple[Path, str]]) -> bytes:
     return buffer.getvalue()
 
 
-def sync_code(runner: RemoteRunner, items: list[tuple[Path, str]], subdir: str = "code") -> None:
-    """Copy ``items`` into every node's code directory; raise NodeError naming the first node that failed."""
+def sync_code(runner: RemoteRunner, items: list[tuple[Path, str]], subdir: str = "code",
+              names: list[str] | None = None) -> None:
+    """Copy ``items`` into the code directory of every node (or of ``names``); raise NodeError naming the
+    first node that failed."""
     inv = runner.inventory
     data = bundle(items)
     tops = sorted({rel.split("/")[0] for _, rel in items})
@@ -56,7 +58,7 @@ def sync_code(runner: RemoteRunner, items: list[tuple[Path, str]], subdir: str =
         if not res.ok:
             raise NodeError(name, command, res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
 
-    errors = runner.parallel(push, [n.name for n in inv.nodes], timeout=120)
+    errors = runner.parallel(push, names or [n.name for n in inv.nodes], timeout=120)
     for name, err in errors.items():
         if err is not None:
             raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")

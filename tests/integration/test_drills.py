@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.drills import DRILLS, run_drill
+from bench.drills import DRILLS, ELASTIC_DRILLS, SAVE_EVERY, run_drill, run_elastic_drill
 
 pytestmark = pytest.mark.integration
 
@@ -24,3 +24,15 @@ def test_drill(cluster3, name: str):
     if name not in ISOLATING:
         assert not any(result.left_at_exit.values()), result
     assert not any(result.left_after_recovery.values()), result
+
+
+@pytest.mark.parametrize("name", list(ELASTIC_DRILLS))
+def test_elastic_drill_finishes_from_the_last_snapshot(cluster3, name: str):
+    """MAX_RESTARTS=1: the job survives the fault, resumes from its freshest snapshot (losing at most one
+    snapshot interval), still meets the accuracy target, and leaves nothing behind."""
+    result = run_elastic_drill(cluster3, name)
+    assert result.exit_code == 0, result
+    assert result.resumed_from is not None, result
+    assert 0 <= result.epochs_lost <= SAVE_EVERY, result
+    assert result.test_accuracy is not None and result.test_accuracy >= 0.95, result
+    assert not any(result.left_at_exit.values()), result

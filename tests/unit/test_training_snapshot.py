@@ -53,17 +53,26 @@ def test_rng_state_round_trip():
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == first
 
 
-def test_rank_0_reads_and_broadcasts(tmp_path):
-    snapshot.save(tmp_path / "rank0", {"next_epoch": 7})
-    sent = []
+def test_the_freshest_snapshot_is_broadcast_by_the_rank_that_has_it(tmp_path):
+    """Nodes share no disk: rank 1 (say, the old rank 0's node after an elastic restart) holds the newest
+    snapshot, rank 0 an older one, rank 2 none; every rank must end with rank 1's."""
+    snapshot.save(tmp_path / "r0", {"next_epoch": 4})
+    snapshot.save(tmp_path / "r1", {"next_epoch": 6})
+    dirs = [tmp_path / "r0", tmp_path / "r1", tmp_path / "r2-missing"]
+    epochs = [-1 if snapshot.read(d) is None else snapshot.decode(snapshot.read(d))["next_epoch"] for d in dirs]
+    sent = {}
 
-    def broadcast_from_rank0(obj):
-        sent.append(obj)
-        return obj
+    def broadcast(obj, src):
+        if obj is not None:
+            sent[src] = obj
+        return sent[src] if src in sent else snapshot.read(dirs[src])
 
-    state = snapshot.load_everywhere(tmp_path / "rank0", 0, broadcast_from_rank0)
-    assert state["next_epoch"] == 7 and isinstance(sent[0], bytes)
-    # Another node: no file of its own (its directory does not even exist); it gets rank 0's bytes.
-    received = snapshot.load_everywhere(tmp_path / "node1", 1, lambda obj: sent[0] if obj is None else obj)
-    assert received["next_epoch"] == 7
-    assert snapshot.load_everywhere(tmp_path / "none", 0, lambda obj: obj) is None
+    states = [snapshot.load_everywhere(d, r, lambda _mine: epochs, broadcast) for r, d in enumerate(dirs)]
+    assert [s["next_epoch"] for s in states] == [6, 6, 6]
+    assert list(sent) == [1]
+
+
+def test_no_snapshot_anywhere_is_a_fresh_start(tmp_path):
+    assert snapshot.load_everywhere(tmp_path / "none", 0, lambda mine: [mine], lambda obj, src: obj) is None
+    snapshot.save(tmp_path / "one", {"next_epoch": 3})
+    assert snapshot.load_everywhere(tmp_path / "one", 0, lambda mine: [mine], lambda obj, src: obj)["next_epoch"] == 3
