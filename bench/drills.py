@@ -172,6 +172,47 @@ def run_drill(cluster, name: str) -> DrillResult:
                        left_at_exit, cluster.job_processes(), first_line)
 
 
+# --- drills before the job starts: (state) -> undo; the job must be refused or fail, naming node-1 ----
+
+def sshd_down(state):
+    from multinode.providers.local import start_sshd, stop_sshd
+
+    stop_sshd(state, "node-1")
+    return lambda: start_sshd(state, "node-1")
+
+
+def rendezvous_unreachable(state):
+    """node-1's packets to the head vanish (a blackhole route): to its torchrun agent the rendezvous
+    endpoint looks exactly like a wrong address. SSH from the control machine still works."""
+    from multinode.providers import localnet
+
+    inv = state.load_inventory()
+    ns = inv.extra["namespaces"][1]
+    localnet.run("ip", "-n", ns, "route", "add", "blackhole", f"{inv.head.private_ip}/32")
+    return lambda: localnet.run("ip", "-n", ns, "route", "del", "blackhole", f"{inv.head.private_ip}/32")
+
+
+PRESTART_DRILLS: dict[str, Callable] = {
+    "sshd of node-1 down at pre-flight": sshd_down,
+    "rendezvous endpoint unreachable from node-1 (as with a wrong endpoint)": rendezvous_unreachable,
+}
+
+
+def run_prestart_drill(cluster, name: str) -> DrillResult:
+    undo = PRESTART_DRILLS[name](cluster.state)
+    try:
+        start = time.monotonic()
+        res = cluster.cli("train", "--nodes", "3", "--script", str(JOB), "--args=--steps 3", timeout=240)
+        seconds = time.monotonic() - start
+        left_at_exit = cluster.job_processes()
+    finally:
+        undo()
+    lines = [line.strip() for line in res.stderr.splitlines() if line.strip()]
+    named = re.search(r"job failed first on (node-\d+)", res.stderr) or re.search(r"(node-\d+)", lines[0] if lines else "")
+    return DrillResult(name, res.returncode, round(seconds, 1), named[1] if named else None,
+                       left_at_exit, cluster.job_processes(), lines[0] if lines else "")
+
+
 # --- elastic drills: MAX_RESTARTS=1, our trainer with snapshots; the job must finish ------------
 
 ELASTIC_EPOCHS, SAVE_EVERY = 40, 4
@@ -211,30 +252,41 @@ def elastic_restart_node(state, proc):
     start_sshd(state, "node-1")
 
 
-ELASTIC_DRILLS: dict[str, Callable] = {
-    "kill -9 one worker, MAX_RESTARTS=1": elastic_kill_worker,
-    "node-1 dies and comes back 2 s later, MAX_RESTARTS=1": elastic_restart_node,
+SNAPSHOT_CRASH_EPOCH = 11  # rank 0 dies writing the snapshot of epoch 12 (next epoch 12): the one of 8 must serve
+
+ELASTIC_DRILLS: dict[str, tuple[Callable | None, tuple[str, ...]]] = {
+    "kill -9 one worker, MAX_RESTARTS=1": (elastic_kill_worker, ()),
+    "node-1 dies and comes back 2 s later, MAX_RESTARTS=1": (elastic_restart_node, ()),
+    "rank 0 killed while writing a snapshot, MAX_RESTARTS=1": (None, ("--crash-during-snapshot", str(SNAPSHOT_CRASH_EPOCH))),
 }
 
 
 def run_elastic_drill(cluster, name: str) -> ElasticResult:
     """Our digits trainer on 3 nodes with MAX_RESTARTS=1 and a snapshot every 4 epochs; the fault hits
-    node-1 after epoch 9; the job must finish, resumed from its last snapshot, with the accuracy target met."""
-    args = f"--workload digits {ELASTIC_EPOCHS} {SAVE_EVERY}"
+    node-1 after epoch 9 (or rank 0 mid-write of a snapshot); the job must finish, resumed from its last
+    complete snapshot, with the accuracy target met."""
+    fault_fn, extra = ELASTIC_DRILLS[name]
+    args = " ".join(("--workload", "digits", str(ELASTIC_EPOCHS), str(SAVE_EVERY), *extra))
     begin = time.monotonic()
     proc = cluster.popen("train", "--nodes", "3", "--max-restarts", "1", f"--args={args}")
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     try:
-        out.wait_for(rf"\[rank0\]: epoch {FAULT_AFTER_EPOCH}/{ELASTIC_EPOCHS} ", timeout=180)
-        done = max(int(m[1]) for m in (re.search(r"\[rank0\]: epoch (\d+)/", line) for line in list(out.lines)) if m)
-        fault = time.monotonic()
-        ELASTIC_DRILLS[name](cluster.state, proc)
+        if fault_fn is not None:
+            out.wait_for(rf"\[rank0\]: epoch {FAULT_AFTER_EPOCH}/{ELASTIC_EPOCHS} ", timeout=180)
+            fault = time.monotonic()
+            fault_fn(cluster.state, proc)
+        else:  # the trainer hurts itself: the fault is the end of the epoch whose snapshot it dies writing
+            hit = rf"\[rank0\]: epoch {SNAPSHOT_CRASH_EPOCH + 1}/{ELASTIC_EPOCHS} "
+            out.wait_for(hit, timeout=180)
+            fault = out.first(hit)[0]
         proc.wait(timeout=240)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     time.sleep(0.3)
+    done = max(int(m[1]) for when, line in zip(out.times, out.lines) if when <= fault
+               for m in [re.search(r"\[rank0\]: epoch (\d+)/", line)] if m)
     resumed = out.first(r"resumed from snapshot: next epoch (\d+)", after=fault)
     accuracy = out.first(r"^\s*test accuracy: ([0-9.]+)")
     return ElasticResult(name, proc.returncode, float(accuracy[1][1]) if accuracy else None, done,
@@ -308,6 +360,13 @@ def main() -> None:
                 result = run_drill(cluster, name)
                 print(f"{name}: exit {result.exit_code} in {result.seconds_to_exit} s, named {result.first_named}, "
                       f"left after recovery {sum(map(len, result.left_after_recovery.values()))}", flush=True)
+                results.append(result)
+            for name in PRESTART_DRILLS:
+                if args.only and not any(part in name for part in args.only):
+                    continue
+                result = run_prestart_drill(cluster, name)
+                print(f"{name}: exit {result.exit_code} in {result.seconds_to_exit} s, named {result.first_named}: "
+                      f"{result.message}", flush=True)
                 results.append(result)
             elastic = []
             for name in ELASTIC_DRILLS:

@@ -61,6 +61,9 @@ class TrainConfig:
     steps_per_epoch: int = 0  # mlp workload: synthetic steps per epoch (0 = default)
     stop_after_epoch: int = -1  # drills: every rank exits 3 right after this (0-based) epoch's snapshot
     crash_after_epoch: int = -1  # testing: SIGKILL rank 0 right after this epoch's snapshot
+    # drills: SIGKILL rank 0 halfway through writing this epoch's snapshot (temp file written, not renamed);
+    # only in a job's first attempt, so a torchrun restart runs on
+    crash_during_snapshot: int = -1
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps-per-epoch", type=int)
     p.add_argument("--stop-after-epoch", type=int, help="exit with code 3 right after this (0-based) epoch and its snapshot")
     p.add_argument("--crash-after-epoch", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--crash-during-snapshot", type=int, help=argparse.SUPPRESS)
     p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)}")
     p.add_argument("--backend", help=f"one of {', '.join(BACKENDS)}")
     p.add_argument("--timeout", type=float, help="process-group timeout in seconds")

@@ -42,8 +42,8 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(directory: str | Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` atomically as ``<directory>/snapshot.pt``."""
+def save(directory: str | Path, state: dict[str, Any], before_rename=None) -> Path:
+    """Write ``state`` atomically as ``<directory>/snapshot.pt`` (``before_rename()``: a drill's fault)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / NAME
@@ -52,6 +52,8 @@ def save(directory: str | Path, state: dict[str, Any]) -> Path:
         torch.save(state, fh)
         fh.flush()
         os.fsync(fh.fileno())
+    if before_rename is not None:
+        before_rename()
     os.replace(tmp, path)
     dir_fd = os.open(directory, os.O_RDONLY)
     try:

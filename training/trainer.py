@@ -166,12 +166,16 @@ class Trainer:
     def _save(self, next_epoch: int) -> None:
         if self.world.rank != 0 or not self.t.snapshot_dir:
             return
+        crash = None
+        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+        if next_epoch - 1 == self.t.crash_during_snapshot and first_attempt:
+            crash = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731  (a drill: die mid-write)
         path = snapshot.save(self.t.snapshot_dir, {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
             "rng": snapshot.rng_state(), "next_epoch": next_epoch, "workload": self.t.workload,
             "initial_test_loss": self.initial_test_loss, "early_stopping": (self.best, self.stale),
-        })
+        }, before_rename=crash)
         log.info("snapshot saved: %s (next epoch %d)", path, next_epoch)
 
     # --- training ---------------------------------------------------------------------

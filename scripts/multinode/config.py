@@ -81,7 +81,7 @@ class LaunchSpec:
     rdzv_timeout: int = 60  # seconds to wait for every node to join the rendezvous
     pg_timeout: int = 30  # seconds a collective may wait for a dead peer before the job fails
     deadline: float | None = None  # seconds the whole job may take; None = no limit
-    preflight_timeout: float = 30.0
+    preflight_timeout: float = 15.0  # seconds for every node to answer SSH and pass its checks (retries included)
     run_id: str = field(default_factory=new_run_id)
     dry_run: bool = False
 

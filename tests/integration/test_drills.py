@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.drills import DRILLS, ELASTIC_DRILLS, SAVE_EVERY, run_drill, run_elastic_drill
+from bench.drills import DRILLS, ELASTIC_DRILLS, PRESTART_DRILLS, SAVE_EVERY, run_drill, run_elastic_drill, run_prestart_drill
 
 pytestmark = pytest.mark.integration
 
@@ -23,6 +23,16 @@ def test_drill(cluster3, name: str):
         assert result.first_named == "node-1", result
     if name not in ISOLATING:
         assert not any(result.left_at_exit.values()), result
+    assert not any(result.left_after_recovery.values()), result
+
+
+@pytest.mark.parametrize("name", list(PRESTART_DRILLS))
+def test_prestart_drill(cluster3, name: str):
+    """A node that cannot be reached, or cannot reach the rendezvous: refused (2) or failed (1), naming node-1."""
+    result = run_prestart_drill(cluster3, name)
+    assert result.exit_code == (2 if "pre-flight" in name else 1), result
+    assert result.first_named == "node-1", result
+    assert not any(result.left_at_exit.values()), result
     assert not any(result.left_after_recovery.values()), result
 
 

@@ -24,6 +24,11 @@ from multinode.launchers.base import (
     trainer_args,
 )
 
+# Seconds a store operation -- connecting to the rendezvous endpoint included -- may take. torch's
+# default is 60, the same as the join timeout, so a node that cannot reach the endpoint was outlived by
+# its peers' join timeout and the job named the wrong node after a minute; with 10 it fails in ~15 s.
+RDZV_READ_TIMEOUT = 10
+
 # torchrun's error summary: "  rank      : 1 (local_rank: 0)" under "Root Cause (first observed failure)".
 ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 
@@ -38,7 +43,8 @@ class TorchrunLauncher:
         commands = []
         for node in inv.nodes:
             is_host = node.name == head.name
-            rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={spec.rdzv_timeout},is_host={int(is_host)}"
+            read_timeout = min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)
+            rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={read_timeout},is_host={int(is_host)}"
             argv = (
                 inv.interpreter, "-m", "torch.distributed.run",
                 f"--nnodes={nnodes}",
