@@ -1,6 +1,6 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
-#   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad]
+#   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [DRY_RUN=1]
 #   make down
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
@@ -32,6 +32,14 @@ export MULTINODE_ELASTIC := $(ELASTIC)
 export MULTINODE_RDZV_PORT := $(RDZV_PORT)
 export MULTINODE_MTU := $(MTU)
 export MULTINODE_NODE := $(NODE)
+# PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
+export MULTINODE_REGION := $(REGION)
+export MULTINODE_SSH_CIDR := $(SSH_CIDR)
+export MULTINODE_TTL_HOURS := $(TTL_HOURS)
+export MULTINODE_SPOT := $(SPOT)
+export MULTINODE_OWNER := $(OWNER)
+export MULTINODE_IMAGE := $(IMAGE_REF)
+export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 .PHONY: help setup demo up train down status logs ssh test lint bench reap clean
 
@@ -58,8 +66,8 @@ demo: setup ## the whole loop on a laptop: up, train across 2 local nodes, down
 	$(MAKE) --no-print-directory train NODES=2 || { status=$$?; $(MAKE) --no-print-directory down; exit $$status; }
 	$(MAKE) --no-print-directory down
 
-up: setup ## provision the cluster
-	$(MN) up
+up: setup ## provision the cluster (PROVIDER=aws: REGION, SSH_CIDR, YES=1 to skip the cost prompt)
+	$(MN) up $(if $(YES),--yes)
 
 train: setup ## run the training job on the cluster
 	$(MN) train $(if $(DRY_RUN),--dry-run)

@@ -15,12 +15,8 @@ def _local() -> Provider:
 
 
 def _aws() -> Provider:
-    try:
-        from multinode.providers.aws import AwsProvider
-    except ModuleNotFoundError as err:
-        if err.name != "multinode.providers.aws":
-            raise
-        raise UserError("PROVIDER=aws is not implemented in this version yet (see README, 'AWS'); use PROVIDER=local") from None
+    from multinode.providers.aws import AwsProvider
+
     return AwsProvider()
 
 
