@@ -241,15 +241,9 @@ def elastic_kill_worker(state, proc):
 
 def elastic_restart_node(state, proc):
     """Every process of node-1, its sshd included, dies; the node is back (sshd answers) 2 s later."""
-    from multinode.providers.local import node_pids, start_sshd
-
-    for pid in node_pids(state, "node-1"):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    bring_back = stop_node(state, proc)
     time.sleep(2.0)
-    start_sshd(state, "node-1")
+    bring_back()
 
 
 SNAPSHOT_CRASH_EPOCH = 11  # rank 0 dies writing the snapshot of epoch 12 (next epoch 12): the one of 8 must serve
