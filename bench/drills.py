@@ -294,9 +294,11 @@ def markdown(results: list[DrillResult], elastic: list[ElasticResult] = ()) -> s
         "# Reliability drills",
         "",
         f"Measured by `python -m bench.drills` on {datetime.now(timezone.utc):%Y-%m-%d} on this machine "
-        f"({os.cpu_count()} cores), local cluster of 3 nodes (network namespaces, sshd per node), "
-        f"torchrun c10d, gloo, process-group timeout {PG_TIMEOUT} s, no restarts. The fault hits node-1 "
-        "(or the orchestrator) after every node has done a few all_reduce steps.",
+        f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when the page was written), local "
+        f"cluster of 3 nodes (network namespaces, sshd per node), torchrun c10d, gloo, process-group timeout "
+        f"{PG_TIMEOUT} s, rendezvous read timeout 10 s, no restarts. The fault hits node-1 (or the orchestrator) "
+        "after every node has done a few all_reduce steps; for the faults present before the job starts "
+        "(sshd down, rendezvous unreachable) the seconds run from the command to its exit.",
         "",
         "| drill | exit | seconds to exit | first node named | processes left at exit | left after recovery |",
         "|---|---:|---:|---|---:|---:|",
