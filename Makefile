@@ -85,7 +85,7 @@ ssh: setup ## open a shell on node NODE (default 0)
 	$(MN) ssh $(or $(NODE),0)
 
 reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
-	$(MN) reap --region $(REGION) $(if $(YES),--yes)
+	$(MN) reap $(if $(YES),--yes)
 
 bench: setup ## benchmarks and failure drills -> docs/benchmarks.md, docs/reliability.md (QUICK=1: short)
 	$(PY) -m bench.mpi_vs_ddp $(if $(QUICK),--quick) --out docs/benchmarks.md

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     ssh.add_argument("remote_command", nargs=argparse.REMAINDER)
 
     reap = sub.add_parser("reap", help="find (and with --yes terminate) leaked instances tagged by multinode")
-    reap.add_argument("--region", required=True)
+    reap.add_argument("--region", default=env_default("REGION"))
     reap.add_argument("--yes", action="store_true")
     return parser
 
@@ -135,6 +135,8 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "ssh":
         return orchestrator.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":
+        if not args.region:
+            raise UserError("reap needs a region: make reap REGION=us-east-1 (add YES=1 to terminate what it finds)")
         orchestrator.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None, yes=args.yes)
     return 0
 

@@ -33,3 +33,19 @@ def test_mpirun_lines_are_shown_under_the_ranks_node():
 def test_preflight_script_reports_each_failed_check():
     script = _check_script([("python with torch", "false"), port_check(29500)])
     assert 'FAIL python with torch' in script and "FAIL rendezvous port 29500 is free" in script
+
+
+def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():
+    from multinode.remote import NodeResult, RemoteRunner, Rejoin
+
+    policy = Rejoin(budget=1, wait=5, exclude=("node-0",))
+    lost = NodeResult("node-1", lost=True)
+    killed = NodeResult("node-1", exit_code=-1)  # SSH reports a launcher killed by a signal as -1
+    shell_killed = NodeResult("node-1", exit_code=137)
+    failed = NodeResult("node-1", exit_code=1)  # torchrun's own verdict: its restarts ran out
+    assert all(RemoteRunner._may_rejoin("node-1", r, policy) for r in (lost, killed, shell_killed))
+    assert not RemoteRunner._may_rejoin("node-1", failed, policy)
+    assert not RemoteRunner._may_rejoin("node-0", lost, policy)  # the head hosts the rendezvous
+    assert not RemoteRunner._may_rejoin("node-1", lost, None)  # MAX_RESTARTS=0
+    lost.relaunches = 1
+    assert not RemoteRunner._may_rejoin("node-1", lost, policy)  # budget spent
