@@ -301,6 +301,11 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
                                                     {"Name": "group-name", "Values": ["default"]}])
     assert default["SecurityGroups"][0]["IpPermissions"] == [] == default["SecurityGroups"][0]["IpPermissionsEgress"]
 
+    # The tags Terraform set are the ones the leak check and reap look for.
+    with pytest.raises(UserError, match="still has instances in a billing state"):
+        verify_gone(ec2, "tfreal", REGION)
+    assert [line.split()[0] for line in reap(REGION, "tfreal", yes=False, ec2=ec2)[:-1]] == sorted(by_id)
+
     # down: the real terraform destroy, then the provider's own leak check; nothing of the cluster is left.
     lines = provider.down(state)
     assert lines[0] == "terraform destroy of cluster 'tfreal' done" and lines[-1].startswith(
