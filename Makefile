@@ -59,6 +59,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# checkov pins older boto3/packaging: it gets its own venv.
 	test -x $(VENV)/checkov/bin/checkov || (python3 -m venv $(VENV)/checkov && $(VENV)/checkov/bin/pip install -q 'checkov==3.3.30')
+	# Terraform and its AWS provider come from no registry we can reach: the tests use the machine's
+	# terraform and the provider mirror (MULTINODE_TF_PLUGIN_MIRROR, default /opt/tf-plugins), and fail without them.
+	@command -v terraform >/dev/null || echo "note: terraform >= 1.9 is not on PATH: PROVIDER=aws and the Terraform tests need it"
+	@test -d "$${MULTINODE_TF_PLUGIN_MIRROR:-/opt/tf-plugins}/registry.terraform.io/hashicorp/aws" || echo "note: no AWS provider mirror at $${MULTINODE_TF_PLUGIN_MIRROR:-/opt/tf-plugins}: the Terraform tests need it"
 	touch $@
 
 demo: setup ## the whole loop on a laptop: up, train across 2 local nodes, down

@@ -41,11 +41,14 @@ locals {
     g4dn = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
     g4ad = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
   }[var.cluster_type]
-  ami_id = coalesce(var.ami_id, data.aws_ssm_parameter.ami.insecure_value)
+  ami_id = coalesce(var.ami_id, one(data.aws_ssm_parameter.ami[*].insecure_value))
 
   ssh_user = "ubuntu" # both the Ubuntu and the Deep Learning AMI use it
 }
 
+# Read only when no ami_id is given, so an override needs no ssm:GetParameter permission.
 data "aws_ssm_parameter" "ami" {
+  count = var.ami_id == null ? 1 : 0
+
   name = local.ami_parameter
 }

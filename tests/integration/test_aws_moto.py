@@ -1,14 +1,23 @@
-"""The AWS provider's boto3 code against a real ``moto_server`` on loopback (never AWS).
+"""The AWS provider against a real ``moto_server`` on loopback (never AWS).
 
-Covered: status-check wait, tag discovery, leak verification (stopped counts), reap dry-run vs
---yes, ``down`` refusing to forget a leaked instance, and ``up``'s whole flow (tfvars, host keys,
-status wait, SSH wait, known_hosts, inventory; destroy on failure) with Terraform replaced by a
-stand-in that creates the instances through the same moto endpoint.
+Covered with the real Terraform binary and AWS provider (offline, from the local mirror; see
+terraform_offline.py): ``make up``'s whole flow through ``AwsProvider`` (terraform init/apply of
+infra/ec2, the hardening of what it made as read back with boto3, inventory from the real
+``terraform output``, status wait, SSH wait, pinned known_hosts), then ``down`` (terraform destroy +
+the leak check), and a plan of the production defaults (placement group on) of a g4dn example.
+One variable, ``AWS_ENDPOINT_URL``, points both boto3 and Terraform's AWS provider at moto.
+
+With boto3 alone: status-check wait, tag discovery, leak verification (stopped counts), reap
+dry-run vs --yes, ``down`` refusing to forget a leaked instance; and the failure path of ``up``
+(destroy on failure) with Terraform replaced by a stand-in that creates instances through moto.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,13 +27,15 @@ from pathlib import Path
 
 import boto3
 import pytest
+import yaml
 
 from multinode.config import ClusterSpec
 from multinode.errors import NodeError, UserError
 from multinode.inventory import Inventory
 from multinode.providers import aws_ec2
-from multinode.providers.aws import AwsProvider, reap, verify_gone
+from multinode.providers.aws import AwsProvider, inventory_from_outputs, new_ed25519, reap, verify_gone
 from multinode.state import ClusterState
+from terraform_offline import MODULE, require_terraform, terraform_env
 
 pytestmark = pytest.mark.integration
 
@@ -132,8 +143,9 @@ def test_reap_lists_without_yes_and_terminates_with_yes(ec2):
 
 
 class FakeTerraform:
-    """Stands in for the terraform binary (its providers cannot be downloaded here): apply creates
-    the instances through the same moto endpoint, output prints what infra/ec2/outputs.tf would."""
+    """Stands in for the terraform binary where a failure must be staged (an instance that stops
+    right after apply): apply creates the instances through moto, output prints what
+    infra/ec2/outputs.tf would. The success path runs the real binary (below)."""
 
     def __init__(self, ec2, ssh_host: str, break_after_apply: bool = False) -> None:
         self.ec2, self.ssh_host, self.break_after_apply = ec2, ssh_host, break_after_apply
@@ -178,25 +190,6 @@ def _spec(name: str, nodes: int = 2) -> ClusterSpec:
                        options={"region": REGION, "ssh_cidr": "203.0.113.4/32", "owner": "alice"})
 
 
-def test_up_then_down_with_pinned_host_keys(ec2, tmp_path, ssh_listener):
-    state = ClusterState.for_cluster("alpha", root=tmp_path)
-    terraform = FakeTerraform(ec2, "127.0.0.1")
-    provider = AwsProvider(terraform=terraform, ec2_client=lambda region: ec2, ssh_port=ssh_listener)
-    inv = provider.up(_spec("alpha"), state)
-    assert terraform.calls == ["init", "apply", "output"]
-    assert Inventory.load(state.inventory_path) == inv and [n.instance_id for n in inv.nodes] == terraform.ids
-    tfvars = json.loads((state.provider_dir / "terraform" / "terraform.tfvars.json").read_text())
-    assert (state.provider_dir / "terraform" / "terraform.tfvars.json").stat().st_mode & 0o077 == 0
-    pinned = state.known_hosts.read_text().splitlines()
-    for node, key in zip(inv.nodes, tfvars["host_keys"]):
-        assert node.host_key == key["public_key"]
-        assert f"127.0.0.1,{node.private_ip} {key['public_key']}" in pinned
-    assert tfvars["ssh_cidr"] == "203.0.113.4/32" and tfvars["ssh_public_key"].startswith("ssh-ed25519 ")
-    lines = provider.down(state)
-    assert terraform.calls[-1] == "destroy" and lines[-1].startswith("verified: no instance tagged cluster=alpha")
-    assert not state.inventory_path.exists() and not state.provider_dir.exists()
-
-
 def test_failed_up_destroys_what_it_made_and_reraises(ec2, tmp_path, ssh_listener):
     state = ClusterState.for_cluster("beta", root=tmp_path)
     terraform = FakeTerraform(ec2, "127.0.0.1", break_after_apply=True)
@@ -221,3 +214,141 @@ def test_down_refuses_to_forget_a_leaked_instance(ec2, tmp_path):
     reap(REGION, "gamma", yes=True, ec2=ec2)
     assert provider.down(state)[-1].startswith("verified")
     assert not state.provider_dir.exists()
+
+
+# --- the real terraform binary against moto ---------------------------------------------------
+
+
+@pytest.fixture
+def offline_terraform(ec2, tmp_path, monkeypatch) -> str:
+    """The real binary and AWS provider; ``ec2`` has set AWS_ENDPOINT_URL, which Terraform's AWS
+    provider honours like boto3, so both talk to moto (STS included) and nothing else."""
+    binary = require_terraform()
+    for key, value in terraform_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask an instance metadata service
+    # Two gaps of moto 5.2.5, bridged with variables every user has too (TF_VAR_<name>): names under
+    # /aws/service/ are reserved, so the SSM AMI parameter cannot be seeded; CreatePlacementGroup is
+    # not implemented, so the placement group is only planned (test below), never created here.
+    monkeypatch.setenv("TF_VAR_ami_id", AMI)
+    monkeypatch.setenv("TF_VAR_placement_group", "false")
+    return binary
+
+
+def _instances(ec2, cluster: str) -> list[dict]:
+    found = ec2.describe_instances(Filters=[{"Name": "tag:cluster", "Values": [cluster]}])["Reservations"]
+    return sorted((i for r in found for i in r["Instances"]), key=lambda i: i["InstanceId"])
+
+
+def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform, tmp_path, ssh_listener):
+    state = ClusterState.for_cluster("tfreal", root=tmp_path)
+    probed: list[str] = []
+
+    def wait_ssh(hosts, port, timeout):
+        probed.extend(hosts)  # the public addresses moto made up: recorded, never connected to
+        aws_ec2.wait_tcp(["127.0.0.1"] * len(hosts), port, timeout=timeout, poll=0.2)
+
+    provider = AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh)  # real run_terraform and boto3 client
+    inv = provider.up(_spec("tfreal"), state)
+    tf_dir = state.provider_dir / "terraform"
+    tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
+
+    # The inventory came from the real `terraform output -json` and says what EC2 says.
+    assert Inventory.load(state.inventory_path) == inv and inv.cluster == "tfreal" and inv.subnet == "10.42.1.0/24"
+    outputs = json.loads(subprocess.run([offline_terraform, f"-chdir={tf_dir}", "output", "-json"],
+                                        capture_output=True, text=True, check=True).stdout)
+    keys = {f"node-{i}": k["public_key"] for i, k in enumerate(tfvars["host_keys"])}
+    assert inventory_from_outputs(outputs, state, keys, inv.image) == inv
+    by_id = {i["InstanceId"]: i for i in _instances(ec2, "tfreal")}
+    assert [n.name for n in inv.nodes] == ["node-0", "node-1"] and set(by_id) == {n.instance_id for n in inv.nodes}
+    for node in inv.nodes:
+        found = by_id[node.instance_id]
+        assert (node.private_ip, node.public_ip) == (found["PrivateIpAddress"], found["PublicIpAddress"])
+        assert node.hostname == f"tfreal-{node.name}" and node.accelerator == "none"
+    assert probed == [n.public_ip for n in inv.nodes]
+
+    # What Terraform made, read back with boto3: tags, IMDSv2, encrypted root, TTL terminate, pinned host keys.
+    sg = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["tfreal-multinode"]}])
+    sg = sg["SecurityGroups"][0]
+    for node, key in zip(inv.nodes, tfvars["host_keys"]):
+        found = by_id[node.instance_id]
+        tags = {t["Key"]: t["Value"] for t in found["Tags"]}
+        assert tags == {"cluster": "tfreal", "owner": "alice", "expiry": tfvars["expires_at"],
+                        "managed-by": "multinode", "Name": f"tfreal-{node.name}", "node": node.name}
+        assert found["InstanceType"] == "c6i.xlarge" and found["ImageId"] == AMI
+        assert found["MetadataOptions"]["HttpTokens"] == "required"
+        assert [g["GroupId"] for g in found["NetworkInterfaces"][0]["Groups"]] == [sg["GroupId"]]
+        shutdown = ec2.describe_instance_attribute(InstanceId=node.instance_id,
+                                                   Attribute="instanceInitiatedShutdownBehavior")
+        assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        (volume,) = ec2.describe_volumes(Filters=[{"Name": "attachment.instance-id",
+                                                   "Values": [node.instance_id]}])["Volumes"]
+        assert volume["Encrypted"] and volume["VolumeType"] == "gp3" and volume["Size"] == 100
+        (root,) = found["BlockDeviceMappings"]
+        assert root["Ebs"]["VolumeId"] == volume["VolumeId"] and root["Ebs"]["DeleteOnTermination"]
+        assert {t["Key"]: t["Value"] for t in volume["Tags"]}["expiry"] == tfvars["expires_at"]
+        user_data = ec2.describe_instance_attribute(InstanceId=node.instance_id, Attribute="userData")
+        cloud_config = yaml.safe_load(base64.b64decode(user_data["UserData"]["Value"]))
+        assert cloud_config["ssh_keys"]["ed25519_public"] == key["public_key"] == node.host_key
+        assert cloud_config["ssh_keys"]["ed25519_private"] == key["private_key"] and cloud_config["ssh_genkeytypes"] == []
+        assert f"{node.public_ip},{node.private_ip} {key['public_key']}\n" in state.known_hosts.read_text()
+
+    # SSH only from ssh_cidr, everything from the cluster itself, nothing else; the VPC's default SG is closed.
+    ingress = sorted((p["IpProtocol"], p.get("FromPort"), p.get("ToPort"), tuple(r["CidrIp"] for r in p["IpRanges"]),
+                      tuple(g["GroupId"] for g in p["UserIdGroupPairs"])) for p in sg["IpPermissions"])
+    assert ingress == [("-1", None, None, (), (sg["GroupId"],)), ("tcp", 22, 22, ("203.0.113.4/32",), ())]
+    default = ec2.describe_security_groups(Filters=[{"Name": "vpc-id", "Values": [sg["VpcId"]]},
+                                                    {"Name": "group-name", "Values": ["default"]}])
+    assert default["SecurityGroups"][0]["IpPermissions"] == [] == default["SecurityGroups"][0]["IpPermissionsEgress"]
+
+    # The tags Terraform set are the ones the leak check and reap look for.
+    with pytest.raises(UserError, match="still has instances in a billing state"):
+        verify_gone(ec2, "tfreal", REGION)
+    assert [line.split()[0] for line in reap(REGION, "tfreal", yes=False, ec2=ec2)[:-1]] == sorted(by_id)
+
+    # down: the real terraform destroy, then the provider's own leak check; nothing of the cluster is left.
+    lines = provider.down(state)
+    assert lines[0] == "terraform destroy of cluster 'tfreal' done" and lines[-1].startswith(
+        "verified: no instance tagged cluster=tfreal")
+    assert {i["State"]["Name"] for i in _instances(ec2, "tfreal")} == {"terminated"}
+    assert ec2.describe_vpcs(Filters=[{"Name": "tag:cluster", "Values": ["tfreal"]}])["Vpcs"] == []
+    assert ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["tfreal-multinode"]}])[
+        "SecurityGroups"] == []
+    assert ec2.describe_key_pairs()["KeyPairs"] == []
+    assert not state.provider_dir.exists() and not state.inventory_path.exists()
+
+
+def test_plan_of_the_g4dn_example_with_the_production_defaults(ec2, offline_terraform, tmp_path, monkeypatch):
+    """examples/g4dn.tfvars as a user would plan it (placement group on), against moto's API."""
+    monkeypatch.delenv("TF_VAR_placement_group")
+    work = tmp_path / "ec2"
+    shutil.copytree(MODULE, work)
+    host_keys = [new_ed25519(f"g4dn-demo-node-{i}") for i in range(2)]
+    (work / "keys.auto.tfvars.json").write_text(json.dumps({
+        "ssh_cidr": "203.0.113.4/32",
+        "host_keys": [{"private_key": private, "public_key": public} for private, public in host_keys]}))
+    env = dict(os.environ)
+
+    def terraform(*args: str) -> str:
+        result = subprocess.run([offline_terraform, f"-chdir={work}", *args, "-no-color"], capture_output=True,
+                                text=True, env=env, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    terraform("init", "-input=false", "-lockfile=readonly")
+    terraform("plan", "-input=false", "-var-file=examples/g4dn.tfvars", "-out=plan.bin")
+    plan = json.loads(terraform("show", "-json", "plan.bin"))
+    planned = {r["address"]: r["values"] for r in plan["planned_values"]["root_module"]["resources"]}
+    changes = {r["address"]: r["change"] for r in plan["resource_changes"]}
+    assert {tuple(c["actions"]) for c in changes.values()} == {("create",)}
+    assert planned["aws_placement_group.cluster[0]"]["strategy"] == "cluster"
+    for i, (_, public) in enumerate(host_keys):
+        node = planned[f"aws_instance.node[{i}]"]
+        assert changes[f"aws_instance.node[{i}]"]["after_unknown"]["placement_group"] is True  # the group's id
+        assert node["instance_type"] == "g4dn.xlarge" and node["instance_initiated_shutdown_behavior"] == "terminate"
+        assert node["metadata_options"][0]["http_tokens"] == "required" and node["root_block_device"][0]["encrypted"]
+        assert node["tags_all"]["cluster"] == "g4dn-demo" and node["tags_all"]["managed-by"] == "multinode"
+        assert node["associate_public_ip_address"] and node["ami"] == AMI
+    # With ami_id given, the SSM parameter is not read (no ssm:GetParameter needed): only the zones are.
+    read = [r["address"] for r in plan["prior_state"]["values"]["root_module"]["resources"] if r["mode"] == "data"]
+    assert read == ["data.aws_availability_zones.available"]

