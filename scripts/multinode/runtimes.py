@@ -5,7 +5,9 @@
   so rendezvous, gloo, NCCL and MPI see the node's real interfaces and addresses -- plus the
   accelerator's devices (``--gpus all`` for NVIDIA; ``/dev/kfd`` + ``/dev/dri`` and the ``video``
   group for AMD). The node's work directory is mounted at the same path, so plans don't change.
-  The container CLI is ``docker`` unless the inventory says otherwise (podman in our local tests).
+  The container CLI is ``docker`` unless the inventory says otherwise: ``extra["container_cli"]`` is
+  a command line, so it may carry global options (our local tests: ``podman --root DIR
+  --storage-driver overlay --runtime runc``); ``extra["container_args"]`` are added to every ``run``.
 
 Node-evaluated environment (``NodeCommand.node_env``) is computed on the host shell first and
 passed into the container by name, so ``ip`` need not exist in the image.
@@ -20,11 +22,15 @@ from multinode.errors import UserError
 from multinode.inventory import Inventory, Node
 from multinode.launchers.base import NodeCommand
 
+# GPU nodes also lift the locked-memory limit: NCCL/RCCL and UCX pin host buffers for GPU copies.
+# CPU nodes keep the engine's default (raising it needs CAP_SYS_RESOURCE, which a sandbox may lack).
+UNLIMITED_MEMLOCK = ("--ulimit", "memlock=-1")
 ACCELERATOR_FLAGS = {
     "none": (),
-    "nvidia": ("--gpus", "all"),
+    "nvidia": ("--gpus", "all", *UNLIMITED_MEMLOCK),
     # ROCm needs the kernel driver (kfd), the render nodes (dri) and the video group.
-    "amd": ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--security-opt", "seccomp=unconfined"),
+    "amd": ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--security-opt", "seccomp=unconfined",
+            *UNLIMITED_MEMLOCK),
 }
 
 
@@ -32,20 +38,23 @@ def container_name(run_id: str, node: str) -> str:
     return f"mn-{run_id}-{node}"
 
 
+def container_cli(inventory: Inventory) -> list[str]:
+    """The container CLI as argv: ``docker``, or e.g. ``podman --root DIR --runtime runc``."""
+    return shlex.split(inventory.extra.get("container_cli", "docker"))
+
+
 def host_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
     return command.shell()
 
 
 def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
-    cli = inventory.extra.get("container_cli", "docker")
     workdir = inventory.workdir_for(node.name)
     argv = [
-        cli, "run", "--rm",
+        *container_cli(inventory), "run", "--rm",
         "--name", container_name(run_id, node.name),
         "--network=host",
         # Data-loader workers and NCCL use /dev/shm; Docker's 64 MiB default breaks both.
         "--ipc=host",
-        "--ulimit", "memlock=-1",
         "-v", f"{workdir}:{workdir}",
         "-w", command.cwd,
         "-e", "MULTINODE_RUN_ID",
@@ -78,15 +87,15 @@ def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
     """Extra stop step for the docker runtime: remove the run's container (None for host)."""
     if inventory.runtime != "docker":
         return None
-    cli = inventory.extra.get("container_cli", "docker")
+    cli = shlex.join(container_cli(inventory))
     return f"{cli} rm -f {shlex.quote(container_name(run_id, node))} >/dev/null 2>&1 || true"
 
 
 def runtime_checks(inventory: Inventory, need_gpu: bool) -> list[tuple[str, str]]:
     """Pre-flight shell checks for this runtime: (description, command that exits 0 when fine)."""
     if inventory.runtime == "docker":
-        cli = inventory.extra.get("container_cli", "docker")
-        checks = [(f"{cli} and image {inventory.image}", f"{cli} image inspect {shlex.quote(inventory.image or '')} >/dev/null")]
+        cli = shlex.join(container_cli(inventory))
+        checks = [(f"{container_cli(inventory)[0]} and image {inventory.image}", f"{cli} image inspect {shlex.quote(inventory.image or '')} >/dev/null")]
     else:
         py = shlex.quote(inventory.python)
         checks = [("python with torch", f"{py} -c 'import torch' 2>&1")]

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -110,13 +111,45 @@ def _write_sshd_files(state: ClusterState, plan: NetPlan, i: int, port: int) -> 
     return " ".join(Path(f"{key}.pub").read_text().split()[:2])
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+# Mount flags that are not filesystem options: dropped when a cgroup mount is repeated.
+GENERIC_MOUNT_FLAGS = {"rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "seclabel"}
+
+
+def cgroup_mount_commands(mounts: str) -> list[str]:
+    """Shell commands that mount again, in a node's namespace, the cgroup filesystems in ``mounts``.
+
+    ``ip netns exec`` mounts a fresh sysfs on /sys, which hides /sys/fs/cgroup; container runtimes
+    (runc, crun) refuse to start without it. Mounting a cgroup hierarchy a second time attaches
+    to the same hierarchy, so the node's containers are accounted as on the host.
+    ``mounts`` is the text of /proc/self/mounts (cgroup v1 layout, v2, or hybrid).
+    """
+    commands = []
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in {"tmpfs", "cgroup", "cgroup2"}:
+            continue
+        source, target, fstype, flags = fields[:4]
+        if target != CGROUP_ROOT and not target.startswith(CGROUP_ROOT + "/"):
+            continue
+        options = [o for o in flags.split(",") if o not in GENERIC_MOUNT_FLAGS]
+        if fstype == "cgroup" and all(o.startswith("name=") for o in options):
+            options.insert(0, "none")  # a named hierarchy without controllers (name=systemd)
+        opts = f" -o {shlex.quote(','.join(options))}" if options else ""
+        commands.append(f"mkdir -p {shlex.quote(target)} && mount -t {fstype}{opts} {shlex.quote(source)} {shlex.quote(target)}")
+    return commands
+
+
 def _sshd_argv(state: ClusterState, plan: NetPlan, i: int) -> list[str]:
     ndir = _node_dir(state, f"node-{i}")
     sshd = [SSHD, "-D", "-f", str(ndir / "sshd_config"), "-E", str(ndir / "sshd.log")]
     if not isolated():
         return sshd
     # Own UTS namespace: the node's hostname, inherited by every session (c10d resolves it).
-    inner = f"hostname {plan.hostname(i)} && exec {' '.join(sshd)}"
+    steps = [f"hostname {plan.hostname(i)}"]
+    if (_load_meta(state) or {}).get("containers"):
+        steps = cgroup_mount_commands(Path("/proc/self/mounts").read_text()) + steps
+    inner = " && ".join([*steps, f"exec {' '.join(sshd)}"])
     return ["ip", "netns", "exec", plan.netns(i), "unshare", "--uts", "sh", "-c", inner]
 
 
@@ -169,8 +202,10 @@ class LocalProvider:
         plan = NetPlan(spec.name, spec.nodes, subnet, spec.mtu)
         state.provider_dir.mkdir(parents=True, exist_ok=True)
         # Written before anything is created: `down` finds the cluster even if `up` dies half-way.
+        # "containers": the docker runtime; node namespaces then get the host's cgroup mounts back.
         _meta_path(state).write_text(json.dumps(
-            {"nodes": spec.nodes, "subnet": subnet, "mtu": spec.mtu, "port": port, "isolated": isolated()}, indent=2))
+            {"nodes": spec.nodes, "subnet": subnet, "mtu": spec.mtu, "port": port, "isolated": isolated(),
+             "containers": spec.options.get("runtime") == "docker"}, indent=2))
         try:
             return self._create(spec, state, plan, port)
         except BaseException:
@@ -203,7 +238,8 @@ class LocalProvider:
                        "namespaces": [plan.netns(i) for i in range(plan.nodes)] if isolated() else []}
         if runtime == "docker":
             extra["container_cli"] = options.pop("container_cli", "podman")
-            extra["container_args"] = options.pop("container_args", "").split()
+            # Both are command-line fragments: "podman --root DIR --runtime runc", "--ulimit nofile=4096:4096".
+            extra["container_args"] = shlex.split(options.pop("container_args", ""))
         inventory = Inventory(
             cluster=spec.name, provider=self.name, nodes=nodes, subnet=plan.subnet,
             ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts),
