@@ -9,6 +9,12 @@
   a command line, so it may carry global options (our local tests: ``podman --root DIR
   --storage-driver overlay --runtime runc``); ``extra["container_args"]`` are added to every ``run``.
 
+MODE=mpi: mpirun runs in the head's container and starts the other ranks over SSH. For those ranks
+to run in the image too, every other node runs the image's own sshd (port 2222, see docker/sshd_config)
+in a container of the run (:func:`mpi_sshd_shell`), with the node's pinned host key and the cluster's
+authorized key mounted; ``stop_containers`` removes it with the run. The paths come from
+``extra["container_sshd"]`` (``host_key`` may hold ``{node}``); defaults suit a cloud node.
+
 Node-evaluated environment (``NodeCommand.node_env``) is computed on the host shell first and
 passed into the container by name, so ``ip`` need not exist in the image.
 """
@@ -34,8 +40,17 @@ ACCELERATOR_FLAGS = {
 }
 
 
+# The image's sshd for MODE=mpi (docker/sshd_config): the host's own sshd keeps 22 on the shared network.
+CONTAINER_SSHD_PORT = 2222
+CONTAINER_SSHD_DEFAULTS = {"host_key": "/etc/ssh/ssh_host_ed25519_key", "authorized_keys": "$HOME/.ssh/authorized_keys"}
+
+
 def container_name(run_id: str, node: str) -> str:
     return f"mn-{run_id}-{node}"
+
+
+def sshd_container_name(run_id: str, node: str) -> str:
+    return f"mn-{run_id}-{node}-sshd"
 
 
 def container_cli(inventory: Inventory) -> list[str]:
@@ -71,6 +86,25 @@ def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id:
     return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *exports, "exec " + shlex.join(argv)])
 
 
+def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
+    """The line that starts the image's sshd on ``node`` in the background (docker runtime, MODE=mpi)."""
+    paths = {**CONTAINER_SSHD_DEFAULTS, **inventory.extra.get("container_sshd", {})}
+    workdir = inventory.workdir_for(node)
+    argv = [
+        *container_cli(inventory), "run", "-d", "--rm",
+        "--name", sshd_container_name(run_id, node),
+        "--network=host", "--ipc=host",
+        "-v", f"{workdir}:{workdir}",
+        "-v", f"{paths['host_key'].format(node=node)}:/etc/multinode/ssh_host_ed25519_key:ro",
+        *inventory.extra.get("container_args", []),
+        *ACCELERATOR_FLAGS[inventory.node(node).accelerator],
+        inventory.image or "",
+    ]
+    # Double quotes, not shlex: the node's shell expands $HOME in the default authorized_keys path.
+    keys = f'-v "{paths["authorized_keys"]}:/etc/multinode/authorized_keys:ro"'
+    return f"{shlex.join(argv[:-1])} {keys} {shlex.quote(argv[-1])} >/dev/null"
+
+
 RUNTIMES: dict[str, Callable[[NodeCommand, Inventory, Node, str], str]] = {"host": host_shell, "docker": docker_shell}
 
 
@@ -84,11 +118,13 @@ def to_shell(command: NodeCommand, inventory: Inventory, run_id: str) -> str:
 
 
 def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
-    """Extra stop step for the docker runtime: remove the run's container (None for host)."""
+    """Extra stop step for the docker runtime: remove the run's containers (None for host)."""
     if inventory.runtime != "docker":
         return None
     cli = shlex.join(container_cli(inventory))
-    return f"{cli} rm -f {shlex.quote(container_name(run_id, node))} >/dev/null 2>&1 || true"
+    # One name per call: podman 4.3's `rm -f missing present` removes neither and still exits 0.
+    names = [container_name(run_id, node), sshd_container_name(run_id, node)]
+    return "; ".join(f"{cli} rm -f {shlex.quote(name)} >/dev/null 2>&1" for name in names) + "; true"
 
 
 def runtime_checks(inventory: Inventory, need_gpu: bool) -> list[tuple[str, str]]:

@@ -5,8 +5,10 @@
 * the CPU image built for real by ``make image`` (buildah, chroot isolation) from an offline
   ``debootstrap --variant=minbase bookworm`` base tagged ``debian:12-slim``, with the pinned wheels
   from this machine's index in the build context (``OFFLINE=1``): pins checked, MPI and sshd run;
-* a 2-node local cluster with ``runtime=docker`` (podman) and ``multinode train --nodes 2``: the
-  digits trainer runs inside the containers, and nothing of the run is left on any node.
+* a 2-node local cluster with ``runtime=docker`` (podman) and ``multinode train --nodes 2``, MODE=cpu
+  (torchrun in a container per node) and MODE=mpi (mpirun in the head's container, the other rank
+  started through the image's sshd on port 2222): the digits trainer runs inside the containers,
+  and nothing of the run is left on any node.
 
 Podman and buildah use a private store under ``MULTINODE_IMAGE_CACHE`` (default
 /var/tmp/multinode-images), so the base and the built image (tagged by the hash of docker/ files)
@@ -141,11 +143,11 @@ class Store:
 
 
 def image_key() -> str:
-    """Hash of every file the CPU build reads: a changed Dockerfile or pin rebuilds the image."""
+    """Hash of the files the CPU build reads (docs aside): a changed Dockerfile or pin rebuilds the image."""
     digest = hashlib.sha256()
     for path in sorted(DOCKER.rglob("*")):
         rel = path.relative_to(DOCKER)
-        if path.is_file() and rel.parts[0] not in {"cuda", "rocm"} and path.suffix != ".whl":
+        if path.is_file() and rel.parts[0] not in {"cuda", "rocm"} and path.suffix not in {".whl", ".md"}:
             digest.update(str(rel).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:12]
 
@@ -232,27 +234,40 @@ def test_cpu_image_carries_the_pinned_runtime_mpi_and_sshd(cpu_image, tmp_path):
     assert res.returncode == 0 and res.stdout.strip() == "port 2222", res.stdout + res.stderr
 
 
-def test_train_cpu_runs_inside_the_containers_of_two_nodes(cpu_image, tmp_path):
+@pytest.fixture(scope="module")
+def docker_cluster(cpu_image, tmp_path_factory):
+    """A 2-node local cluster whose jobs run in the CPU image (podman, host network)."""
     store, tag = cpu_image
-    cluster = bring_up(tmp_path / "home", 2, prefix="img", options={
+    cluster = bring_up(tmp_path_factory.mktemp("mnhome"), 2, prefix="img", options={
         "runtime": "docker", "image": tag, "container_cli": shlex.join(store.podman), "container_args": RUN_ARGS,
     })
     try:
-        res = cluster.cli("train", "--nodes", "2", "--mode", "cpu", timeout=600)
-        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-        run_dir = cluster.runs()[-1]
-        summary = json.loads((run_dir / "summary.json").read_text())
-        assert summary["exit_codes"] == {"node-0": 0, "node-1": 0}
-        assert summary["result"]["world_size"] == 2 and summary["result"]["test_accuracy"] >= 0.95, summary
-        # It ran in the image: both nodes' containers of this run started and were removed.
-        names = [f"mn-{summary['run_id']}-node-{i}" for i in range(2)]
-        events = run(store.podman + ["events", "--stream=false", "--since", "15m",
-                                     "--format", "{{.Name}} {{.Status}}"]).stdout.splitlines()
-        for name in names:
-            assert f"{name} start" in events and f"{name} remove" in events, (name, events[-20:])
-        # Nothing of the run is left: no container, no process on any node (sshd aside).
-        left = run(store.podman + ["ps", "-a", "--format", "{{.Names}}"]).stdout.split()
-        assert not set(names) & set(left), left
-        assert cluster.job_processes() == {"node-0": [], "node-1": []}
+        yield cluster
     finally:
         tear_down(cluster)
+
+
+@pytest.mark.parametrize("mode, containers", [
+    # torchrun in a container on every node
+    ("cpu", ["node-0", "node-1"]),
+    # mpirun in the head's container; node-1's rank is started by the image's sshd (port 2222) in a container
+    ("mpi", ["node-0", "node-1-sshd"]),
+])
+def test_train_runs_inside_the_containers_of_two_nodes(cpu_image, docker_cluster, mode, containers):
+    store, _ = cpu_image
+    res = docker_cluster.cli("train", "--nodes", "2", "--mode", mode, timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    summary = json.loads((docker_cluster.runs()[-1] / "summary.json").read_text())
+    assert set(summary["exit_codes"].values()) == {0}
+    assert summary["result"]["world_size"] == 2 and summary["result"]["test_accuracy"] >= 0.95, summary
+    assert "test accuracy: 0." in res.stdout
+    # It ran in the image: the run's containers started and were removed.
+    names = [f"mn-{summary['run_id']}-{suffix}" for suffix in containers]
+    events = run(store.podman + ["events", "--stream=false", "--since", "15m",
+                                 "--format", "{{.Name}} {{.Status}}"]).stdout.splitlines()
+    for name in names:
+        assert f"{name} start" in events and f"{name} remove" in events, (name, events[-20:])
+    # Nothing of the run is left: no container, no process on any node (sshd aside).
+    left = run(store.podman + ["ps", "-a", "--format", "{{.Names}}"]).stdout.split()
+    assert not [name for name in left if summary["run_id"] in name], left
+    assert docker_cluster.job_processes() == {"node-0": [], "node-1": []}

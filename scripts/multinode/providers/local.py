@@ -240,6 +240,15 @@ class LocalProvider:
             extra["container_cli"] = options.pop("container_cli", "podman")
             # Both are command-line fragments: "podman --root DIR --runtime runc", "--ulimit nofile=4096:4096".
             extra["container_args"] = shlex.split(options.pop("container_args", ""))
+            # MODE=mpi: mpirun in the head's container SSHes to the image's sshd on port 2222 of the
+            # other nodes, which presents the node's own host key; the head reads the cluster key and
+            # known_hosts from its work directory, the one directory its container mounts.
+            head_dir = f"{state.provider_dir}/nodes/{nodes[0].name}"
+            extra.update(
+                mpi_ssh_port=2222, mpi_ssh_key=f"{head_dir}/.ssh/id_ed25519", mpi_known_hosts=f"{head_dir}/.ssh/known_hosts",
+                container_sshd={"host_key": f"{state.provider_dir}/{{node}}/ssh_host_ed25519_key",
+                                "authorized_keys": f"{state.ssh_key}.pub"},
+            )
         inventory = Inventory(
             cluster=spec.name, provider=self.name, nodes=nodes, subnet=plan.subnet,
             ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts),
