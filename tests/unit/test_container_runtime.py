@@ -9,7 +9,7 @@ import shlex
 from multinode.config import LaunchSpec
 from multinode.orchestrator import plan_job
 from multinode.providers.local import cgroup_mount_commands
-from multinode.runtimes import runtime_checks, stop_containers, to_shell
+from multinode.runtimes import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
 
 PODMAN = "podman --root /cache/storage --storage-driver overlay --runtime runc"
 
@@ -72,3 +72,18 @@ def test_cgroup_v2_only_host_is_one_mount():
     assert cgroup_mount_commands(mounts) == [
         "mkdir -p /sys/fs/cgroup && mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup",
     ]
+
+
+def test_mpi_sshd_container_mounts_the_node_key_and_the_authorized_key(make_inv):
+    inv = with_cli(make_inv(2, runtime="docker", image="img:1"), PODMAN, ["--pull=never"])
+    line = mpi_sshd_shell(inv, "node-1", "r3")
+    assert line.startswith(f"{PODMAN} run -d --rm --name mn-r3-node-1-sshd --network=host --ipc=host ")
+    assert "-v /state/dev/nodes/node-1:/state/dev/nodes/node-1 " in line
+    # Defaults suit a cloud node: its own host key, and $HOME expanded by the node's shell.
+    assert "-v /etc/ssh/ssh_host_ed25519_key:/etc/multinode/ssh_host_ed25519_key:ro" in line
+    assert '-v "$HOME/.ssh/authorized_keys:/etc/multinode/authorized_keys:ro" img:1 >/dev/null' in line
+    local = dataclasses.replace(inv, extra={**inv.extra, "container_sshd": {
+        "host_key": "/state/dev/provider/{node}/ssh_host_ed25519_key", "authorized_keys": "/state/dev/id_ed25519.pub"}})
+    line = mpi_sshd_shell(local, "node-1", "r3")
+    assert "-v /state/dev/provider/node-1/ssh_host_ed25519_key:/etc/multinode/ssh_host_ed25519_key:ro" in line
+    assert '-v "/state/dev/id_ed25519.pub:/etc/multinode/authorized_keys:ro"' in line
