@@ -40,8 +40,7 @@ ACCELERATOR_FLAGS = {
 }
 
 
-# The image's sshd for MODE=mpi (docker/sshd_config): the host's own sshd keeps 22 on the shared network.
-CONTAINER_SSHD_PORT = 2222
+# Where the image's sshd (MODE=mpi) finds the node's host key and the authorized keys on the node.
 CONTAINER_SSHD_DEFAULTS = {"host_key": "/etc/ssh/ssh_host_ed25519_key", "authorized_keys": "$HOME/.ssh/authorized_keys"}
 
 
@@ -130,8 +129,9 @@ def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
 def runtime_checks(inventory: Inventory, need_gpu: bool) -> list[tuple[str, str]]:
     """Pre-flight shell checks for this runtime: (description, command that exits 0 when fine)."""
     if inventory.runtime == "docker":
-        cli = shlex.join(container_cli(inventory))
-        checks = [(f"{container_cli(inventory)[0]} and image {inventory.image}", f"{cli} image inspect {shlex.quote(inventory.image or '')} >/dev/null")]
+        cli = container_cli(inventory)
+        inspect = f"{shlex.join(cli)} image inspect {shlex.quote(inventory.image or '')} >/dev/null"
+        checks = [(f"{cli[0]} and image {inventory.image}", inspect)]
     else:
         py = shlex.quote(inventory.python)
         checks = [("python with torch", f"{py} -c 'import torch' 2>&1")]

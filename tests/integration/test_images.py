@@ -114,10 +114,11 @@ class Store:
     """Podman/buildah on a private store: overlay where the kernel allows it (a container of the
     1.5 GB image starts in ~2 s), else vfs (copies the whole rootfs per container, ~20 s)."""
 
-    runroot = Path("/run/multinode-images")  # runtime state: gone at reboot, like the containers
-
     def __init__(self, cache: Path):
         self.cache = cache
+        # Runtime state on tmpfs (gone at reboot, like the containers it describes); one per store,
+        # since podman refuses a runroot recorded for another root.
+        self.runroot = Path("/run") / f"multinode-images-{hashlib.sha256(str(cache).encode()).hexdigest()[:8]}"
         self.driver = "overlay"
         if run(self.podman + ["info"]).returncode != 0:
             self.driver = "vfs"

@@ -14,6 +14,10 @@ up after a crashed `up`), per-node sshd config, host key, pid file and log, and 
 work directories. `down` stops every process in the namespaces, removes links, namespaces and
 files, and verifies with :func:`leftovers` that nothing is left.
 
+Containers (``-o runtime=docker -o image=REF [-o container_cli="podman ..."] [-o container_args=...]``):
+jobs run in the image on each node with the host network; the nodes' namespaces get the host's
+cgroup mounts back (runc needs them), and MODE=mpi reaches the image's sshd on port 2222.
+
 Fault injection for tests and drills: :func:`stop_sshd`, :func:`start_sshd`, :func:`set_link`,
 :func:`kill_node`, :func:`node_pids`, :func:`job_pids`.
 """
@@ -240,8 +244,8 @@ class LocalProvider:
             extra["container_cli"] = options.pop("container_cli", "podman")
             # Both are command-line fragments: "podman --root DIR --runtime runc", "--ulimit nofile=4096:4096".
             extra["container_args"] = shlex.split(options.pop("container_args", ""))
-            # MODE=mpi: mpirun in the head's container SSHes to the image's sshd on port 2222 of the
-            # other nodes, which presents the node's own host key; the head reads the cluster key and
+            # MODE=mpi: mpirun in the head's container SSHes to the image's sshd on port 2222 (see
+            # docker/sshd_config) of the other nodes, which presents the node's own host key; the head reads the cluster key and
             # known_hosts from its work directory, the one directory its container mounts.
             head_dir = f"{state.provider_dir}/nodes/{nodes[0].name}"
             extra.update(
