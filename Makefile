@@ -3,6 +3,7 @@
 #   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [DRY_RUN=1]
 #   make down
+#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 ECR=<acct>.dkr.ecr.<region>.amazonaws.com]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
 
 SHELL := /bin/bash
@@ -18,6 +19,12 @@ MN := $(PY) -m multinode
 STAMP := $(VENV)/.installed
 APT_PACKAGES := openssh-server openmpi-bin libopenmpi-dev iproute2 iperf3 pdsh procps psmisc
 IMAGE_PACKAGES := buildah podman debootstrap runc
+IMAGES := cpu cuda rocm
+IMAGE ?= cpu
+TAG ?= multinode-$(IMAGE):latest
+IMAGE_CONTEXT ?= docker
+# Without a Docker engine (CI here): buildah, chroot isolation (no nested namespaces needed).
+BUILDAH ?= buildah
 
 export MULTINODE_PROVIDER := $(PROVIDER)
 export MULTINODE_NODES := $(NODES)
@@ -41,7 +48,7 @@ export MULTINODE_OWNER := $(OWNER)
 export MULTINODE_IMAGE := $(IMAGE_REF)
 export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
-.PHONY: help setup demo up train down status logs ssh test lint bench reap clean
+.PHONY: help setup demo up train down status logs ssh test lint bench reap clean image
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -94,6 +101,21 @@ reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
 bench: setup ## benchmarks and failure drills -> docs/benchmarks.md, docs/reliability.md (QUICK=1: short)
 	$(PY) -m bench.mpi_vs_ddp $(if $(QUICK),--quick) --out docs/benchmarks.md
 	$(PY) -m bench.drills --out docs/reliability.md
+
+image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 ECR=<registry> also pushes it
+	$(if $(filter $(IMAGE),$(IMAGES)),,$(error IMAGE=$(IMAGE) is not an image; use IMAGE=cpu, IMAGE=cuda or IMAGE=rocm))
+	$(if $(PUSH),$(if $(ECR),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com)))
+	@set -eo pipefail; \
+	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
+	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot"; echo "no Docker engine: using buildah"; fi; \
+	echo "$$build $(IMAGE) -> $(TAG)"; \
+	$$build $(BUILD_ARGS) -f $(IMAGE_CONTEXT)/$(IMAGE)/Dockerfile -t $(TAG) $(IMAGE_CONTEXT); \
+	if [ -n "$(PUSH)" ]; then \
+	  echo "push $(TAG) -> $(ECR)/$(TAG) (region $(word 4,$(subst ., ,$(ECR))))"; \
+	  aws ecr get-login-password --region $(word 4,$(subst ., ,$(ECR))) | $$engine login --username AWS --password-stdin $(ECR); \
+	  $$engine tag $(TAG) $(ECR)/$(TAG); \
+	  $$engine push $(ECR)/$(TAG); \
+	fi
 
 test: setup ## the whole test suite (unit + integration), as CI runs it
 	$(PY) -m pytest -q

@@ -39,7 +39,9 @@ log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 TRAINING_DIR = REPO_ROOT / "training"
 OUR_ENTRY = "training/train.py"
-RESULT_LINE = re.compile(r"RESULT (\{.*\})\s*$")
+# mpirun --tag-output can glue the next chunk's tag ("[1,0]<stdout>:") to a line that an
+# unbuffered print() wrote in two pieces (text, then the newline).
+RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 # Failures that are consequences of another node's failure, not root causes.
 PEER_FAILURE = re.compile(
     r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
@@ -149,7 +151,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             print(f"[{node}] shell: {line}", file=out)
         return None
 
-    from multinode.preflight import preflight
+    from multinode.preflight import preflight, start_mpi_sshds
     from multinode.remote import RemoteRunner, Rejoin
     from multinode.sync import sync_code, sync_mpi_credentials
 
@@ -160,7 +162,8 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         preflight(
             runner,
             checks=runtime_checks(inv, need_gpu=spec.uses_gpu),
-            need_mpi_ssh=spec.uses_mpi,
+            # In containers, mpirun's peers are sshds the run starts itself (checked once they are up).
+            need_mpi_ssh=spec.uses_mpi and inv.runtime == "host",
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
         )
@@ -187,6 +190,8 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         rejoin = Rejoin(budget=spec.max_restarts, wait=spec.rdzv_timeout, prepare=prepare_again,
                         exclude=(inv.head.name,)) if spec.max_restarts else None
         try:
+            if spec.uses_mpi and inv.runtime == "docker":
+                start_mpi_sshds(runner, spec.run_id)
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
                                  relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin)
@@ -194,7 +199,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
         finally:
-            runner.stop_all(spec.run_id)
+            runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
         metrics = _fetch_metrics(runner, inv, spec, run_dir)
     head_log = run_dir / f"{inv.head.name}.log"
     summary = RunSummary(

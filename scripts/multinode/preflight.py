@@ -11,6 +11,8 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
 
 from __future__ import annotations
 
+import dataclasses
+
 import shlex
 import time
 
@@ -130,3 +132,32 @@ def probe_ssh(inventory: Inventory, timeout: float = 5.0) -> dict[str, tuple[boo
         name: (res.ok, res.stdout.strip() if res.ok else (res.error or res.stderr.strip() or f"exit {res.exit_code}"))
         for name, res in results.items()
     }
+
+
+def start_mpi_sshds(runner: RemoteRunner, run_id: str, timeout: float = 30.0) -> None:
+    """Docker runtime, MODE=mpi: start the image's sshd on every node but the head, then wait until
+    the head reaches each of them exactly as mpirun will (the containers are removed with the run)."""
+    from multinode.runtimes import mpi_sshd_shell
+
+    inv = runner.inventory
+    others = [n.name for n in inv.nodes[1:]]
+    if not others:
+        return
+    results = runner.run_each({name: mpi_sshd_shell(inv, name, run_id) for name in others}, timeout=timeout)
+    for name in others:
+        res = results[name]
+        if not res.ok:
+            detail = (res.error or res.stderr.strip() or f"exit {res.exit_code}").splitlines()[-1:]
+            raise PreflightFailed(f"{name}: the image's sshd did not start ({' '.join(detail)}); check the image with 'make status'")
+    # mpirun runs as the image's user, root, whatever the nodes' SSH user is.
+    as_root = tuple(dataclasses.replace(node, ssh_user="root") for node in inv.nodes)
+    label, probe = mpi_mesh_check(dataclasses.replace(inv, nodes=as_root))
+    end = time.monotonic() + timeout
+    while True:
+        res = runner.run_on(inv.head.name, probe, timeout=15)
+        if res.ok:
+            return
+        if time.monotonic() > end:
+            output = " ".join((res.stdout + res.stderr).strip().splitlines()[-2:])
+            raise PreflightFailed(f"{inv.head.name}: pre-flight check '{label}' failed ({output}){_hint(label, None)}")
+        time.sleep(0.5)

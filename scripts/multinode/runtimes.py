@@ -5,7 +5,15 @@
   so rendezvous, gloo, NCCL and MPI see the node's real interfaces and addresses -- plus the
   accelerator's devices (``--gpus all`` for NVIDIA; ``/dev/kfd`` + ``/dev/dri`` and the ``video``
   group for AMD). The node's work directory is mounted at the same path, so plans don't change.
-  The container CLI is ``docker`` unless the inventory says otherwise (podman in our local tests).
+  The container CLI is ``docker`` unless the inventory says otherwise: ``extra["container_cli"]`` is
+  a command line, so it may carry global options (our local tests: ``podman --root DIR
+  --storage-driver overlay --runtime runc``); ``extra["container_args"]`` are added to every ``run``.
+
+MODE=mpi: mpirun runs in the head's container and starts the other ranks over SSH. For those ranks
+to run in the image too, every other node runs the image's own sshd (port 2222, see docker/sshd_config)
+in a container of the run (:func:`mpi_sshd_shell`), with the node's pinned host key and the cluster's
+authorized key mounted; ``stop_containers`` removes it with the run. The paths come from
+``extra["container_sshd"]`` (``host_key`` may hold ``{node}``); defaults suit a cloud node.
 
 Node-evaluated environment (``NodeCommand.node_env``) is computed on the host shell first and
 passed into the container by name, so ``ip`` need not exist in the image.
@@ -20,16 +28,33 @@ from multinode.errors import UserError
 from multinode.inventory import Inventory, Node
 from multinode.launchers.base import NodeCommand
 
+# GPU nodes also lift the locked-memory limit: NCCL/RCCL and UCX pin host buffers for GPU copies.
+# CPU nodes keep the engine's default (raising it needs CAP_SYS_RESOURCE, which a sandbox may lack).
+UNLIMITED_MEMLOCK = ("--ulimit", "memlock=-1")
 ACCELERATOR_FLAGS = {
     "none": (),
-    "nvidia": ("--gpus", "all"),
+    "nvidia": ("--gpus", "all", *UNLIMITED_MEMLOCK),
     # ROCm needs the kernel driver (kfd), the render nodes (dri) and the video group.
-    "amd": ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--security-opt", "seccomp=unconfined"),
+    "amd": ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--security-opt", "seccomp=unconfined",
+            *UNLIMITED_MEMLOCK),
 }
+
+
+# Where the image's sshd (MODE=mpi) finds the node's host key and the authorized keys on the node.
+CONTAINER_SSHD_DEFAULTS = {"host_key": "/etc/ssh/ssh_host_ed25519_key", "authorized_keys": "$HOME/.ssh/authorized_keys"}
 
 
 def container_name(run_id: str, node: str) -> str:
     return f"mn-{run_id}-{node}"
+
+
+def sshd_container_name(run_id: str, node: str) -> str:
+    return f"mn-{run_id}-{node}-sshd"
+
+
+def container_cli(inventory: Inventory) -> list[str]:
+    """The container CLI as argv: ``docker``, or e.g. ``podman --root DIR --runtime runc``."""
+    return shlex.split(inventory.extra.get("container_cli", "docker"))
 
 
 def host_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
@@ -37,15 +62,13 @@ def host_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: s
 
 
 def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
-    cli = inventory.extra.get("container_cli", "docker")
     workdir = inventory.workdir_for(node.name)
     argv = [
-        cli, "run", "--rm",
+        *container_cli(inventory), "run", "--rm",
         "--name", container_name(run_id, node.name),
         "--network=host",
         # Data-loader workers and NCCL use /dev/shm; Docker's 64 MiB default breaks both.
         "--ipc=host",
-        "--ulimit", "memlock=-1",
         "-v", f"{workdir}:{workdir}",
         "-w", command.cwd,
         "-e", "MULTINODE_RUN_ID",
@@ -62,6 +85,25 @@ def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id:
     return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *exports, "exec " + shlex.join(argv)])
 
 
+def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
+    """The line that starts the image's sshd on ``node`` in the background (docker runtime, MODE=mpi)."""
+    paths = {**CONTAINER_SSHD_DEFAULTS, **inventory.extra.get("container_sshd", {})}
+    workdir = inventory.workdir_for(node)
+    argv = [
+        *container_cli(inventory), "run", "-d", "--rm",
+        "--name", sshd_container_name(run_id, node),
+        "--network=host", "--ipc=host",
+        "-v", f"{workdir}:{workdir}",
+        "-v", f"{paths['host_key'].format(node=node)}:/etc/multinode/ssh_host_ed25519_key:ro",
+        *inventory.extra.get("container_args", []),
+        *ACCELERATOR_FLAGS[inventory.node(node).accelerator],
+        inventory.image or "",
+    ]
+    # Double quotes, not shlex: the node's shell expands $HOME in the default authorized_keys path.
+    keys = f'-v "{paths["authorized_keys"]}:/etc/multinode/authorized_keys:ro"'
+    return f"{shlex.join(argv[:-1])} {keys} {shlex.quote(argv[-1])} >/dev/null"
+
+
 RUNTIMES: dict[str, Callable[[NodeCommand, Inventory, Node, str], str]] = {"host": host_shell, "docker": docker_shell}
 
 
@@ -75,18 +117,21 @@ def to_shell(command: NodeCommand, inventory: Inventory, run_id: str) -> str:
 
 
 def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
-    """Extra stop step for the docker runtime: remove the run's container (None for host)."""
+    """Extra stop step for the docker runtime: remove the run's containers (None for host)."""
     if inventory.runtime != "docker":
         return None
-    cli = inventory.extra.get("container_cli", "docker")
-    return f"{cli} rm -f {shlex.quote(container_name(run_id, node))} >/dev/null 2>&1 || true"
+    cli = shlex.join(container_cli(inventory))
+    # One name per call: podman 4.3's `rm -f missing present` removes neither and still exits 0.
+    names = [container_name(run_id, node), sshd_container_name(run_id, node)]
+    return "; ".join(f"{cli} rm -f {shlex.quote(name)} >/dev/null 2>&1" for name in names) + "; true"
 
 
 def runtime_checks(inventory: Inventory, need_gpu: bool) -> list[tuple[str, str]]:
     """Pre-flight shell checks for this runtime: (description, command that exits 0 when fine)."""
     if inventory.runtime == "docker":
-        cli = inventory.extra.get("container_cli", "docker")
-        checks = [(f"{cli} and image {inventory.image}", f"{cli} image inspect {shlex.quote(inventory.image or '')} >/dev/null")]
+        cli = container_cli(inventory)
+        inspect = f"{shlex.join(cli)} image inspect {shlex.quote(inventory.image or '')} >/dev/null"
+        checks = [(f"{cli[0]} and image {inventory.image}", inspect)]
     else:
         py = shlex.quote(inventory.python)
         checks = [("python with torch", f"{py} -c 'import torch' 2>&1")]

@@ -64,9 +64,11 @@ def new_cluster_name(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-def bring_up(home: Path, nodes: int, prefix: str = "t") -> Cluster:
+def bring_up(home: Path, nodes: int, prefix: str = "t", options: dict[str, str] | None = None) -> Cluster:
+    """`multinode up` of a new cluster; ``options`` become ``-o KEY=VALUE`` (runtime, image, ...)."""
     cluster = Cluster(new_cluster_name(prefix), home)
-    res = cluster.cli("up", "--nodes", str(nodes), timeout=120)
+    flags = [f"--option={key}={value}" for key, value in (options or {}).items()]
+    res = cluster.cli("up", "--nodes", str(nodes), *flags, timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     return cluster
 

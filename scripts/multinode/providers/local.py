@@ -14,6 +14,10 @@ up after a crashed `up`), per-node sshd config, host key, pid file and log, and 
 work directories. `down` stops every process in the namespaces, removes links, namespaces and
 files, and verifies with :func:`leftovers` that nothing is left.
 
+Containers (``-o runtime=docker -o image=REF [-o container_cli="podman ..."] [-o container_args=...]``):
+jobs run in the image on each node with the host network; the nodes' namespaces get the host's
+cgroup mounts back (runc needs them), and MODE=mpi reaches the image's sshd on port 2222.
+
 Fault injection for tests and drills: :func:`stop_sshd`, :func:`start_sshd`, :func:`set_link`,
 :func:`kill_node`, :func:`node_pids`, :func:`job_pids`.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -110,13 +115,45 @@ def _write_sshd_files(state: ClusterState, plan: NetPlan, i: int, port: int) -> 
     return " ".join(Path(f"{key}.pub").read_text().split()[:2])
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+# Mount flags that are not filesystem options: dropped when a cgroup mount is repeated.
+GENERIC_MOUNT_FLAGS = {"rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec", "seclabel"}
+
+
+def cgroup_mount_commands(mounts: str) -> list[str]:
+    """Shell commands that mount again, in a node's namespace, the cgroup filesystems in ``mounts``.
+
+    ``ip netns exec`` mounts a fresh sysfs on /sys, which hides /sys/fs/cgroup; container runtimes
+    (runc, crun) refuse to start without it. Mounting a cgroup hierarchy a second time attaches
+    to the same hierarchy, so the node's containers are accounted as on the host.
+    ``mounts`` is the text of /proc/self/mounts (cgroup v1 layout, v2, or hybrid).
+    """
+    commands = []
+    for line in mounts.splitlines():
+        fields = line.split()
+        if len(fields) < 4 or fields[2] not in {"tmpfs", "cgroup", "cgroup2"}:
+            continue
+        source, target, fstype, flags = fields[:4]
+        if target != CGROUP_ROOT and not target.startswith(CGROUP_ROOT + "/"):
+            continue
+        options = [o for o in flags.split(",") if o not in GENERIC_MOUNT_FLAGS]
+        if fstype == "cgroup" and all(o.startswith("name=") for o in options):
+            options.insert(0, "none")  # a named hierarchy without controllers (name=systemd)
+        opts = f" -o {shlex.quote(','.join(options))}" if options else ""
+        commands.append(f"mkdir -p {shlex.quote(target)} && mount -t {fstype}{opts} {shlex.quote(source)} {shlex.quote(target)}")
+    return commands
+
+
 def _sshd_argv(state: ClusterState, plan: NetPlan, i: int) -> list[str]:
     ndir = _node_dir(state, f"node-{i}")
     sshd = [SSHD, "-D", "-f", str(ndir / "sshd_config"), "-E", str(ndir / "sshd.log")]
     if not isolated():
         return sshd
     # Own UTS namespace: the node's hostname, inherited by every session (c10d resolves it).
-    inner = f"hostname {plan.hostname(i)} && exec {' '.join(sshd)}"
+    steps = [f"hostname {plan.hostname(i)}"]
+    if (_load_meta(state) or {}).get("containers"):
+        steps = cgroup_mount_commands(Path("/proc/self/mounts").read_text()) + steps
+    inner = " && ".join([*steps, f"exec {' '.join(sshd)}"])
     return ["ip", "netns", "exec", plan.netns(i), "unshare", "--uts", "sh", "-c", inner]
 
 
@@ -169,8 +206,10 @@ class LocalProvider:
         plan = NetPlan(spec.name, spec.nodes, subnet, spec.mtu)
         state.provider_dir.mkdir(parents=True, exist_ok=True)
         # Written before anything is created: `down` finds the cluster even if `up` dies half-way.
+        # "containers": the docker runtime; node namespaces then get the host's cgroup mounts back.
         _meta_path(state).write_text(json.dumps(
-            {"nodes": spec.nodes, "subnet": subnet, "mtu": spec.mtu, "port": port, "isolated": isolated()}, indent=2))
+            {"nodes": spec.nodes, "subnet": subnet, "mtu": spec.mtu, "port": port, "isolated": isolated(),
+             "containers": spec.options.get("runtime") == "docker"}, indent=2))
         try:
             return self._create(spec, state, plan, port)
         except BaseException:
@@ -203,7 +242,17 @@ class LocalProvider:
                        "namespaces": [plan.netns(i) for i in range(plan.nodes)] if isolated() else []}
         if runtime == "docker":
             extra["container_cli"] = options.pop("container_cli", "podman")
-            extra["container_args"] = options.pop("container_args", "").split()
+            # Both are command-line fragments: "podman --root DIR --runtime runc", "--ulimit nofile=4096:4096".
+            extra["container_args"] = shlex.split(options.pop("container_args", ""))
+            # MODE=mpi: mpirun in the head's container SSHes to the image's sshd on port 2222 (see
+            # docker/sshd_config) of the other nodes, which presents the node's own host key; the head reads the cluster key and
+            # known_hosts from its work directory, the one directory its container mounts.
+            head_dir = f"{state.provider_dir}/nodes/{nodes[0].name}"
+            extra.update(
+                mpi_ssh_port=2222, mpi_ssh_key=f"{head_dir}/.ssh/id_ed25519", mpi_known_hosts=f"{head_dir}/.ssh/known_hosts",
+                container_sshd={"host_key": f"{state.provider_dir}/{{node}}/ssh_host_ed25519_key",
+                                "authorized_keys": f"{state.ssh_key}.pub"},
+            )
         inventory = Inventory(
             cluster=spec.name, provider=self.name, nodes=nodes, subnet=plan.subnet,
             ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts),

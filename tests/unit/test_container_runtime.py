@@ -1,0 +1,89 @@
+"""The docker runtime's rendering (container CLI with global options, per-accelerator flags, stop
+and pre-flight lines) and the cgroup remounts a local node needs to run containers."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+
+from multinode.config import LaunchSpec
+from multinode.orchestrator import plan_job
+from multinode.providers.local import cgroup_mount_commands
+from multinode.runtimes import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
+
+PODMAN = "podman --root /cache/storage --storage-driver overlay --runtime runc"
+
+
+def with_cli(inv, cli: str, args: list[str]):
+    return dataclasses.replace(inv, extra={**inv.extra, "container_cli": cli, "container_args": args})
+
+
+def test_container_cli_keeps_its_global_options_and_args_follow_run(make_inv):
+    inv = with_cli(make_inv(2, runtime="docker", image="localhost/multinode-cpu:t"), PODMAN, ["--pull=never"])
+    plan, _ = plan_job(inv, LaunchSpec(mode="cpu", nodes=2, run_id="r1"))
+    line = to_shell(plan.commands[0], inv, "r1")
+    argv = shlex.split(line.split("exec ", 1)[1])
+    assert argv[:9] == [*shlex.split(PODMAN), "run", "--rm"]
+    assert argv[argv.index("--name") + 1] == "mn-r1-node-0"
+    assert "--pull=never" in argv and "--network=host" in argv and "--ipc=host" in argv
+    # CPU nodes keep the engine's memlock limit; the image name is followed by the planned argv.
+    assert "memlock=-1" not in argv
+    image_at = argv.index("localhost/multinode-cpu:t")
+    assert argv[image_at + 1:image_at + 3] == ["python3", "-m"]
+    assert stop_containers(inv, "r1", "node-1") == (
+        f"{PODMAN} rm -f mn-r1-node-1 >/dev/null 2>&1; {PODMAN} rm -f mn-r1-node-1-sshd >/dev/null 2>&1; true")
+    (label, check), = runtime_checks(inv, need_gpu=False)
+    assert label == "podman and image localhost/multinode-cpu:t"
+    assert check == f"{PODMAN} image inspect localhost/multinode-cpu:t >/dev/null"
+
+
+def test_gpu_nodes_lift_memlock(make_inv):
+    for accelerator in ("nvidia", "amd"):
+        inv = make_inv(2, runtime="docker", accelerator=accelerator, image="img:1")
+        plan, _ = plan_job(inv, LaunchSpec(mode="gpu", nodes=2, run_id="r2"))
+        assert "--ulimit memlock=-1" in to_shell(plan.commands[0], inv, "r2")
+
+
+def test_host_runtime_has_no_container_stop(make_inv):
+    assert stop_containers(make_inv(2), "r1", "node-0") is None
+
+
+MOUNTS_V1 = """\
+sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0
+tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0
+cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,nosuid,nodev,noexec,relatime,cpu,cpuacct 0 0
+cgroup /sys/fs/cgroup/systemd cgroup rw,relatime,name=systemd 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime,nsdelegate 0 0
+tmpfs /run tmpfs rw,nosuid,nodev,mode=755 0 0
+"""
+
+
+def test_cgroup_remounts_repeat_the_hosts_hierarchies_in_order():
+    assert cgroup_mount_commands(MOUNTS_V1) == [
+        "mkdir -p /sys/fs/cgroup && mount -t tmpfs -o mode=755 tmpfs /sys/fs/cgroup",
+        "mkdir -p /sys/fs/cgroup/cpu,cpuacct && mount -t cgroup -o cpu,cpuacct cgroup /sys/fs/cgroup/cpu,cpuacct",
+        "mkdir -p /sys/fs/cgroup/systemd && mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd",
+        "mkdir -p /sys/fs/cgroup/unified && mount -t cgroup2 -o nsdelegate cgroup2 /sys/fs/cgroup/unified",
+    ]
+
+
+def test_cgroup_v2_only_host_is_one_mount():
+    mounts = "cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate,memory_recursiveprot 0 0\n"
+    assert cgroup_mount_commands(mounts) == [
+        "mkdir -p /sys/fs/cgroup && mount -t cgroup2 -o nsdelegate,memory_recursiveprot cgroup2 /sys/fs/cgroup",
+    ]
+
+
+def test_mpi_sshd_container_mounts_the_node_key_and_the_authorized_key(make_inv):
+    inv = with_cli(make_inv(2, runtime="docker", image="img:1"), PODMAN, ["--pull=never"])
+    line = mpi_sshd_shell(inv, "node-1", "r3")
+    assert line.startswith(f"{PODMAN} run -d --rm --name mn-r3-node-1-sshd --network=host --ipc=host ")
+    assert "-v /state/dev/nodes/node-1:/state/dev/nodes/node-1 " in line
+    # Defaults suit a cloud node: its own host key, and $HOME expanded by the node's shell.
+    assert "-v /etc/ssh/ssh_host_ed25519_key:/etc/multinode/ssh_host_ed25519_key:ro" in line
+    assert '-v "$HOME/.ssh/authorized_keys:/etc/multinode/authorized_keys:ro" img:1 >/dev/null' in line
+    local = dataclasses.replace(inv, extra={**inv.extra, "container_sshd": {
+        "host_key": "/state/dev/provider/{node}/ssh_host_ed25519_key", "authorized_keys": "/state/dev/id_ed25519.pub"}})
+    line = mpi_sshd_shell(local, "node-1", "r3")
+    assert "-v /state/dev/provider/node-1/ssh_host_ed25519_key:/etc/multinode/ssh_host_ed25519_key:ro" in line
+    assert '-v "/state/dev/id_ed25519.pub:/etc/multinode/authorized_keys:ro"' in line
