@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "bench" / "jobs"
+HOME_PREFIX = "mn-bench-"
 SHELL_LINE = re.compile(r"^\[(node-\d+)\] shell: (.*)$")
 
 
@@ -121,7 +123,10 @@ class LocalCluster:
             runner.stop_all(run_id)
 
     def down(self) -> None:
+        """Tear the cluster down (the CLI verifies nothing is left) and remove its MULTINODE_HOME."""
         self.cli("down", timeout=180)
+        if self.home.name.startswith(HOME_PREFIX):
+            shutil.rmtree(self.home, ignore_errors=True)
 
 
 @dataclass
@@ -145,7 +150,7 @@ class HandRun:
 
 def bring_up(nodes: int, prefix: str, mtu: int | None = None, home: Path | None = None) -> LocalCluster:
     """A fresh local cluster under its own unique name (in ``home``, default a new temp dir)."""
-    home = home or Path(tempfile.mkdtemp(prefix="mn-bench-"))
+    home = home or Path(tempfile.mkdtemp(prefix=HOME_PREFIX))
     cluster = LocalCluster(f"{prefix}-{uuid.uuid4().hex[:6]}", home, nodes, mtu)
     args = ["up", "--nodes", str(nodes)] + (["--mtu", str(mtu)] if mtu else [])
     cluster.cli(*args, timeout=180)
