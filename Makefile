@@ -79,8 +79,8 @@ ssh: setup ## open a shell on node NODE (default 0)
 reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
 	$(MN) reap --region $(REGION) $(if $(YES),--yes)
 
-bench: setup ## benchmarks and failure drills -> docs/benchmarks.md, docs/reliability.md (QUICK=1: short)
-	$(PY) -m bench.mpi_vs_ddp $(if $(QUICK),--quick) --out docs/benchmarks.md
+bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/reliability.md (QUICK=1: short, into bench/out)
+	$(PY) -m bench $(if $(QUICK),--quick --out-dir bench/out)
 	$(PY) -m bench.drills --out docs/reliability.md
 
 test: setup ## the whole test suite (unit + integration), as CI runs it

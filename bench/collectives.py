@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from bench.jobs.allreduce_perf import bus_bandwidth  # noqa: F401  (the one definition, re-exported)
 from bench.nodes import JOBS, LocalCluster, bring_up, median
 
 JOB = JOBS / "allreduce_perf.py"
@@ -38,11 +39,6 @@ VARIANTS = ("ours", "raw", "one-namespace")
 def parse_rows(text: str) -> list[dict]:
     """The job's ``ALLREDUCE {...}`` rows (from any output, prefixed or not), in order."""
     return [json.loads(m[1]) for m in map(ROW.search, text.splitlines()) if m]
-
-
-def bus_bandwidth(algbw: float, ranks: int) -> float:
-    """nccl-tests' all-reduce bus bandwidth: algbw x 2(n-1)/n."""
-    return algbw * 2 * (ranks - 1) / ranks
 
 
 def _job_args(backend: str, sizes: list[int], budget_mb: float) -> list[str]:

@@ -20,6 +20,11 @@ import time
 DEFAULT_SIZES = [4096 * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
 
 
+def bus_bandwidth(algbw: float, ranks: int) -> float:
+    """nccl-tests' all-reduce bus bandwidth: algbw x 2(n-1)/n (a ring moves 2(n-1)/n of the buffer per rank)."""
+    return algbw * 2 * (ranks - 1) / ranks
+
+
 def iterations(nbytes: int, budget_bytes: float) -> int:
     """How many timed calls for this size: about ``budget_bytes`` moved per size, 3..50 calls."""
     return max(3, min(50, int(budget_bytes // nbytes)))
@@ -99,7 +104,7 @@ def main() -> None:
         if comm.rank == 0:
             algbw = nbytes / elapsed / 1e9
             row = {"backend": args.backend, "ranks": n, "bytes": nbytes, "iters": iters, "time_s": elapsed,
-                   "algbw_gbs": algbw, "busbw_gbs": algbw * 2 * (n - 1) / n}
+                   "algbw_gbs": algbw, "busbw_gbs": bus_bandwidth(algbw, n)}
             print("ALLREDUCE " + json.dumps(row), flush=True)
     comm.close()
 
