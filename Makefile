@@ -1,7 +1,7 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
 #   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad]
-#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [DRY_RUN=1]
+#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
 #   make down
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
 
@@ -32,12 +32,13 @@ export MULTINODE_ELASTIC := $(ELASTIC)
 export MULTINODE_RDZV_PORT := $(RDZV_PORT)
 export MULTINODE_MTU := $(MTU)
 export MULTINODE_NODE := $(NODE)
+export MULTINODE_LAUNCHER := $(LAUNCHER)
 
 .PHONY: help setup demo up train down status logs ssh test lint bench reap clean
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC LAUNCHER DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 
