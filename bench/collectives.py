@@ -32,6 +32,7 @@ FULL_SIZES = [4096 * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
 QUICK_SIZES = [4096, 65536, 1 << 20]
 MIB64 = 64 << 20
 MTUS = (1500, 9001, 65000)
+REALISTIC_MTUS = (1500, 9001)  # Ethernet's default; EC2's jumbo frames inside a VPC
 TARGET_VS_ONE_NS = 0.85
 VARIANTS = ("ours", "raw", "one-namespace")
 
@@ -157,6 +158,12 @@ def mtu_sweep(mtus=MTUS, repeats: int = 3, budget_mb: float = 1024) -> list[dict
     return out
 
 
+def smallest_realistic_mtu(sweep: list[dict]) -> int | None:
+    """The smallest realistic MTU whose busbw reached the target fraction of one namespace."""
+    good = [m["mtu"] for m in sweep if m["mtu"] in REALISTIC_MTUS and m["ratio"] >= TARGET_VS_ONE_NS]
+    return min(good) if good else None
+
+
 def run(cluster: LocalCluster, quick: bool = False, sweep_mtu: bool | None = None) -> dict:
     sizes = QUICK_SIZES if quick else FULL_SIZES
     budget = 16 if quick else 1024
@@ -236,7 +243,9 @@ def section(result: dict) -> str:
         lines += ["", "### MTU: gloo 64 MiB busbw across namespaces vs one namespace", "",
                   "A fresh 2-node cluster per MTU, raw gloo, median of 3 interleaved pairs; target for the default: "
                   f">= {TARGET_VS_ONE_NS} x one namespace.", "",
-                  md_table(["MTU", "link (GB/s, 1 flow)", "busbw 2 ns", "busbw one ns", "ratio"], rows)]
+                  md_table(["MTU", "link (GB/s, 1 flow)", "busbw 2 ns", "busbw one ns", "ratio"], rows), "",
+                  f"Smallest realistic MTU ({' or '.join(map(str, REALISTIC_MTUS))}) reaching {TARGET_VS_ONE_NS} x one "
+                  f"namespace in this run: **{smallest_realistic_mtu(result['mtu_sweep']) or 'none'}**."]
     return "\n".join(lines) + "\n"
 
 

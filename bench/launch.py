@@ -29,7 +29,7 @@ from bench.nodes import JOBS, REPO, LocalCluster, median
 
 JOB = JOBS / "hello_rdzv.py"
 RDZV = re.compile(r"RDZV (\d+) (\d+\.\d+)")
-METHODS = ("ours", "pdsh + torchrun", "serial ssh", "torchrun --standalone")
+METHODS = ("ours", "ours, LAUNCHER=static", "pdsh + torchrun", "serial ssh", "torchrun --standalone")
 TARGET = "ours <= pdsh + torchrun (command to all exited)"
 
 
@@ -67,6 +67,9 @@ class Launch:
     def ours(self, n: int) -> list[str]:
         return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB)]
 
+    def ours_static(self, n: int) -> list[str]:
+        return [*self.ours(n), "--launcher", "static"]
+
     def pdsh(self, n: int) -> list[str]:
         # %n: pdsh's rank of the host in the (sorted) -w list; %h: the host as given, here its cluster IP.
         hosts = ",".join(self.cluster.ip(i) for i in range(n))
@@ -95,7 +98,7 @@ class Launch:
         return env
 
     def measure(self, method: str, n: int, timeout: float = 300) -> dict:
-        argv = {"ours": self.ours, "pdsh + torchrun": self.pdsh, "serial ssh": self.serial_ssh,
+        argv = {"ours": self.ours, "ours, LAUNCHER=static": self.ours_static, "pdsh + torchrun": self.pdsh, "serial ssh": self.serial_ssh,
                 "torchrun --standalone": self.standalone}[method](n)
         start = time.time()
         res = subprocess.run(argv, cwd=REPO, env=self.env(method), capture_output=True, text=True, timeout=timeout)
@@ -124,7 +127,9 @@ def run(cluster: LocalCluster, quick: bool = False, sizes: tuple[int, ...] | Non
     for n in sizes:
         table[n] = {m: {"rendezvoused_s": median(s["rendezvoused_s"] for s in samples[n][m]),
                         "exited_s": median(s["exited_s"] for s in samples[n][m])} for m in METHODS}
-        table[n]["ours_over_pdsh_exited"] = table[n]["ours"]["exited_s"] / table[n]["pdsh + torchrun"]["exited_s"]
+        pdsh = table[n]["pdsh + torchrun"]["exited_s"]
+        table[n]["ours_over_pdsh_exited"] = table[n]["ours"]["exited_s"] / pdsh
+        table[n]["static_over_pdsh_exited"] = table[n]["ours, LAUNCHER=static"]["exited_s"] / pdsh
     return {"sizes": list(sizes), "repeats": repeats, "medians": {str(n): v for n, v in table.items()},
             "samples": {str(n): v for n, v in samples.items()}, "target": TARGET}
 
@@ -136,19 +141,20 @@ def section(result: dict) -> str:
     for n in result["sizes"]:
         row = result["medians"][str(n)]
         cells = [f"{row[m]['rendezvoused_s']:.2f} / {row[m]['exited_s']:.2f}" for m in METHODS]
-        rows.append([str(n), *cells, f"**{row['ours_over_pdsh_exited']:.2f}**"])
+        rows.append([str(n), *cells, f"**{row['ours_over_pdsh_exited']:.2f}**", f"**{row['static_over_pdsh_exited']:.2f}**"])
     return "\n".join([
         "## Launch overhead (hello job)",
         "",
         f"`python -m bench.launch`: one process per node, medians of {result['repeats']} interleaved runs per cell "
         "(method order rotated each round). Each cell: seconds from the command to all ranks rendezvoused / to the "
         "command's exit. *ours* is the full `multinode train --script` (CLI start-up, pre-flight, code sync, launch, "
-        "sweep, summary); *pdsh + torchrun* is DeepSpeed's method (`pdsh -R ssh` of a static-rendezvous torchrun line, "
+        "sweep, summary) with the default torchrun agents; *LAUNCHER=static* is the same without agents (the "
+        "orchestrator starts each rank with the env:// variables itself); *pdsh + torchrun* is DeepSpeed's method (`pdsh -R ssh` of a static-rendezvous torchrun line, "
         "`--node-rank=%n`); *serial ssh* starts `ssh node torchrun ...` in the background node after node and waits; "
         "*torchrun --standalone* runs the same world size on the head alone. The baselines reuse the code the "
         "orchestrator synced.",
         "",
-        md_table(["nodes", *METHODS, "ours / pdsh (exited)"], rows),
+        md_table(["nodes", *METHODS, "ours / pdsh (exited)", "static / pdsh (exited)"], rows),
         "",
         f"Target: {result['target']}, i.e. a ratio <= 1.00.",
     ]) + "\n"

@@ -50,6 +50,12 @@ def test_collective_ratios_use_the_largest_size():
     assert r["busbw_over_link"] == pytest.approx(0.3)
 
 
+def test_smallest_realistic_mtu_meeting_the_target():
+    sweep = [{"mtu": 1500, "ratio": 0.6}, {"mtu": 9001, "ratio": 0.9}, {"mtu": 65000, "ratio": 1.0}]
+    assert collectives.smallest_realistic_mtu(sweep) == 9001
+    assert collectives.smallest_realistic_mtu(sweep[:1] + sweep[2:]) is None  # 65000 is not realistic
+
+
 def test_rendezvous_times_per_rank():
     text = "[node-0] [rank0]: RDZV 0 1795423136.638215\n10.0.0.11: RDZV 1 1795423136.637894\nRDZV garbage"
     assert launch.rendezvous_times(text) == {0: 1795423136.638215, 1: 1795423136.637894}
@@ -84,7 +90,8 @@ MACHINE = {"cpu": "Test CPU", "cores": 2, "memory_gib": 24.0, "os": "Debian 12",
 
 def test_page_shows_machine_date_and_sections_in_order():
     launch_result = {"sizes": [2], "repeats": 1, "target": launch.TARGET, "medians": {"2": {
-        **{m: {"rendezvoused_s": 1.0, "exited_s": 2.0} for m in launch.METHODS}, "ours_over_pdsh_exited": 1.0}}}
+        **{m: {"rendezvoused_s": 1.0, "exited_s": 2.0} for m in launch.METHODS}, "ours_over_pdsh_exited": 1.0,
+        "static_over_pdsh_exited": 0.5}}}
     throughput_result = {"nodes": 2, "nproc": 1, "args": "--workload mlp", "repeats": 1, "pairs": [{"ours": 99.0, "by_hand": 100.0}],
                          "ours_samples_per_s": 99.0, "by_hand_samples_per_s": 100.0, "ratio": 0.99, "target": 0.98,
                          "head_command": "cd /x && exec torchrun"}
@@ -94,7 +101,7 @@ def test_page_shows_machine_date_and_sections_in_order():
     assert page.index("## Launch overhead") < page.index("## Training throughput")
     assert "Measured 2026-11-23 09:00 UTC on Test CPU (2 cores" in page
     assert page.count("QUICK mode") == 1
-    assert "| 2 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | **1.00** |" in page
+    assert "| 2 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | **1.00** | **0.50** |" in page
     assert "| median | 99 | 100 | **0.990** |" in page
 
 
