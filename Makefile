@@ -1,7 +1,7 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
 #   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
-#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [DRY_RUN=1]
+#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 ECR=<acct>.dkr.ecr.<region>.amazonaws.com]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
@@ -39,6 +39,7 @@ export MULTINODE_ELASTIC := $(ELASTIC)
 export MULTINODE_RDZV_PORT := $(RDZV_PORT)
 export MULTINODE_MTU := $(MTU)
 export MULTINODE_NODE := $(NODE)
+export MULTINODE_LAUNCHER := $(LAUNCHER)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)
@@ -52,7 +53,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC LAUNCHER DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 
@@ -98,8 +99,8 @@ ssh: setup ## open a shell on node NODE (default 0)
 reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
 	$(MN) reap $(if $(YES),--yes)
 
-bench: setup ## benchmarks and failure drills -> docs/benchmarks.md, docs/reliability.md (QUICK=1: short)
-	$(PY) -m bench.mpi_vs_ddp $(if $(QUICK),--quick) --out docs/benchmarks.md
+bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/reliability.md (QUICK=1: short, into bench/out)
+	$(PY) -m bench $(if $(QUICK),--quick --out-dir bench/out)
 	$(PY) -m bench.drills --out docs/reliability.md
 
 image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 ECR=<registry> also pushes it

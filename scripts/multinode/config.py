@@ -18,6 +18,7 @@ from multinode.errors import UserError
 from multinode.state import check_cluster_name
 
 MODES = ("cpu", "gpu", "mpi", "mpi-gpu")
+TORCH_LAUNCHERS = ("torchrun", "static")  # how torchrun modes start ranks: agents, or the orchestrator itself
 CLUSTER_TYPES = ("cpu", "g4dn", "g4ad")
 DEFAULT_CLUSTER = "dev"
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
@@ -84,10 +85,16 @@ class LaunchSpec:
     preflight_timeout: float = 15.0  # seconds for every node to answer SSH and pass its checks (retries included)
     run_id: str = field(default_factory=new_run_id)
     dry_run: bool = False
+    launcher: str = "torchrun"  # torchrun modes: "torchrun" (agents) or "static" (no agents, fixed size)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UserError(f"unknown MODE {self.mode!r}; valid modes: {', '.join(MODES)}")
+        if self.launcher not in TORCH_LAUNCHERS:
+            raise UserError(f"unknown LAUNCHER {self.launcher!r}; valid launchers: {', '.join(TORCH_LAUNCHERS)}")
+        if self.launcher == "static" and (self.elastic or self.max_restarts):
+            raise UserError("LAUNCHER=static starts a fixed set of ranks without agents; "
+                            "use LAUNCHER=torchrun with ELASTIC or MAX_RESTARTS")
         _positive("NODES", self.nodes, "run on at least one node.")
         _positive("NPROC", self.nproc, "start at least one process per node.")
         if not 1024 <= self.rdzv_port <= 65535:

@@ -29,7 +29,7 @@ from typing import TextIO
 from multinode.config import ClusterSpec, LaunchSpec
 from multinode.errors import JobFailed, NodeError, UserError
 from multinode.inventory import Inventory
-from multinode.launchers import EntryPoint, LaunchPlan, launcher_for_mode
+from multinode.launchers import EntryPoint, LaunchPlan, launcher_for
 from multinode.providers import get_provider
 from multinode.runtimes import runtime_checks, stop_containers, to_shell
 from multinode.state import ClusterState
@@ -135,7 +135,7 @@ def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[t
             f"use MODE=cpu or MODE=mpi, or bring up a GPU cluster (make up PROVIDER=aws CLUSTER_TYPE=g4dn)"
         )
     entry, sync = resolve_entry(spec)
-    return launcher_for_mode(spec.mode).plan(inv, spec, entry), sync
+    return launcher_for(spec).plan(inv, spec, entry), sync
 
 
 def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSummary | None:
@@ -156,7 +156,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     from multinode.sync import sync_code, sync_mpi_credentials
 
     run_dir = state.run_dir(spec.run_id)
-    launcher = launcher_for_mode(spec.mode)
+    launcher = launcher_for(spec)
     start = time.monotonic()
     with RemoteRunner(inv, out=out) as runner:
         preflight(

@@ -321,6 +321,10 @@ class RemoteRunner:
             raise NodeError(name, command, code, err or f"{command!r} failed")
         return b"".join(chunks)
 
+    def run_with_input(self, name: str, command: str, data: bytes, timeout: float = 60.0) -> bytes:
+        """Run ``command`` on a node with ``data`` on its stdin; its stdout, or NodeError on a non-zero exit."""
+        return self._exec_raw(name, command, data, timeout)
+
     def put_bytes(self, name: str, path: str, data: bytes, mode: int | None = None) -> None:
         """Write a file on a node (parents created, replaced atomically)."""
         quoted, tmp = shlex.quote(path), shlex.quote(f"{path}.tmp{threading.get_ident()}")

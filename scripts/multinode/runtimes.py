@@ -134,7 +134,10 @@ def runtime_checks(inventory: Inventory, need_gpu: bool) -> list[tuple[str, str]
         checks = [(f"{cli[0]} and image {inventory.image}", inspect)]
     else:
         py = shlex.quote(inventory.python)
-        checks = [("python with torch", f"{py} -c 'import torch' 2>&1")]
+        # Locate torch without importing it: an import costs 1-4 s per node on a small machine (most of
+        # pre-flight), and a torch that is installed but broken fails the launch at once anyway.
+        find = "import importlib.util, sys; sys.exit(importlib.util.find_spec('torch') is None)"
+        checks = [("python with torch", f"{py} -c \"{find}\" 2>&1")]
     if need_gpu:
         checks.append(
             ("a GPU", "nvidia-smi -L >/dev/null 2>&1 || rocm-smi >/dev/null 2>&1 || test -e /dev/kfd")

@@ -8,7 +8,6 @@ the previous copy of the same top-level paths. Caches and bytecode are left out.
 from __future__ import annotations
 
 import io
-import posixpath
 import shlex
 import tarfile
 from pathlib import Path
@@ -48,15 +47,15 @@ def sync_code(runner: RemoteRunner, items: list[tuple[Path, str]], subdir: str =
 
     def push(name: str) -> None:
         target = code_dir(inv, name) if subdir == "code" else f"{inv.workdir_for(name)}/{subdir}"
-        archive = posixpath.join(target, ".sync.tar.gz")
-        runner.put_bytes(name, archive, data)
+        # One round trip: the whole archive lands on disk before the old copy is replaced.
         command = (
-            f"cd {shlex.quote(target)} && rm -rf {' '.join(shlex.quote(t) for t in tops)} && "
-            f"tar -xzf .sync.tar.gz && rm -f .sync.tar.gz"
+            f"mkdir -p {shlex.quote(target)} && cd {shlex.quote(target)} && cat > .sync.tar.gz && "
+            f"rm -rf {' '.join(shlex.quote(t) for t in tops)} && tar -xzf .sync.tar.gz && rm -f .sync.tar.gz"
         )
-        res = runner.run_on(name, command, timeout=60)
-        if not res.ok:
-            raise NodeError(name, command, res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
+        try:
+            runner.run_with_input(name, command, data, timeout=60)
+        except NodeError as err:
+            raise NodeError(name, command, err.returncode, f"code sync failed: {err.message}") from None
 
     errors = runner.parallel(push, names or [n.name for n in inv.nodes], timeout=120)
     for name, err in errors.items():

@@ -1,15 +1,40 @@
-"""The benchmarks run and produce their results (short mode). Numbers are never asserted."""
+"""The benchmarks run and write their files (short mode: `make bench QUICK=1`). Numbers are never asserted."""
 
 from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = pytest.mark.integration
 
+REPO = Path(__file__).resolve().parents[2]
+SECTIONS = {"collectives", "launch", "throughput", "mpi_vs_ddp"}
 
-def test_mpi_vs_ddp_benchmark_runs():
-    from bench.mpi_vs_ddp import run, table
 
-    result = run(quick=True)
-    assert {"gloo-ddp", "mpi4py", "mpi_over_ddp_step_ratio"} <= result.keys()
-    assert "MPI / DDP step-time ratio" in table(result)
+def test_every_benchmark_runs_and_writes_its_files(tmp_path):
+    from multinode.providers.localnet import namespaces_of
+
+    res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    data = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert set(data) == SECTIONS
+    assert all(entry["quick"] for entry in data.values())
+    collectives = data["collectives"]["result"]
+    for backend in ("gloo", "mpi"):
+        for variant in ("ours", "raw", "one-namespace"):
+            assert len(collectives["series"][backend][variant]) == len(collectives["sizes"]), (backend, variant)
+    assert set(data["launch"]["result"]["medians"]["2"]) >= {"ours", "pdsh + torchrun", "serial ssh"}
+    assert data["throughput"]["result"]["ours_samples_per_s"] > 0
+    page = (tmp_path / "benchmarks.md").read_text()
+    for heading in ("## Collectives", "## Launch overhead", "## Training throughput", "## MPI gradient data plane"):
+        assert heading in page
+    assert "QUICK mode" in page
+    for png in ("collectives.png", "launch.png", "throughput.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    cluster = next(line.split()[1] for line in res.stdout.splitlines() if line.startswith("cluster ") and "is up" in line)
+    assert namespaces_of(cluster) == []  # the benchmark's own cluster is gone

@@ -5,9 +5,10 @@ from __future__ import annotations
 from multinode.errors import UserError
 from multinode.launchers.base import EntryPoint, Launcher, LaunchPlan, NodeCommand
 from multinode.launchers.mpirun import MpirunLauncher
+from multinode.launchers.static import StaticLauncher
 from multinode.launchers.torchrun import TorchrunLauncher
 
-LAUNCHERS: dict[str, type] = {"torchrun": TorchrunLauncher, "mpirun": MpirunLauncher}
+LAUNCHERS: dict[str, type] = {"torchrun": TorchrunLauncher, "mpirun": MpirunLauncher, "static": StaticLauncher}
 MODE_LAUNCHER = {"cpu": "torchrun", "gpu": "torchrun", "mpi": "mpirun", "mpi-gpu": "mpirun"}
 
 
@@ -22,4 +23,11 @@ def launcher_for_mode(mode: str) -> Launcher:
     return get_launcher(MODE_LAUNCHER[mode])
 
 
-__all__ = ["EntryPoint", "LAUNCHERS", "LaunchPlan", "Launcher", "NodeCommand", "get_launcher", "launcher_for_mode"]
+def launcher_for(spec) -> Launcher:
+    """The spec's launcher: the mode's, or ``static`` instead of torchrun when LAUNCHER=static."""
+    if spec.launcher == "static" and MODE_LAUNCHER[spec.mode] == "torchrun":
+        return get_launcher("static")
+    return launcher_for_mode(spec.mode)
+
+
+__all__ = ["EntryPoint", "LAUNCHERS", "LaunchPlan", "Launcher", "NodeCommand", "get_launcher", "launcher_for", "launcher_for_mode"]

@@ -1,0 +1,66 @@
+"""``python -m bench [--quick] [--out-dir docs] [--only NAME]`` (``make bench [QUICK=1]``): every section.
+
+Brings up its own local cluster under a unique name (8 nodes; 2 in quick mode), runs the
+collectives, launch-overhead and throughput sections on it, then the MPI-vs-DDP section (one
+machine, no cluster), tears the cluster down, and writes ``benchmarks.json``, ``benchmarks.md`` and
+the plots into ``--out-dir``. A section that fails is reported and the others still run; the exit
+code is then 1. Quick mode checks that everything runs and writes its files; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench import collectives, launch, mpi_vs_ddp, throughput
+from bench.nodes import bring_up
+from bench.report import DOCS, ORDER, publish
+
+ON_CLUSTER = {"collectives": collectives, "launch": launch, "throughput": throughput}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short mode: checks each benchmark runs and writes its files")
+    parser.add_argument("--out-dir", type=Path, default=DOCS)
+    parser.add_argument("--only", action="append", choices=ORDER, help="run only this section (repeatable)")
+    args = parser.parse_args(argv)
+    wanted = [name for name in ORDER if not args.only or name in args.only]
+    failed = []
+
+    def section(name: str, fn, plot=None) -> None:
+        start = time.monotonic()
+        print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
+        try:
+            result = fn()
+        except Exception:  # report, keep going with the other sections
+            traceback.print_exc()
+            failed.append(name)
+            return
+        publish(name, result, args.quick, args.out_dir, plot)
+        print(f"== {name} done in {time.monotonic() - start:.0f} s", flush=True)
+
+    cluster_sections = [n for n in wanted if n in ON_CLUSTER]
+    if cluster_sections:
+        cluster = bring_up(2 if args.quick else 8, "bench")
+        print(f"cluster {cluster.name} is up ({cluster.nodes} nodes, MULTINODE_HOME={cluster.home})", flush=True)
+        try:
+            for name in cluster_sections:
+                module = ON_CLUSTER[name]
+                section(name, lambda m=module: m.run(cluster, quick=args.quick), module.plot)
+        finally:
+            cluster.down()
+            print(f"cluster {cluster.name} is down", flush=True)
+    if "mpi_vs_ddp" in wanted:
+        section("mpi_vs_ddp", lambda: mpi_vs_ddp.run(args.quick))
+    if failed:
+        print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

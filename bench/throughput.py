@@ -1,0 +1,109 @@
+"""Training throughput: ``make train`` vs the same torchrun command typed by hand on the same nodes.
+
+    python -m bench.throughput [--quick] [--out-dir docs]     (brings up its own 2-node cluster)
+
+Both sides run our trainer on 2 nodes x 1 process with the same arguments (the MLP workload of
+``bench.mpi_vs_ddp``: random data, so no dataset I/O). *ours* goes through ``python -m multinode train``
+(what ``make train`` runs); *by hand* is the shell line the orchestrator's ``--dry-run`` prints for
+each node, run over plain ssh on every node at once. samples/s comes from rank 0's ``metrics.jsonl``
+(median over epochs, epoch 0 left out as warm-up); the two sides alternate, repeated.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.nodes import LocalCluster, median
+
+TARGET = 0.98
+
+
+def train_args(quick: bool) -> str:
+    epochs, steps = (1, 5) if quick else (4, 40)
+    return f"--workload mlp --batch-size 64 --steps-per-epoch {steps} {epochs} 1000"
+
+
+def samples_per_s(metrics: Path) -> float:
+    """Median samples/s over epochs (epoch 0 left out when there are more)."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    epochs = [r for r in rows if "epoch" in r and "samples_per_s" in r]
+    if not epochs:
+        raise ValueError(f"{metrics} has no per-epoch rows")
+    return median(r["samples_per_s"] for r in (epochs[1:] or epochs))
+
+
+def ours(cluster: LocalCluster, args: str) -> float:
+    res = cluster.cli("train", "--nodes", "2", f"--args={args}")
+    metrics = next(line.split(":", 1)[1].strip() for line in res.stdout.splitlines() if line.strip().startswith("metrics:"))
+    return samples_per_s(Path(metrics))
+
+
+def by_hand(cluster: LocalCluster, args: str) -> float:
+    run_id, shells = cluster.shells("--nodes", "2", f"--args={args}")
+    run = cluster.run_by_hand(shells, run_id)
+    if not run.ok:
+        raise RuntimeError(f"hand-typed torchrun failed:\n{run.failure()}")
+    return samples_per_s(cluster.workdir(0) / "runs" / run_id / "metrics.jsonl")
+
+
+def run(cluster: LocalCluster, quick: bool = False) -> dict:
+    args = train_args(quick)
+    repeats = 1 if quick else 3
+    pairs = []
+    for rep in range(repeats):
+        first, second = (ours, by_hand) if rep % 2 == 0 else (by_hand, ours)
+        a, b = first(cluster, args), second(cluster, args)
+        pairs.append({"ours": a, "by_hand": b} if first is ours else {"ours": b, "by_hand": a})
+    o, h = median(p["ours"] for p in pairs), median(p["by_hand"] for p in pairs)
+    _, shells = cluster.shells("--nodes", "2", f"--args={args}")
+    return {"nodes": 2, "nproc": 1, "args": args, "repeats": repeats, "pairs": pairs, "ours_samples_per_s": o,
+            "by_hand_samples_per_s": h, "ratio": o / h, "target": TARGET, "head_command": shells.get("node-0", "")}
+
+
+def section(result: dict) -> str:
+    from bench.report import md_table
+
+    rows = [[str(i + 1), f"{p['ours']:.0f}", f"{p['by_hand']:.0f}", f"{p['ours'] / p['by_hand']:.3f}"]
+            for i, p in enumerate(result["pairs"])]
+    rows.append(["median", f"{result['ours_samples_per_s']:.0f}", f"{result['by_hand_samples_per_s']:.0f}",
+                 f"**{result['ratio']:.3f}**"])
+    return "\n".join([
+        "## Training throughput: `make train` vs torchrun by hand",
+        "",
+        f"`python -m bench.throughput`: {result['nodes']} nodes x {result['nproc']} process, trainer arguments "
+        f"`{result['args']}`, gloo DDP; samples/s (global) = median over epochs from rank 0's metrics.jsonl, epoch 0 "
+        f"left out; {result['repeats']} alternating pairs. *by hand* runs, over plain ssh on each node, the line the "
+        "orchestrator's `--dry-run` prints, e.g. on the head:",
+        "",
+        "```",
+        result["head_command"],
+        "```",
+        "",
+        md_table(["pair", "ours (samples/s)", "by hand (samples/s)", "ours / by hand"], rows),
+        "",
+        f"Target: ours / by hand >= {result['target']}.",
+    ]) + "\n"
+
+
+def plot(result: dict, out_dir) -> list:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    ax.bar(["make train", "torchrun by hand"], [result["ours_samples_per_s"], result["by_hand_samples_per_s"]])
+    ax.set_ylabel("samples/s (median)")
+    ax.set_title(f"training throughput, 2 nodes (ratio {result['ratio']:.3f})")
+    fig.tight_layout()
+    path = out_dir / "throughput.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return [path]
+
+
+if __name__ == "__main__":
+    from bench.report import standalone
+
+    standalone("throughput", nodes=2, run=run, plot=plot)

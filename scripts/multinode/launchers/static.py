@@ -1,0 +1,107 @@
+"""Static launch, no torchrun agents: the orchestrator starts every rank itself (``LAUNCHER=static``).
+
+For fixed-size jobs (no ``ELASTIC``, no ``MAX_RESTARTS``) the torchrun agent on every node buys
+nothing but its cost: each agent imports torch before it even starts its workers (1-4 s per node on
+a small machine, in series with the worker's own import), and polls for the workers' exit. Here each
+node runs a small POSIX-sh starter instead, which gives every local process the env:// contract
+torchrun would give it -- ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``MASTER_ADDR`` (the head's cluster IP), ``MASTER_PORT`` (the rendezvous port) -- so
+``init_process_group()`` rendezvouses on a TCPStore hosted by rank 0 on the head.
+
+What torchrun gave and the starter keeps: every line prefixed ``[rankN]: `` (stdout and stderr
+merged per rank, whole lines), the node's exit code is the first failed rank's, and a failure is
+reported in torchrun's own "rank : N (local_rank: L)" form so the orchestrator names the rank.
+Gang-stop, run-id tagging and logs are the runner's, unchanged. What it does not do: restarts,
+elastic membership, or a rendezvous timeout of its own (``init_process_group``'s timeout applies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from multinode.config import LaunchSpec
+from multinode.inventory import Inventory
+from multinode.launchers.base import (
+    BASE_ENV,
+    EntryPoint,
+    LaunchPlan,
+    NodeCommand,
+    code_dir,
+    iface_for_subnet,
+    run_dir,
+    trainer_args,
+)
+from multinode.launchers.torchrun import ROOT_CAUSE_RANK
+
+# $1 = this node's group rank, $2 = processes per node, $3 = directory for per-rank exit files;
+# the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
+# exit code and finish time into a file (a pipeline's status is sed's in POSIX sh). Then the
+# earliest failure is reported the way torchrun does, and is the node's exit code.
+# One line (statements joined with spaces), so the plan prints as one shell line.
+STARTER = " ".join(part.strip() for part in [
+    'node=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; i=0;',
+    'while [ "$i" -lt "$nproc" ]; do',
+    '  rank=$((node * nproc + i));',
+    '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; echo "$? $(date +%s%N)" > "$status_dir/rank$rank"; }',
+    '    | sed -u "s/^/[rank$rank]: /" &',
+    '  i=$((i + 1));',
+    'done; wait; first=; first_t=; code=0;',
+    'for f in "$status_dir"/rank*; do',
+    '  read -r c t < "$f" || { c=1; t=0; };',
+    '  if [ "$c" != 0 ] && { [ -z "$first_t" ] || [ "$t" -lt "$first_t" ]; }; then first=${f##*/rank}; first_t=$t; code=$c; fi;',
+    'done;',
+    'if [ -n "$first" ]; then',
+    '  echo "Root Cause (first observed failure):" >&2;',
+    '  echo "  rank      : $first (local_rank: $((first - node * nproc)))" >&2;',
+    '  echo "  exitcode  : $code" >&2;',
+    'fi; exit "$code"',
+])
+
+
+class StaticLauncher:
+    name = "static"
+
+    def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
+        inv = inventory.first(spec.nodes)
+        head = inv.head
+        commands = []
+        for node_rank, node in enumerate(inv.nodes):
+            directory = run_dir(inv, node.name, spec.run_id)
+            argv = (
+                "sh", "-c", STARTER, "multinode-static", str(node_rank), str(spec.nproc), f"{directory}/ranks",
+                inv.interpreter, entry.script, *trainer_args(entry, directory, spec),
+            )
+            env = dict(BASE_ENV)
+            env.update({
+                "WORLD_SIZE": str(spec.nodes * spec.nproc),
+                "LOCAL_WORLD_SIZE": str(spec.nproc),
+                "GROUP_RANK": str(node_rank),
+                "MASTER_ADDR": head.private_ip,
+                "MASTER_PORT": str(spec.rdzv_port),
+            })
+            iface = iface_for_subnet(inv.subnet)
+            node_env = {"GLOO_SOCKET_IFNAME": iface}
+            if spec.uses_gpu:
+                node_env["NCCL_SOCKET_IFNAME"] = iface
+                # One TCP flow on EC2 is capped well below the NIC; several sockets per peer fill it.
+                env.update({"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})
+            commands.append(
+                NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name), env=env, node_env=node_env)
+            )
+        return LaunchPlan(
+            run_id=spec.run_id,
+            launcher=self.name,
+            commands=tuple(commands),
+            participants=tuple(n.name for n in inv.nodes),
+            world_size=spec.nodes * spec.nproc,
+        )
+
+    def relabel(self, plan: LaunchPlan, nproc: int):
+        return None  # every node streams its own ranks' lines
+
+    def failed_rank(self, log_lines: Sequence[str]) -> int | None:
+        for line in log_lines:
+            match = ROOT_CAUSE_RANK.match(line)
+            if match:
+                return int(match[1])
+        return None

@@ -1,0 +1,121 @@
+"""Pure parts of the benchmarks: formulas, parsers, tables, the page, the baselines' command lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import collectives, launch, report, throughput
+from bench.jobs.allreduce_perf import bus_bandwidth, iterations
+from bench.nodes import LocalCluster, parse_dry_run
+
+
+def test_busbw_is_algbw_times_2_n_minus_1_over_n():
+    assert bus_bandwidth(1.0, 2) == 1.0
+    assert bus_bandwidth(2.0, 4) == 3.0
+    assert bus_bandwidth(1.0, 8) == 1.75
+    assert collectives.bus_bandwidth is bus_bandwidth
+
+
+def test_iterations_follow_the_byte_budget_within_bounds():
+    assert iterations(4096, 1e9) == 50
+    assert iterations(256 << 20, 1e9) == 3
+    assert iterations(64 << 20, 1e9) == 14
+
+
+def _row(nbytes, busbw, backend="gloo"):
+    return {"backend": backend, "ranks": 2, "bytes": nbytes, "iters": 3, "time_s": 1.0,
+            "algbw_gbs": busbw, "busbw_gbs": busbw}
+
+
+def test_allreduce_rows_are_parsed_from_prefixed_and_relabelled_lines():
+    text = "\n".join([
+        "[node-0] [rank0]: ALLREDUCE " + json.dumps(_row(4096, 0.1)),
+        "[node-0] [rank0]: [W1123 socket.cpp:207] [c10d] The hostname of the client socket cannot be retrieved.",
+        "ALLREDUCE " + json.dumps(_row(8192, 0.2)),
+        "[node-1] [rank1]: something else",
+    ])
+    assert [r["bytes"] for r in collectives.parse_rows(text)] == [4096, 8192]
+
+
+def test_collective_ratios_use_the_largest_size():
+    series = {"ours": [_row(1, 9.0), _row(2, 0.9)], "raw": [_row(1, 1.0), _row(2, 1.0)],
+              "one-namespace": [_row(1, 1.0), _row(2, 1.8)]}
+    result = {"sizes": [1, 2], "link_limit_gbs": 3.0, "series": {"gloo": series}}
+    r = collectives.ratios(result)["gloo"]
+    assert r["bytes"] == 2
+    assert r["ours_over_raw"] == pytest.approx(0.9)
+    assert r["ours_over_one_namespace"] == pytest.approx(0.5)
+    assert r["busbw_over_link"] == pytest.approx(0.3)
+
+
+def test_smallest_realistic_mtu_meeting_the_target():
+    sweep = [{"mtu": 1500, "ratio": 0.6}, {"mtu": 9001, "ratio": 0.9}, {"mtu": 65000, "ratio": 1.0}]
+    assert collectives.smallest_realistic_mtu(sweep) == 9001
+    assert collectives.smallest_realistic_mtu(sweep[:1] + sweep[2:]) is None  # 65000 is not realistic
+
+
+def test_rendezvous_times_per_rank():
+    text = "[node-0] [rank0]: RDZV 0 1795423136.638215\n10.0.0.11: RDZV 1 1795423136.637894\nRDZV garbage"
+    assert launch.rendezvous_times(text) == {0: 1795423136.638215, 1: 1795423136.637894}
+
+
+def test_dry_run_shell_lines_are_parsed_per_node():
+    out = ("run x: torchrun, world size 2, nodes node-0, node-1\n[node-0] argv: python -m torch.distributed.run\n"
+           "[node-0] shell: cd /a && exec python x.py\n[node-1] shell: cd /b && exec python 'y z.py'\n")
+    assert parse_dry_run(out) == {"node-0": "cd /a && exec python x.py", "node-1": "cd /b && exec python 'y z.py'"}
+
+
+def test_md_table_aligns_numbers_right_and_rejects_ragged_rows():
+    table = report.md_table(["size", "busbw"], [["4 KiB", "0.10"], ["64 MiB", "0.90"]])
+    assert table.splitlines() == ["| size | busbw |", "|---|---:|", "| 4 KiB | 0.10 |", "| 64 MiB | 0.90 |"]
+    with pytest.raises(ValueError, match="2 headers"):
+        report.md_table(["a", "b"], [["only one"]])
+
+
+def test_samples_per_s_leaves_out_the_warm_up_epoch(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    rows = [{"epoch": 0, "samples_per_s": 10.0}, {"epoch": 1, "samples_per_s": 100.0},
+            {"epoch": 2, "samples_per_s": 120.0}, {"epoch": 3, "samples_per_s": 110.0}, {"final": True}]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert throughput.samples_per_s(metrics) == 110.0
+    metrics.write_text(json.dumps({"epoch": 0, "samples_per_s": 10.0}) + "\n")
+    assert throughput.samples_per_s(metrics) == 10.0  # a single epoch is all there is
+
+
+MACHINE = {"cpu": "Test CPU", "cores": 2, "memory_gib": 24.0, "os": "Debian 12", "kernel": "6.1", "python": "3.11",
+           "torch": "2.13.0", "open_mpi": "4.1.4", "date": "2026-11-23 09:00 UTC"}
+
+
+def test_page_shows_machine_date_and_sections_in_order():
+    launch_result = {"sizes": [2], "repeats": 1, "target": launch.TARGET, "medians": {"2": {
+        **{m: {"rendezvoused_s": 1.0, "exited_s": 2.0} for m in launch.METHODS}, "ours_over_pdsh_exited": 1.0,
+        "static_over_pdsh_exited": 0.5}}}
+    throughput_result = {"nodes": 2, "nproc": 1, "args": "--workload mlp", "repeats": 1, "pairs": [{"ours": 99.0, "by_hand": 100.0}],
+                         "ours_samples_per_s": 99.0, "by_hand_samples_per_s": 100.0, "ratio": 0.99, "target": 0.98,
+                         "head_command": "cd /x && exec torchrun"}
+    data = {"throughput": {"quick": False, "machine": MACHINE, "result": throughput_result},
+            "launch": {"quick": True, "machine": MACHINE, "result": launch_result}}
+    page = report.page(data)
+    assert page.index("## Launch overhead") < page.index("## Training throughput")
+    assert "Measured 2026-11-23 09:00 UTC on Test CPU (2 cores" in page
+    assert page.count("QUICK mode") == 1
+    assert "| 2 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | **1.00** | **0.50** |" in page
+    assert "| median | 99 | 100 | **0.990** |" in page
+
+
+def test_baseline_command_lines(make_inv):
+    from dataclasses import replace
+
+    inv = replace(make_inv(3), extra={"namespaces": [f"mn-dev-{i}" for i in range(3)]})
+    cluster = LocalCluster("dev", home=__import__("pathlib").Path("/state"), nodes=3, _inventory=inv)
+    lan = launch.Launch(cluster)
+    argv = lan.pdsh(3)
+    assert argv[:6] == ["pdsh", "-R", "ssh", "-l", "root", "-w"]
+    assert argv[6] == "10.200.7.10,10.200.7.11,10.200.7.12"
+    assert "--node-rank=%n" in argv[7] and "--local-addr=%h" in argv[7] and "--master-addr=10.200.7.10" in argv[7]
+    serial = lan.serial_ssh(3)[2]
+    assert serial.count("ssh -i /state/dev/id_ed25519") == 3 and serial.endswith(" wait")
+    assert "--node-rank=2" in serial and "/state/dev/nodes/node-2/code" in serial
+    assert "PDSH_SSH_ARGS_APPEND" in lan.env("pdsh + torchrun")
