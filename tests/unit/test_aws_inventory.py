@@ -53,6 +53,7 @@ def test_outputs_round_trip_into_inventory(state, tmp_path):
     assert (inv.provider, inv.runtime, inv.image, inv.workdir) == ("aws", "docker", "multinode-cuda:1", "/opt/multinode")
     assert inv.interpreter == "python3" and inv.extra["region"] == "us-east-1"
     assert inv.extra["mpi_ssh_key"] == "/opt/multinode/.ssh/id_ed25519"
+    assert inv.extra["mpi_ssh_port"] == 2222  # the image's sshd: remote ranks must start inside the image
     assert inv.ssh_key == str(state.ssh_key) and inv.known_hosts == str(state.known_hosts)
     inv.save(tmp_path / "inv.json")
     assert Inventory.load(tmp_path / "inv.json") == inv

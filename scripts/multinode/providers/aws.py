@@ -45,6 +45,7 @@ REPO = Path(__file__).resolve().parents[3]
 MODULE_DIR = REPO / "infra" / "ec2"
 PRICES = REPO / "infra" / "prices.json"
 WORKDIR = "/opt/multinode"
+MPI_SSH_PORT = 2222  # the images' sshd (docker/sshd_config)
 FIX = "make up PROVIDER=aws SSH_CIDR=203.0.113.4/32 REGION=us-east-1"
 DEFAULT_IMAGES = {"cpu": "multinode-cpu:latest", "g4dn": "multinode-cuda:latest", "g4ad": "multinode-rocm:latest"}
 STATUS_TIMEOUT = 900.0  # seconds for every node to pass its status checks
@@ -132,7 +133,11 @@ def inventory_from_outputs(outputs: dict, state: ClusterState, host_keys: dict[s
             cluster=value["cluster"], provider="aws", nodes=nodes, subnet=value["subnet_cidr"],
             ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts), workdir=WORKDIR,
             python="python3", runtime="docker", image=image,
-            extra={"container_python": "python3", "mpi_ssh_key": f"{WORKDIR}/.ssh/id_ed25519",
+            # MODE=mpi: mpirun in the head's container reaches the image's sshd on the other nodes (port
+            # 2222, runtimes.mpi_sshd_shell; the host's own sshd keeps 22), so the remote ranks run in the
+            # image too; the key and known_hosts live under the work directory, which the container mounts.
+            extra={"container_python": "python3", "mpi_ssh_port": MPI_SSH_PORT,
+                   "mpi_ssh_key": f"{WORKDIR}/.ssh/id_ed25519",
                    "mpi_known_hosts": f"{WORKDIR}/.ssh/known_hosts", "region": value["region"],
                    "instance_types": sorted({n["instance_type"] for n in value["nodes"]})},
         )
