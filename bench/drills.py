@@ -145,7 +145,9 @@ DRILLS: dict[str, Callable] = {
 
 def run_drill(cluster, name: str) -> DrillResult:
     """``cluster``: an object with ``state``, ``popen(*args)`` and ``job_processes()`` (tests' Cluster)."""
-    proc = cluster.popen("train", "--nodes", "3", "--script", str(JOB), f"--args=--steps -1 --timeout {PG_TIMEOUT}")
+    # The drills hit torchrun's agents too, so they run with them (LAUNCHER=static has its own tests).
+    proc = cluster.popen("train", "--nodes", "3", "--launcher", "torchrun", "--script", str(JOB),
+                         f"--args=--steps -1 --timeout {PG_TIMEOUT}")
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     try:
         for i in range(3):

@@ -1,7 +1,7 @@
 """Command line: parsing only. Everything it does is a call into :mod:`multinode.orchestrator`.
 
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
-    multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P] [--script PATH] [--args "..."] [--launcher torchrun|static] [--dry-run]
+    multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P] [--script PATH] [--args "..."] [--launcher auto|torchrun|static] [--dry-run]
     multinode down | status | logs [--run ID] [--node I] | ssh NODE [CMD...] | reap --region R [--yes]
 
 Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default.
@@ -77,8 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--deadline", type=float, default=env_default("DEADLINE"), help="seconds the job may take")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
-    train.add_argument("--launcher", default=env_default("LAUNCHER", "torchrun"),
-                       help="torchrun modes: torchrun (agents; elastic, restarts) or static (no agents: faster start)")
+    train.add_argument("--launcher", default=env_default("LAUNCHER", "auto"),
+                       help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, restarts), "
+                            "or auto (default: torchrun only with ELASTIC or MAX_RESTARTS)")
 
     logs = sub.add_parser("logs", help="show a run's logs (default: the latest run)")
     logs.add_argument("--run", default=None, help="run id")

@@ -18,7 +18,9 @@ from multinode.errors import UserError
 from multinode.state import check_cluster_name
 
 MODES = ("cpu", "gpu", "mpi", "mpi-gpu")
-TORCH_LAUNCHERS = ("torchrun", "static")  # how torchrun modes start ranks: agents, or the orchestrator itself
+# How torchrun modes start ranks: torchrun agents, or the orchestrator itself (static); "auto" is static
+# for a fixed-size job and torchrun when ELASTIC or MAX_RESTARTS asks for what only agents can do.
+TORCH_LAUNCHERS = ("auto", "torchrun", "static")
 CLUSTER_TYPES = ("cpu", "g4dn", "g4ad")
 DEFAULT_CLUSTER = "dev"
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
@@ -85,7 +87,7 @@ class LaunchSpec:
     preflight_timeout: float = 15.0  # seconds for every node to answer SSH and pass its checks (retries included)
     run_id: str = field(default_factory=new_run_id)
     dry_run: bool = False
-    launcher: str = "torchrun"  # torchrun modes: "torchrun" (agents) or "static" (no agents, fixed size)
+    launcher: str = "auto"  # torchrun modes: one of TORCH_LAUNCHERS
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -114,6 +116,13 @@ class LaunchSpec:
         for name in ("rdzv_timeout", "pg_timeout"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")
+
+    @property
+    def agents(self) -> bool:
+        """Do torchrun agents start the ranks (torchrun modes)? Only they restart ranks or change the world size."""
+        if self.launcher == "auto":
+            return bool(self.elastic or self.max_restarts)
+        return self.launcher == "torchrun"
 
     @property
     def uses_gpu(self) -> bool:

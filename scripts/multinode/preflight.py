@@ -3,10 +3,11 @@
 Checks, in order (each failure is one line naming the node and the fix, and nothing is started):
 
 1. every node answers SSH with the pinned host key (retried with back-off until the deadline);
-2. every node has the runtime (the project's Python with torch, or the container CLI and image),
+2. every node other than the head reaches the head on the cluster network (where the rendezvous is);
+3. every node has the runtime (the project's Python with torch, or the container CLI and image),
    and a GPU in gpu modes;
-3. torchrun modes: the rendezvous port is free on the head node;
-4. mpi modes: the head can SSH to every other node with the cluster key (mpirun needs it).
+4. torchrun modes: the rendezvous port is free on the head node;
+5. mpi modes: the head can SSH to every other node with the cluster key (mpirun needs it).
 """
 
 from __future__ import annotations
@@ -66,6 +67,15 @@ def port_check(port: int) -> tuple[str, str]:
     return (f"rendezvous port {port} is free", f"! ss -Hltnp 'sport = :{port}' | grep .")
 
 
+def head_reach_check(inv: Inventory) -> tuple[str, str]:
+    """From a non-head node: open a TCP connection to the head's sshd on its cluster address -- the
+    route, firewall or security group that would keep this node from the rendezvous shows here, in
+    a second, instead of as a rendezvous timeout once the job has started."""
+    head = inv.head
+    return (f"{head.name} ({head.private_ip}) is reachable on the cluster network",
+            f"timeout 3 bash -c '</dev/tcp/{head.private_ip}/{head.ssh_port}'")
+
+
 def mpi_mesh_check(inv: Inventory) -> tuple[str, str]:
     """From the head: SSH to every other node exactly the way mpirun will."""
     from multinode.launchers.mpirun import mpi_ssh_args
@@ -93,7 +103,9 @@ def preflight(
     commands = {}
     for node in inv.nodes:
         node_checks = list(checks)
-        if node.name == inv.head.name:
+        if node.name != inv.head.name:
+            node_checks.append(head_reach_check(inv))
+        else:
             if port is not None:
                 node_checks.append(port_check(port))
             if need_mpi_ssh and len(inv.nodes) > 1:
@@ -115,6 +127,8 @@ def preflight(
 def _hint(failure: str, port: int | None) -> str:
     if failure.startswith("rendezvous port"):
         return f"; stop what listens there or pass RDZV_PORT=<another port> (e.g. {(port or 29500) + 1})"
+    if "reachable on the cluster network" in failure:
+        return "; the node cannot reach the head (the rendezvous): check routes and security groups within the cluster subnet"
     if failure.startswith("a GPU"):
         return "; use MODE=cpu or MODE=mpi, or a GPU cluster"
     if failure.startswith("the head can SSH"):

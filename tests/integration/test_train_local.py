@@ -27,11 +27,16 @@ def assert_no_job_left(cluster: Cluster) -> None:
     assert cluster.job_processes() == {node.name: [] for node in cluster.inventory().nodes}
 
 
-@pytest.mark.parametrize("mode, nodes", [("cpu", 2), ("mpi", 2), ("cpu", 3), ("mpi", 3)])
-def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int):
-    res = cluster3.cli("train", "--mode", mode, "--nodes", str(nodes))
+@pytest.mark.parametrize("mode, nodes, launcher", [("cpu", 2, "auto"), ("mpi", 2, "auto"), ("cpu", 3, "torchrun"),
+                                                   ("mpi", 3, "auto")])
+def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, launcher: str):
+    """cpu: the default (no agents for a fixed-size job) on 2 nodes, torchrun's agents on 3."""
+    res = cluster3.cli("train", "--mode", mode, "--nodes", str(nodes), "--launcher", launcher)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    if mode == "cpu":  # every node's torchrun agent streams its own lines
+    if mode == "cpu":
+        plan = (Path(summary_of(cluster3)["log_dir"]) / "plan.json").read_text()
+        assert ("torch.distributed.run" in plan) == (launcher == "torchrun")
+    if mode == "cpu":  # every node streams its own ranks' lines
         for i in range(nodes):
             assert f"[node-{i}] " in res.stdout, res.stdout[-2000:]
     else:  # one mpirun on the head; rank 0's lines are shown as node-0's (other ranks only warn)
@@ -117,7 +122,9 @@ def _worker_pid(cluster: Cluster, node: str) -> int:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except FileNotFoundError:
             continue
-        if any(part.endswith(b"user_allreduce.py") for part in cmdline) and b"torch.distributed.run" not in cmdline:
+        is_python = b"python" in Path(cmdline[0].decode()).name.encode()  # not LAUNCHER=static's sh starter
+        if is_python and any(part.endswith(b"user_allreduce.py") for part in cmdline) \
+                and b"torch.distributed.run" not in cmdline:
             return pid
     raise AssertionError(f"no worker on {node}")
 

@@ -20,7 +20,7 @@ def with_cli(inv, cli: str, args: list[str]):
 
 def test_container_cli_keeps_its_global_options_and_args_follow_run(make_inv):
     inv = with_cli(make_inv(2, runtime="docker", image="localhost/multinode-cpu:t"), PODMAN, ["--pull=never"])
-    plan, _ = plan_job(inv, LaunchSpec(mode="cpu", nodes=2, run_id="r1"))
+    plan, _ = plan_job(inv, LaunchSpec(mode="cpu", nodes=2, run_id="r1", launcher="torchrun"))
     line = to_shell(plan.commands[0], inv, "r1")
     argv = shlex.split(line.split("exec ", 1)[1])
     assert argv[:9] == [*shlex.split(PODMAN), "run", "--rm"]

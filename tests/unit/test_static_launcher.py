@@ -42,11 +42,19 @@ def test_static_failure_names_the_rank_like_torchrun(inventory):
 
 def test_mpi_modes_keep_mpirun_whatever_the_launcher():
     assert launcher_for(LaunchSpec(mode="mpi", launcher="static")).name == "mpirun"
-    assert launcher_for(LaunchSpec(mode="cpu")).name == "torchrun"
+    assert launcher_for(LaunchSpec(mode="cpu", launcher="torchrun")).name == "torchrun"
+
+
+def test_auto_is_static_for_a_fixed_job_and_torchrun_when_agents_are_needed():
+    assert launcher_for(LaunchSpec(mode="cpu")).name == "static"
+    assert launcher_for(LaunchSpec(mode="gpu", nodes=2)).name == "static"
+    assert launcher_for(LaunchSpec(mode="cpu", max_restarts=1)).name == "torchrun"
+    assert launcher_for(LaunchSpec(mode="cpu", nodes=2, elastic="1:2")).name == "torchrun"
+    assert launcher_for(LaunchSpec(mode="mpi")).name == "mpirun"
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"launcher": "agentless"}, "unknown LAUNCHER 'agentless'; valid launchers: torchrun, static"),
+    ({"launcher": "agentless"}, "unknown LAUNCHER 'agentless'; valid launchers: auto, torchrun, static"),
     ({"launcher": "static", "max_restarts": 1}, "use LAUNCHER=torchrun with ELASTIC or MAX_RESTARTS"),
     ({"launcher": "static", "nodes": 2, "elastic": "1:2"}, "use LAUNCHER=torchrun with ELASTIC or MAX_RESTARTS"),
 ])

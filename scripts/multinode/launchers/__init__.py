@@ -24,8 +24,8 @@ def launcher_for_mode(mode: str) -> Launcher:
 
 
 def launcher_for(spec) -> Launcher:
-    """The spec's launcher: the mode's, or ``static`` instead of torchrun when LAUNCHER=static."""
-    if spec.launcher == "static" and MODE_LAUNCHER[spec.mode] == "torchrun":
+    """The spec's launcher: the mode's, or ``static`` instead of torchrun when the job needs no agents."""
+    if MODE_LAUNCHER[spec.mode] == "torchrun" and not spec.agents:
         return get_launcher("static")
     return launcher_for_mode(spec.mode)
 
