@@ -76,12 +76,19 @@ def test_mpi_mode_runs_a_user_mpi_script(cluster3: Cluster):
 
 def test_dry_run_prints_commands_and_runs_nothing(cluster3: Cluster):
     before = cluster3.runs()
+    head_ip = cluster3.inventory().head.private_ip
+    # The default for a fixed-size job: every node starts its rank with node-0 as MASTER_ADDR.
     res = cluster3.cli("train", "--nodes", "3", "--dry-run")
     assert res.returncode == 0, res.stderr
-    head_ip = cluster3.inventory().head.private_ip
+    argv_lines = [line for line in res.stdout.splitlines() if "] argv: " in line]
+    assert len(argv_lines) == 3 and all(line.split("argv: ")[1].startswith("sh -c ") for line in argv_lines)
+    assert all(f"[node-{i}] env: MASTER_ADDR={head_ip}" in res.stdout for i in range(3))
+    assert "[node-2] env: GLOO_SOCKET_IFNAME=" in res.stdout
+    # Through torchrun's agents: c10d rendezvous on node-0.
+    res = cluster3.cli("train", "--nodes", "3", "--dry-run", "--launcher", "torchrun")
+    assert res.returncode == 0, res.stderr
     argv_lines = [line for line in res.stdout.splitlines() if "] argv: " in line]
     assert len(argv_lines) == 3 and all(f"--rdzv-endpoint={head_ip}:29500" in line for line in argv_lines)
-    assert "[node-2] env: GLOO_SOCKET_IFNAME=" in res.stdout
     assert cluster3.runs() == before
 
 
