@@ -98,8 +98,8 @@ class Launch:
         return env
 
     def measure(self, method: str, n: int, timeout: float = 300) -> dict:
-        argv = {"ours": self.ours, "ours, LAUNCHER=static": self.ours_static, "pdsh + torchrun": self.pdsh, "serial ssh": self.serial_ssh,
-                "torchrun --standalone": self.standalone}[method](n)
+        argv = {"ours": self.ours, "ours, LAUNCHER=static": self.ours_static, "pdsh + torchrun": self.pdsh,
+                "serial ssh": self.serial_ssh, "torchrun --standalone": self.standalone}[method](n)
         start = time.time()
         res = subprocess.run(argv, cwd=REPO, env=self.env(method), capture_output=True, text=True, timeout=timeout)
         exited = time.time() - start
