@@ -85,7 +85,7 @@ def test_samples_per_s_leaves_out_the_warm_up_epoch(tmp_path):
 
 
 MACHINE = {"cpu": "Test CPU", "cores": 2, "memory_gib": 24.0, "os": "Debian 12", "kernel": "6.1", "python": "3.11",
-           "torch": "2.13.0", "open_mpi": "4.1.4", "date": "2026-11-23 09:00 UTC"}
+           "torch": "2.13.0", "open_mpi": "4.1.4", "date": "2026-11-23 09:00 UTC", "load_avg_1m": 0.3}
 
 
 def test_page_shows_machine_date_and_sections_in_order():
@@ -101,6 +101,7 @@ def test_page_shows_machine_date_and_sections_in_order():
     assert page.index("## Launch overhead") < page.index("## Training throughput")
     assert "Measured 2026-11-23 09:00 UTC on Test CPU (2 cores" in page
     assert page.count("QUICK mode") == 1
+    assert "load average 0.3 when the section ended" in page
     assert "| 2 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | **1.00** | **0.50** |" in page
     assert "| median | 99 | 100 | **0.990** |" in page
 
