@@ -39,6 +39,11 @@ def test_allreduce_rows_are_parsed_from_prefixed_and_relabelled_lines():
     assert [r["bytes"] for r in collectives.parse_rows(text)] == [4096, 8192]
 
 
+def test_best_sweep_per_size():
+    first, second = [_row(1, 0.5), _row(2, 0.9)], [_row(1, 0.7), _row(2, 0.4)]
+    assert [r["busbw_gbs"] for r in collectives.best_per_size([first, second])] == [0.7, 0.9]
+
+
 def test_collective_ratios_use_the_largest_size():
     series = {"ours": [_row(1, 9.0), _row(2, 0.9)], "raw": [_row(1, 1.0), _row(2, 1.0)],
               "one-namespace": [_row(1, 1.0), _row(2, 1.8)]}
