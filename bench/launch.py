@@ -35,7 +35,7 @@ TARGET = "ours <= pdsh + torchrun (command to all exited)"
 
 def rendezvous_times(text: str) -> dict[int, float]:
     """{rank: unix time of its barrier exit} from any launcher's output."""
-    return {int(m[1]): float(m[2]) for m in map(RDZV.search, text.splitlines()) if m}
+    return {int(m[1]): float(m[2]) for m in RDZV.finditer(text)}  # not per line: lines may interleave
 
 
 class Launch:

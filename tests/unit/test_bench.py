@@ -64,6 +64,8 @@ def test_smallest_realistic_mtu_meeting_the_target():
 def test_rendezvous_times_per_rank():
     text = "[node-0] [rank0]: RDZV 0 1795423136.638215\n10.0.0.11: RDZV 1 1795423136.637894\nRDZV garbage"
     assert launch.rendezvous_times(text) == {0: 1795423136.638215, 1: 1795423136.637894}
+    glued = "RDZV 0 1795426633.450960RDZV 1 1795426633.450959\n"  # two ranks' writes on one pipe
+    assert launch.rendezvous_times(glued) == {0: 1795426633.45096, 1: 1795426633.450959}
 
 
 def test_dry_run_shell_lines_are_parsed_per_node():
