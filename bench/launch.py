@@ -35,7 +35,7 @@ TARGET = "ours <= pdsh + torchrun (command to all exited)"
 
 def rendezvous_times(text: str) -> dict[int, float]:
     """{rank: unix time of its barrier exit} from any launcher's output."""
-    return {int(m[1]): float(m[2]) for m in map(RDZV.search, text.splitlines()) if m}
+    return {int(m[1]): float(m[2]) for m in RDZV.finditer(text)}  # not per line: lines may interleave
 
 
 class Launch:
@@ -98,8 +98,8 @@ class Launch:
         return env
 
     def measure(self, method: str, n: int, timeout: float = 300) -> dict:
-        argv = {"ours": self.ours, "ours, LAUNCHER=static": self.ours_static, "pdsh + torchrun": self.pdsh, "serial ssh": self.serial_ssh,
-                "torchrun --standalone": self.standalone}[method](n)
+        argv = {"ours": self.ours, "ours, LAUNCHER=static": self.ours_static, "pdsh + torchrun": self.pdsh,
+                "serial ssh": self.serial_ssh, "torchrun --standalone": self.standalone}[method](n)
         start = time.time()
         res = subprocess.run(argv, cwd=REPO, env=self.env(method), capture_output=True, text=True, timeout=timeout)
         exited = time.time() - start

@@ -10,6 +10,7 @@ line (pre-flight, code sync, line prefixes, gang-stop), which is what the ratios
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shlex
@@ -119,7 +120,7 @@ class LocalCluster:
         """Stop whatever a failed hand-run left behind (processes tagged with its run id)."""
         from multinode.remote import RemoteRunner
 
-        with RemoteRunner(self.inventory, out=open(os.devnull, "w")) as runner:
+        with RemoteRunner(self.inventory, out=io.StringIO()) as runner:
             runner.stop_all(run_id)
 
     def down(self) -> None:

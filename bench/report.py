@@ -61,6 +61,7 @@ def machine() -> dict:
         "torch": torch.__version__,
         "open_mpi": _first(r"\(Open MPI\)\s*(\S+)", ompi),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_avg_1m": round(os.getloadavg()[0], 1),  # other work on the machine makes every number noisier
     }
 
 
@@ -106,6 +107,7 @@ def page(data: dict) -> str:
         text = _section_text(name, entry["result"]).rstrip("\n").split("\n")
         note = (f"*Measured {m['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, "
                 f"kernel {m['kernel']}), torch {m['torch']}, Open MPI {m['open_mpi']}, CPU only"
+                + (f", load average {m['load_avg_1m']} when the section ended" if "load_avg_1m" in m else "")
                 + (", QUICK mode: not a measurement.*" if entry["quick"] else ".*"))
         lines += [text[0], "", note, *text[1:], ""]
     return "\n".join(lines)

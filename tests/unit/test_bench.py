@@ -39,6 +39,11 @@ def test_allreduce_rows_are_parsed_from_prefixed_and_relabelled_lines():
     assert [r["bytes"] for r in collectives.parse_rows(text)] == [4096, 8192]
 
 
+def test_best_sweep_per_size():
+    first, second = [_row(1, 0.5), _row(2, 0.9)], [_row(1, 0.7), _row(2, 0.4)]
+    assert [r["busbw_gbs"] for r in collectives.best_per_size([first, second])] == [0.7, 0.9]
+
+
 def test_collective_ratios_use_the_largest_size():
     series = {"ours": [_row(1, 9.0), _row(2, 0.9)], "raw": [_row(1, 1.0), _row(2, 1.0)],
               "one-namespace": [_row(1, 1.0), _row(2, 1.8)]}
@@ -59,6 +64,8 @@ def test_smallest_realistic_mtu_meeting_the_target():
 def test_rendezvous_times_per_rank():
     text = "[node-0] [rank0]: RDZV 0 1795423136.638215\n10.0.0.11: RDZV 1 1795423136.637894\nRDZV garbage"
     assert launch.rendezvous_times(text) == {0: 1795423136.638215, 1: 1795423136.637894}
+    glued = "RDZV 0 1795426633.450960RDZV 1 1795426633.450959\n"  # two ranks' writes on one pipe
+    assert launch.rendezvous_times(glued) == {0: 1795426633.45096, 1: 1795426633.450959}
 
 
 def test_dry_run_shell_lines_are_parsed_per_node():
@@ -85,7 +92,7 @@ def test_samples_per_s_leaves_out_the_warm_up_epoch(tmp_path):
 
 
 MACHINE = {"cpu": "Test CPU", "cores": 2, "memory_gib": 24.0, "os": "Debian 12", "kernel": "6.1", "python": "3.11",
-           "torch": "2.13.0", "open_mpi": "4.1.4", "date": "2026-11-23 09:00 UTC"}
+           "torch": "2.13.0", "open_mpi": "4.1.4", "date": "2026-11-23 09:00 UTC", "load_avg_1m": 0.3}
 
 
 def test_page_shows_machine_date_and_sections_in_order():
@@ -101,6 +108,7 @@ def test_page_shows_machine_date_and_sections_in_order():
     assert page.index("## Launch overhead") < page.index("## Training throughput")
     assert "Measured 2026-11-23 09:00 UTC on Test CPU (2 cores" in page
     assert page.count("QUICK mode") == 1
+    assert "load average 0.3 when the section ended" in page
     assert "| 2 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | **1.00** | **0.50** |" in page
     assert "| median | 99 | 100 | **0.990** |" in page
 
