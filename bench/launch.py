@@ -65,10 +65,12 @@ class Launch:
                 f"&& exec {shlex.join(argv)}")
 
     def ours(self, n: int) -> list[str]:
-        return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB)]
+        # torchrun's agents on every node (LAUNCHER=torchrun: what MAX_RESTARTS/ELASTIC jobs use)
+        return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB), "--launcher", "torchrun"]
 
     def ours_static(self, n: int) -> list[str]:
-        return [*self.ours(n), "--launcher", "static"]
+        # the default for a fixed-size job (LAUNCHER=auto)
+        return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB), "--launcher", "static"]
 
     def pdsh(self, n: int) -> list[str]:
         # %n: pdsh's rank of the host in the (sorted) -w list; %h: the host as given, here its cluster IP.
@@ -148,7 +150,8 @@ def section(result: dict) -> str:
         f"`python -m bench.launch`: one process per node, medians of {result['repeats']} interleaved runs per cell "
         "(method order rotated each round). Each cell: seconds from the command to all ranks rendezvoused / to the "
         "command's exit. *ours* is the full `multinode train --script` (CLI start-up, pre-flight, code sync, launch, "
-        "sweep, summary) with the default torchrun agents; *LAUNCHER=static* is the same without agents (the "
+        "sweep, summary) with torchrun's agents (LAUNCHER=torchrun, what MAX_RESTARTS/ELASTIC jobs use); "
+        "*LAUNCHER=static* -- the default for a fixed-size job -- is the same without agents (the "
         "orchestrator starts each rank with the env:// variables itself); *pdsh + torchrun* is DeepSpeed's method (`pdsh -R ssh` of a static-rendezvous torchrun line, "
         "`--node-rank=%n`); *serial ssh* starts `ssh node torchrun ...` in the background node after node and waits; "
         "*torchrun --standalone* runs the same world size on the head alone. The baselines reuse the code the "

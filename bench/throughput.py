@@ -40,7 +40,8 @@ def ours(cluster: LocalCluster, args: str) -> float:
 
 
 def by_hand(cluster: LocalCluster, args: str) -> float:
-    run_id, shells = cluster.shells("--nodes", "2", f"--args={args}")
+    # The hand-typed baseline is torchrun (what users type today), whatever our default launcher is.
+    run_id, shells = cluster.shells("--nodes", "2", "--launcher", "torchrun", f"--args={args}")
     run = cluster.run_by_hand(shells, run_id)
     if not run.ok:
         raise RuntimeError(f"hand-typed torchrun failed:\n{run.failure()}")
@@ -56,7 +57,7 @@ def run(cluster: LocalCluster, quick: bool = False) -> dict:
         a, b = first(cluster, args), second(cluster, args)
         pairs.append({"ours": a, "by_hand": b} if first is ours else {"ours": b, "by_hand": a})
     o, h = median(p["ours"] for p in pairs), median(p["by_hand"] for p in pairs)
-    _, shells = cluster.shells("--nodes", "2", f"--args={args}")
+    _, shells = cluster.shells("--nodes", "2", "--launcher", "torchrun", f"--args={args}")
     return {"nodes": 2, "nproc": 1, "args": args, "repeats": repeats, "pairs": pairs, "ours_samples_per_s": o,
             "by_hand_samples_per_s": h, "ratio": o / h, "target": TARGET, "head_command": shells.get("node-0", "")}
 
