@@ -129,3 +129,15 @@ BASE_ENV = {
     "OMP_NUM_THREADS": "1",
     "PYTHONUNBUFFERED": "1",
 }
+
+
+def collective_env(inventory: Inventory, spec: LaunchSpec) -> tuple[dict[str, str], dict[str, str]]:
+    """(env, node_env) pinning gloo -- and NCCL/RCCL in gpu modes -- to the cluster subnet's interface."""
+    iface = iface_for_subnet(inventory.subnet)
+    env: dict[str, str] = {}
+    node_env = {"GLOO_SOCKET_IFNAME": iface}
+    if spec.uses_gpu:
+        node_env["NCCL_SOCKET_IFNAME"] = iface
+        # One TCP flow on EC2 is capped well below the NIC; several sockets per peer fill it.
+        env.update({"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})
+    return env, node_env

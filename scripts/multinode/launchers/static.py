@@ -27,11 +27,11 @@ from multinode.launchers.base import (
     LaunchPlan,
     NodeCommand,
     code_dir,
-    iface_for_subnet,
+    collective_env,
     run_dir,
     trainer_args,
 )
-from multinode.launchers.torchrun import ROOT_CAUSE_RANK
+from multinode.launchers.torchrun import TorchrunLauncher
 
 # $1 = this node's group rank, $2 = processes per node, $3 = directory for per-rank exit files;
 # the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
@@ -79,12 +79,8 @@ class StaticLauncher:
                 "MASTER_ADDR": head.private_ip,
                 "MASTER_PORT": str(spec.rdzv_port),
             })
-            iface = iface_for_subnet(inv.subnet)
-            node_env = {"GLOO_SOCKET_IFNAME": iface}
-            if spec.uses_gpu:
-                node_env["NCCL_SOCKET_IFNAME"] = iface
-                # One TCP flow on EC2 is capped well below the NIC; several sockets per peer fill it.
-                env.update({"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})
+            network, node_env = collective_env(inv, spec)
+            env.update(network)
             commands.append(
                 NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name), env=env, node_env=node_env)
             )
@@ -100,8 +96,4 @@ class StaticLauncher:
         return None  # every node streams its own ranks' lines
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
-        for line in log_lines:
-            match = ROOT_CAUSE_RANK.match(line)
-            if match:
-                return int(match[1])
-        return None
+        return TorchrunLauncher.failed_rank(self, log_lines)  # the starter reports failures in torchrun's form

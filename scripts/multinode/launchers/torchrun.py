@@ -19,7 +19,7 @@ from multinode.launchers.base import (
     LaunchPlan,
     NodeCommand,
     code_dir,
-    iface_for_subnet,
+    collective_env,
     run_dir,
     trainer_args,
 )
@@ -69,12 +69,8 @@ class TorchrunLauncher:
             if spec.max_restarts:
                 # Restarted workers otherwise reconnect to stale store addresses (pytorch#135712).
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            iface = iface_for_subnet(inv.subnet)
-            node_env = {"GLOO_SOCKET_IFNAME": iface}
-            if spec.uses_gpu:
-                node_env["NCCL_SOCKET_IFNAME"] = iface
-                # One TCP flow on EC2 is capped well below the NIC; several sockets per peer fill it.
-                env.update({"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})
+            network, node_env = collective_env(inv, spec)
+            env.update(network)
             commands.append(
                 NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name), env=env, node_env=node_env)
             )
