@@ -13,7 +13,6 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
 from __future__ import annotations
 
 import dataclasses
-
 import shlex
 import time
 

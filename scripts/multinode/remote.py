@@ -477,7 +477,7 @@ class RemoteRunner:
         result = results[name]
         self.drop(name)
         end = time.monotonic() + rejoin.wait
-        why = None
+        why: str | None = "no answer"
         while time.monotonic() < end:
             why = self.connect_all([name], timeout=min(self.connect_timeout + 2, max(1.0, end - time.monotonic())))[name]
             if why is None:
