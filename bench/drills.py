@@ -351,30 +351,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as home:
         cluster = bring_up(Path(home), 3, prefix="drill")
         try:
-            results = []
-            for name in DRILLS:
-                if args.only and not any(part in name for part in args.only):
-                    continue
-                result = run_drill(cluster, name)
-                print(f"{name}: exit {result.exit_code} in {result.seconds_to_exit} s, named {result.first_named}, "
-                      f"left after recovery {sum(map(len, result.left_after_recovery.values()))}", flush=True)
-                results.append(result)
-            for name in PRESTART_DRILLS:
-                if args.only and not any(part in name for part in args.only):
-                    continue
-                result = run_prestart_drill(cluster, name)
-                print(f"{name}: exit {result.exit_code} in {result.seconds_to_exit} s, named {result.first_named}: "
-                      f"{result.message}", flush=True)
-                results.append(result)
-            elastic = []
-            for name in ELASTIC_DRILLS:
-                if args.only and not any(part in name for part in args.only):
-                    continue
-                result = run_elastic_drill(cluster, name)
-                print(f"{name}: exit {result.exit_code}, accuracy {result.test_accuracy}, resumed from "
-                      f"{result.resumed_from} ({result.epochs_lost} epochs lost) {result.seconds_to_resume} s after "
-                      f"the fault", flush=True)
-                elastic.append(result)
+            def run_each(drills, run) -> list:
+                done = []
+                for name in drills:
+                    if not args.only or any(part in name for part in args.only):
+                        done.append(run(cluster, name))
+                        print(f"{name}: {done[-1]}", flush=True)
+                return done
+
+            results = run_each(DRILLS, run_drill) + run_each(PRESTART_DRILLS, run_prestart_drill)
+            elastic = run_each(ELASTIC_DRILLS, run_elastic_drill)
         finally:
             tear_down(cluster)
     args.out.parent.mkdir(parents=True, exist_ok=True)
