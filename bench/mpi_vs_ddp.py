@@ -3,8 +3,16 @@
     python -m bench.mpi_vs_ddp [--quick] [--out bench/out/mpi_vs_ddp.json]
 
 Model: the 5.26 M-parameter MLP (512-2048-2048-10) of ``training.workloads.mlp``, per-rank batch 64,
-random data, SGD. Both runs use training/train.py; the step time is the median of the per-epoch median
-step times in ``metrics.jsonl`` (epoch 0 is warm-up and left out). Target (issue 2): MPI <= 0.7x DDP.
+random data, SGD. Every run uses training/train.py; a run's step time is the median of its per-epoch
+median step times in ``metrics.jsonl`` (epoch 0 is warm-up and left out). Three kinds of run,
+interleaved (DDP, MPI, floor, DDP, MPI, floor, ...) so that drift of the machine hits them alike:
+
+* **gloo-ddp**: ``torchrun --standalone --nproc-per-node=2`` (DDP, gloo);
+* **mpi4py**: ``mpirun -np 2`` (the MPI data plane: in-place ``Allreduce`` on autograd's gradients);
+* **compute floor**: two single-process runs side by side, no gradient exchange at all -- what a step
+  costs when both cores compute, so each data plane's cost is its step minus the floor.
+
+Target (issue 2): MPI <= 0.7x DDP.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "training" / "train.py")
+PLANES = ("gloo-ddp", "mpi4py", "compute-floor")
 
 
 def _env() -> dict[str, str]:
@@ -36,52 +45,76 @@ def _step_times(metrics_dir: Path) -> dict:
             "samples_per_s": statistics.median(r["samples_per_s"] for r in epochs)}
 
 
+def _run(name: str, argvs: list[list[str]], args: list[str], out: Path) -> dict:
+    """Start every argv at once (each with its own metrics dir), wait for all; the first one's step times."""
+    procs = []
+    for i, argv in enumerate(argvs):
+        procs.append((out / str(i), subprocess.Popen([*argv, *args, "--metrics-dir", str(out / str(i))], env=_env(),
+                                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+    results = []
+    for metrics, proc in procs:
+        text = proc.communicate(timeout=900)[0]
+        if proc.returncode != 0 or not (metrics / "metrics.jsonl").exists():
+            raise RuntimeError(f"{name} run failed ({proc.returncode}):\n{text[-3000:]}")
+        results.append(_step_times(metrics))
+    return results[0]
+
+
 def run(quick: bool = False) -> dict:
-    epochs, steps = ("2", "10") if quick else ("4", "40")
+    epochs, steps, repeats = ("2", "10", 1) if quick else ("4", "40", 3)
     args = ["--workload", "mlp", "--batch-size", "64", "--steps-per-epoch", steps, epochs, "1000"]
+    alone = [sys.executable, TRAIN]
     launchers = {
-        "gloo-ddp": [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", TRAIN],
-        "mpi4py": ["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
-                   "--mca", "btl", "self,vader,tcp", sys.executable, TRAIN],
+        "gloo-ddp": [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", TRAIN]],
+        "mpi4py": [["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
+                    "--mca", "btl", "self,vader,tcp", sys.executable, TRAIN]],
+        "compute-floor": [alone, alone],
     }
-    results = {}
+    runs: dict[str, list[dict]] = {name: [] for name in PLANES}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, argv in launchers.items():
-            out = Path(tmp) / name
-            res = subprocess.run([*argv, *args, "--metrics-dir", str(out)], env=_env(), capture_output=True, text=True,
-                                 timeout=900)
-            if res.returncode != 0 or not (out / "metrics.jsonl").exists():
-                raise RuntimeError(f"{name} run failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
-            results[name] = _step_times(out)
-    ratio = results["mpi4py"]["step_ms"] / results["gloo-ddp"]["step_ms"]
+        for r in range(repeats):
+            for name, argvs in launchers.items():
+                runs[name].append(_run(name, argvs, args, Path(tmp) / f"{name}-{r}"))
+    med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
+    pairs = [m["step_ms"] / d["step_ms"] for m, d in zip(runs["mpi4py"], runs["gloo-ddp"])]
+    floor = med["compute-floor"]["step_ms"]
     return {"model": "MLP 512-2048-2048-10 (5.26 M params)", "ranks": 2, "batch_per_rank": 64,
-            "epochs": int(epochs), "steps_per_epoch": int(steps), **{k: v for k, v in results.items()},
-            "mpi_over_ddp_step_ratio": ratio, "target": "<= 0.7"}
+            "epochs": int(epochs), "steps_per_epoch": int(steps), "repeats": repeats, "runs": runs, **med,
+            "pair_ratios": pairs, "mpi_over_ddp_step_ratio": statistics.median(pairs),
+            "overhead_over_floor_ms": {n: med[n]["step_ms"] - floor for n in ("gloo-ddp", "mpi4py")},
+            "target": "<= 0.7"}
 
 
 def table(result: dict) -> str:
-    lines = ["| data plane | step (ms, median) | comm (ms/step) | samples/s |", "|---|---:|---:|---:|"]
-    for name in ("gloo-ddp", "mpi4py"):
+    from bench.report import md_table
+
+    rows = []
+    for name in PLANES:
         r = result[name]
-        lines.append(f"| {name} | {r['step_ms']:.1f} | {r['comm_ms']:.1f} | {r['samples_per_s']:.0f} |")
-    lines.append(f"\nMPI / DDP step-time ratio: **{result['mpi_over_ddp_step_ratio']:.2f}** (target {result['target']})")
-    return "\n".join(lines)
-
-
-def page(result: dict) -> str:
-    from datetime import datetime, timezone
-
+        over = result["overhead_over_floor_ms"].get(name)
+        rows.append([name, f"{r['step_ms']:.1f}", "-" if over is None else f"{over:+.1f}",
+                     "-" if name == "compute-floor" else f"{r['comm_ms']:.1f}", f"{r['samples_per_s']:.0f}"])
+    pairs = ", ".join(f"{p:.2f}" for p in result["pair_ratios"])
     return "\n".join([
-        "# Benchmarks",
+        md_table(["data plane", "step (ms, median)", "over the compute floor (ms)", "comm (ms/step)",
+                  "samples/s (per run)"], rows),
         "",
+        f"MPI / DDP step-time ratio: **{result['mpi_over_ddp_step_ratio']:.2f}** (median of {len(result['pair_ratios'])} "
+        f"pair(s): {pairs}; target {result['target']}). The compute floor alone is "
+        f"{result['compute-floor']['step_ms'] / result['gloo-ddp']['step_ms']:.2f} of the DDP step.",
+    ])
+
+
+def section(result: dict) -> str:
+    return "\n".join([
         "## MPI gradient data plane vs gloo DDP",
         "",
-        f"Measured by `python -m bench.mpi_vs_ddp` on {datetime.now(timezone.utc):%Y-%m-%d}, this machine "
-        f"({os.cpu_count()} cores, CPU only), both runs in the same invocation: {result['model']}, "
-        f"{result['ranks']} ranks on one machine, per-rank batch {result['batch_per_rank']}, "
-        f"{result['epochs']} epochs x {result['steps_per_epoch']} steps (epoch 0 left out as warm-up), "
-        "OMP_NUM_THREADS=1, SGD with momentum. Step time = median of the per-epoch medians from metrics.jsonl; "
-        "comm = time inside the gradient allreduce per step (DDP overlaps it with backward).",
+        f"`python -m bench.mpi_vs_ddp`: {result['model']}, {result['ranks']} ranks on one machine, per-rank batch "
+        f"{result['batch_per_rank']}, {result['epochs']} epochs x {result['steps_per_epoch']} steps (epoch 0 left out), "
+        f"SGD (fused CPU kernel), OMP_NUM_THREADS=1, {result['repeats']} interleaved repeat(s) of DDP, MPI and the "
+        "compute floor (two single-process runs side by side, no gradient exchange). Step time = median of "
+        "per-epoch medians from metrics.jsonl; comm = time inside the gradient all-reduce per step (DDP overlaps "
+        "it with backward, so it is not additive there).",
         "",
         table(result),
         "",
@@ -97,10 +130,8 @@ def main() -> None:
     print(table(result))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        if args.out.suffix == ".md":
-            args.out.write_text(page(result))
-        else:
-            args.out.write_text(json.dumps(result, indent=2))
+        args.out.write_text(f"# Benchmarks\n\n{section(result)}" if args.out.suffix == ".md"
+                            else json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

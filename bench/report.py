@@ -79,15 +79,6 @@ def save_section(path: Path, name: str, result: dict, quick: bool) -> dict:
 
 
 def _section_text(name: str, result: dict) -> str:
-    if name == "mpi_vs_ddp":
-        from bench import mpi_vs_ddp
-
-        return ("## MPI gradient data plane vs gloo DDP\n\n"
-                f"`python -m bench.mpi_vs_ddp`: {result['model']}, {result['ranks']} ranks on one machine, per-rank "
-                f"batch {result['batch_per_rank']}, {result['epochs']} epochs x {result['steps_per_epoch']} steps (epoch 0 "
-                "left out), SGD, OMP_NUM_THREADS=1; step time = median of per-epoch medians from metrics.jsonl; comm = "
-                "time inside the gradient all-reduce per step (DDP overlaps it with backward).\n\n"
-                + mpi_vs_ddp.table(result) + "\n")
     import importlib
 
     return importlib.import_module(f"bench.{name}").section(result)

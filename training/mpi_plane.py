@@ -1,9 +1,15 @@
 """MPI as the gradient data plane: gradients averaged with mpi4py ``Allreduce`` on flat buckets.
 
-Used under mpirun when torch has no MPI backend (stock wheels). Every gradient is a view into one of
-a few flat float32 buckets (~25 MB each, like DDP's ``gradient_as_bucket_view``), so after
-``backward()`` each bucket is summed in place with one ``MPI.Allreduce`` and divided by the world
-size, with no packing or unpacking copies.
+Used under mpirun when torch has no MPI backend (stock wheels). Gradients are reduced in a few flat
+float32 buckets (~25 MB each) that live as long as the model: MPI keeps its registrations of a
+buffer it has seen, and fresh buffers every step (autograd's own tensors) measured twice as slow.
+Each gradient lands in its bucket once, as autograd finishes it (a post-accumulate hook copies it
+there and makes the bucket's view the parameter's ``.grad``), so the step needs no memset of the
+buckets and no accumulate-into-buffer pass; a second micro-batch accumulates into the view directly.
+After ``backward()`` each bucket is summed in place with one ``MPI.Allreduce``. The loss is divided
+by the world size before backward (:meth:`MpiGradients.prescale`, like DeepSpeed's
+``prescale_gradients``), so the sum is already the average: no pass over the buckets afterwards.
+On a CPU each such pass costs as much memory traffic as the reduction itself.
 GPU tensors go through host memory unless the MPI library is CUDA/ROCm-aware (then the device
 buffer is passed directly); :attr:`MpiGradients.kind` says which ran.
 """
@@ -75,24 +81,42 @@ class MpiGradients:
                 p.copy_(host.to(p.device))
 
     def attach_buckets(self) -> None:
-        """Make every gradient a view into a flat per-bucket buffer (like DDP's gradient_as_bucket_view):
-        backward accumulates straight into the buffers, so no copy is needed around the allreduce."""
-        self.flat = []
+        """Give every parameter its place in a flat per-bucket buffer, filled by a post-accumulate hook."""
+        self.flat, self.views = [], []
         for bucket in self.buckets:
-            device = bucket[0].device
-            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=torch.float32, device=device)
+            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=torch.float32, device=bucket[0].device)
             offset = 0
             for p in bucket:
-                p.grad = flat[offset:offset + p.numel()].view_as(p)
+                view = flat[offset:offset + p.numel()].view_as(p)
+                p.register_post_accumulate_grad_hook(self._into_bucket(view))
+                self.views.append((p, view))
                 offset += p.numel()
             self.flat.append(flat)
 
+    @staticmethod
+    def _into_bucket(view: torch.Tensor):
+        def hook(p: torch.Tensor) -> None:
+            if p.grad is not view:  # first micro-batch since zero_grad(set_to_none=True): autograd's tensor
+                view.copy_(p.grad)
+                p.grad = view
+        return hook
+
+    def prescale(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to run backward on: divided by the world size, so :meth:`average`'s sum is the mean."""
+        return loss / self.world
+
     def average(self) -> None:
-        """Average every gradient across ranks (call after backward, before optimizer.step)."""
+        """Average every gradient across ranks: sum the prescaled gradients (after backward, before
+        optimizer.step). A parameter that got no gradient this step (unused on this rank) still has its
+        bucket slot, zeroed, so every rank reduces the same buffers."""
         from mpi4py import MPI
 
         if not hasattr(self, "flat"):
             raise RuntimeError("MpiGradients.attach_buckets() must run before the first backward")
+        for p, view in self.views:
+            if p.grad is None:  # no gradient reached it this step: contribute zeros, still take the sum
+                view.zero_()
+                p.grad = view
         for flat in self.flat:
             start = time.perf_counter()
             if flat.is_cuda and self.direct:
@@ -107,4 +131,3 @@ class MpiGradients:
             else:
                 self.comm.Allreduce(MPI.IN_PLACE, flat.numpy(), op=MPI.SUM)
             self.comm_seconds += time.perf_counter() - start
-            flat.div_(self.world)

@@ -20,6 +20,7 @@ from multinode import orchestrator
 from multinode.config import (
     CLUSTER_TYPES,
     DEFAULT_CLUSTER,
+    DEFAULT_MTU,
     DEFAULT_TRAIN_ARGS,
     MODES,
     ClusterSpec,
@@ -52,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--provider", default=env_default("PROVIDER", "local"))
     up.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
     up.add_argument("--cluster-type", default=env_default("CLUSTER_TYPE", "cpu"), help=f"one of {', '.join(CLUSTER_TYPES)}")
-    up.add_argument("--mtu", type=int, default=env_default("MTU", "1500"), help="local provider: link MTU")
+    up.add_argument("--mtu", type=int, default=env_default("MTU", str(DEFAULT_MTU)), help="local provider: link MTU")
     up.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                     help="provider option (aws: region, ssh_cidr, owner, ttl_hours, spot, ...)")
     up.add_argument("--yes", action="store_true", help="do not ask before creating billable resources")

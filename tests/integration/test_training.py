@@ -102,15 +102,28 @@ def test_digits_reaches_95_under_torchrun_and_mpirun(digits_runs):
 def test_mpi_data_plane_matches_ddp_weights(digits_runs):
     """Same seed, same data order: the MPI allreduce and gloo DDP average the same gradients.
 
-    Tolerance rtol=1e-5, atol=1e-6: with 2 ranks both sum a+b (commutative, exact) and divide by 2
-    (exact), so the weights come out bitwise equal here; other world sizes may add in a different
-    order, which float32 rounding can show in the last bits after many steps.
+    Tolerance rtol=1e-5, atol=1e-6: with 2 ranks DDP sums a+b and halves it, the MPI plane halves the
+    loss before backward (so a and b come out halved) and sums; halving is exact in float32 and a sum
+    of two is commutative, so the weights come out bitwise equal here. Other world sizes divide by
+    non-powers of two and may add in a different order, which rounding shows in the last bits.
     """
     base, _, _ = digits_runs
-    ddp, mpi = weights(base / "ddp"), weights(base / "mpi")
+    assert_same_weights(weights(base / "mpi"), weights(base / "ddp"))
+
+
+def assert_same_weights(mpi: dict, ddp: dict) -> None:
     assert ddp.keys() == mpi.keys()
     for name in ddp:
         torch.testing.assert_close(mpi[name], ddp[name], rtol=1e-5, atol=1e-6)
+
+
+def test_mpi_gradient_accumulation_matches_ddp(tmp_path):
+    """--grad-accum 2: DDP skips the allreduce on the first micro-batch (no_sync); the MPI plane's
+    second micro-batch accumulates into the bucket the first one was copied to. Same weights."""
+    args = ("--workload", "digits", "2", "5", "--grad-accum", "2")
+    result_of(torchrun(*args, "--metrics-dir", str(tmp_path / "ddp")))
+    result_of(mpirun(*args, "--metrics-dir", str(tmp_path / "mpi")))
+    assert_same_weights(weights(tmp_path / "mpi"), weights(tmp_path / "ddp"))
 
 
 def test_killed_and_resumed_run_ends_bitwise_equal(digits_runs, tmp_path):

@@ -55,10 +55,12 @@ def test_collective_ratios_use_the_largest_size():
     assert r["busbw_over_link"] == pytest.approx(0.3)
 
 
-def test_smallest_realistic_mtu_meeting_the_target():
-    sweep = [{"mtu": 1500, "ratio": 0.6}, {"mtu": 9001, "ratio": 0.9}, {"mtu": 65000, "ratio": 1.0}]
-    assert collectives.smallest_realistic_mtu(sweep) == 9001
-    assert collectives.smallest_realistic_mtu(sweep[:1] + sweep[2:]) is None  # 65000 is not realistic
+def test_default_mtu_verdict_reads_the_default_row():
+    sweep = [{"mtu": 1500, "ratio": 0.9}, {"mtu": 9001, "ratio": 0.9}, {"mtu": 65000, "ratio": 0.8}]
+    assert collectives.default_mtu_verdict(sweep) == "the default MTU 65000 reached 0.80 x one namespace: target NOT met"
+    sweep[2]["ratio"] = 0.99
+    assert collectives.default_mtu_verdict(sweep).endswith("target met")
+    assert "not measured" in collectives.default_mtu_verdict(sweep[:2])
 
 
 def test_rendezvous_times_per_rank():

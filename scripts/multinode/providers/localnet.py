@@ -73,7 +73,7 @@ class NetPlan:
     cluster: str
     nodes: int
     subnet: str
-    mtu: int = 1500
+    mtu: int
 
     @property
     def tag(self) -> str:
