@@ -266,40 +266,31 @@ def section(result: dict) -> str:
 
 
 def plot(result: dict, out_dir) -> list:
-    import matplotlib
+    from bench.report import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(result["series"]), figsize=(11, 4), sharey=True)
-    for ax, (backend, variants) in zip(axes, result["series"].items()):
-        for name in VARIANTS:
-            rows = variants[name]
-            ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], marker="o", label=name)
-        ax.axhline(result["link_limit_gbs"], color="grey", linestyle="--", label="link (iperf3)")
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("message size (bytes)")
-        ax.set_title(f"all_reduce busbw, {backend}, 2 nodes")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("busbw (GB/s)")
-    axes[0].legend()
-    fig.tight_layout()
     paths = [out_dir / "collectives.png"]
-    fig.savefig(paths[0], dpi=100)
-    plt.close(fig)
+    with figure(paths[0], ncols=len(result["series"]), figsize=(11, 4), sharey=True) as (_, axes):
+        for ax, (backend, variants) in zip(axes, result["series"].items()):
+            for name in VARIANTS:
+                rows = variants[name]
+                ax.plot([r["bytes"] for r in rows], [r["busbw_gbs"] for r in rows], marker="o", label=name)
+            ax.axhline(result["link_limit_gbs"], color="grey", linestyle="--", label="link (iperf3)")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("message size (bytes)")
+            ax.set_title(f"all_reduce busbw, {backend}, 2 nodes")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("busbw (GB/s)")
+        axes[0].legend()
     if "mtu_sweep" in result:
         sweep = result["mtu_sweep"]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        x = range(len(sweep))
-        ax.bar([i - 0.2 for i in x], [m["busbw_gbs"] for m in sweep], width=0.4, label="2 namespaces")
-        ax.bar([i + 0.2 for i in x], [m["one_namespace_busbw_gbs"] for m in sweep], width=0.4, label="one namespace")
-        ax.set_xticks(list(x), [f"MTU {m['mtu']}" for m in sweep])
-        ax.set_ylabel("gloo 64 MiB busbw (GB/s)")
-        ax.legend()
-        fig.tight_layout()
         paths.append(out_dir / "collectives_mtu.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+        with figure(paths[-1], figsize=(6, 4)) as (_, ax):
+            x = range(len(sweep))
+            ax.bar([i - 0.2 for i in x], [m["busbw_gbs"] for m in sweep], width=0.4, label="2 namespaces")
+            ax.bar([i + 0.2 for i in x], [m["one_namespace_busbw_gbs"] for m in sweep], width=0.4, label="one namespace")
+            ax.set_xticks(list(x), [f"MTU {m['mtu']}" for m in sweep])
+            ax.set_ylabel("gloo 64 MiB busbw (GB/s)")
+            ax.legend()
     return paths
 
 

@@ -164,25 +164,19 @@ def section(result: dict) -> str:
 
 
 def plot(result: dict, out_dir) -> list:
-    import matplotlib
+    from bench.report import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4))
-    sizes = result["sizes"]
-    for method in METHODS:
-        ax.plot(sizes, [result["medians"][str(n)][method]["exited_s"] for n in sizes], marker="o", label=method)
-    ax.set_xticks(sizes)
-    ax.set_xlabel("nodes (1 process each)")
-    ax.set_ylabel("command to all exited (s, median)")
-    ax.set_title("launch overhead, hello job")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
     path = out_dir / "launch.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    sizes = result["sizes"]
+    with figure(path, figsize=(7, 4)) as (_, ax):
+        for method in METHODS:
+            ax.plot(sizes, [result["medians"][str(n)][method]["exited_s"] for n in sizes], marker="o", label=method)
+        ax.set_xticks(sizes)
+        ax.set_xlabel("nodes (1 process each)")
+        ax.set_ylabel("command to all exited (s, median)")
+        ax.set_title("launch overhead, hello job")
+        ax.grid(alpha=0.3)
+        ax.legend()
     return [path]
 
 

@@ -7,6 +7,7 @@ and ``plot(result, out_dir)``; running one module alone updates its own key and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -29,6 +30,23 @@ def md_table(headers: list[str], rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(["---"] + ["---:"] * (len(headers) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def figure(path: Path, **subplots):
+    """(fig, axes) of a headless matplotlib figure, laid out and saved to ``path`` as a PNG on exit."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(**subplots)
+    try:
+        yield fig, axes
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
 
 
 def _first(pattern: str, text: str, default: str = "?") -> str:

@@ -88,19 +88,13 @@ def section(result: dict) -> str:
 
 
 def plot(result: dict, out_dir) -> list:
-    import matplotlib
+    from bench.report import figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 4))
-    ax.bar(["make train", "torchrun by hand"], [result["ours_samples_per_s"], result["by_hand_samples_per_s"]])
-    ax.set_ylabel("samples/s (median)")
-    ax.set_title(f"training throughput, 2 nodes (ratio {result['ratio']:.3f})")
-    fig.tight_layout()
     path = out_dir / "throughput.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    with figure(path, figsize=(5, 4)) as (_, ax):
+        ax.bar(["make train", "torchrun by hand"], [result["ours_samples_per_s"], result["by_hand_samples_per_s"]])
+        ax.set_ylabel("samples/s (median)")
+        ax.set_title(f"training throughput, 2 nodes (ratio {result['ratio']:.3f})")
     return [path]
 
 

@@ -31,7 +31,7 @@ MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS
 
 @dataclass(frozen=True)
 class Launch:
-    launcher: str  # torchrun | mpirun | slurm | single
+    launcher: str  # torchrun | env (the env:// contract without torchrun's agent) | mpirun | slurm | single
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -45,7 +45,10 @@ class Launch:
 
 def detect(env: Mapping[str, str]) -> Launch:
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        return Launch("torchrun", int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
+        # torchrun's agent also sets TORCHELASTIC_RUN_ID; multinode's static launch, DeepSpeed's
+        # launcher or a hand-typed line give only the env:// variables.
+        name = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
+        return Launch(name, int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
                       env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)))
     if any(marker in env for marker in MPI_MARKERS):
         rank = int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", env.get("PMIX_RANK", 0))))

@@ -38,7 +38,7 @@ def test_static_launch_trains_our_model(cluster3: Cluster):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     summary = summary_of(cluster3)
     assert summary["exit_codes"] == {"node-0": 0, "node-1": 0, "node-2": 0}
-    assert summary["result"]["world_size"] == 3
+    assert (summary["result"]["world_size"], summary["result"]["launcher"]) == (3, "env")  # no torchrun agent
     assert Path(summary["metrics"]).read_text().strip()
     assert_no_job_left(cluster3)
 

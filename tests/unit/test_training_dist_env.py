@@ -17,9 +17,10 @@ from training.mpi_plane import gpu_aware
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_torchrun():
-    launch = detect({"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"})
-    assert launch == Launch("torchrun", 1, 4, 1, "10.0.0.1", 29400)
+def test_torchrun_and_the_bare_env_contract():
+    env = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"}
+    assert detect(env) == Launch("env", 1, 4, 1, "10.0.0.1", 29400)  # e.g. multinode's static launch
+    assert detect({**env, "TORCHELASTIC_RUN_ID": "r1"}) == Launch("torchrun", 1, 4, 1, "10.0.0.1", 29400)
 
 
 def test_open_mpi_and_mpich():
@@ -37,7 +38,8 @@ def test_slurm():
 
 
 def test_torchrun_inside_a_slurm_allocation_is_torchrun():
-    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h"}
+    env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "RANK": "3", "WORLD_SIZE": "4", "MASTER_ADDR": "h",
+           "TORCHELASTIC_RUN_ID": "r1"}
     assert detect(env).launcher == "torchrun"
 
 

@@ -18,10 +18,10 @@ import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 from multinode.config import LaunchSpec
-from multinode.inventory import Inventory
+from multinode.inventory import Inventory, Node
 
 
 def iface_for_subnet(subnet: str) -> str:
@@ -141,3 +141,17 @@ def collective_env(inventory: Inventory, spec: LaunchSpec) -> tuple[dict[str, st
         # One TCP flow on EC2 is capped well below the NIC; several sockets per peer fill it.
         env.update({"NCCL_SOCKET_NTHREADS": "4", "NCCL_NSOCKS_PERTHREAD": "4"})
     return env, node_env
+
+
+def per_node_plan(name: str, inv: Inventory, spec: LaunchSpec,
+                  node_command: Callable[[int, Node], tuple[tuple[str, ...], dict[str, str]]]) -> LaunchPlan:
+    """The plan of a launcher that runs one command on every node (torchrun, static): ``node_command``
+    gives each node's argv and own environment; every node also gets BASE_ENV and the collective env."""
+    network, node_env = collective_env(inv, spec)
+    commands = []
+    for node_rank, node in enumerate(inv.nodes):
+        argv, own_env = node_command(node_rank, node)
+        commands.append(NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name),
+                                    env={**BASE_ENV, **own_env, **network}, node_env=dict(node_env)))
+    return LaunchPlan(run_id=spec.run_id, launcher=name, commands=tuple(commands),
+                      participants=tuple(n.name for n in inv.nodes), world_size=spec.nodes * spec.nproc)

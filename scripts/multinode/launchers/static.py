@@ -20,17 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from multinode.config import LaunchSpec
-from multinode.inventory import Inventory
-from multinode.launchers.base import (
-    BASE_ENV,
-    EntryPoint,
-    LaunchPlan,
-    NodeCommand,
-    code_dir,
-    collective_env,
-    run_dir,
-    trainer_args,
-)
+from multinode.inventory import Inventory, Node
+from multinode.launchers.base import EntryPoint, LaunchPlan, per_node_plan, run_dir, trainer_args
 from multinode.launchers.torchrun import TorchrunLauncher
 
 # $1 = this node's group rank, $2 = processes per node, $3 = directory for per-rank exit files;
@@ -63,34 +54,22 @@ class StaticLauncher:
 
     def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
         inv = inventory.first(spec.nodes)
-        head = inv.head
-        commands = []
-        for node_rank, node in enumerate(inv.nodes):
+
+        def node_command(node_rank: int, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
                 "sh", "-c", STARTER, "multinode-static", str(node_rank), str(spec.nproc), f"{directory}/ranks",
                 inv.interpreter, entry.script, *trainer_args(entry, directory, spec),
             )
-            env = dict(BASE_ENV)
-            env.update({
+            return argv, {
                 "WORLD_SIZE": str(spec.nodes * spec.nproc),
                 "LOCAL_WORLD_SIZE": str(spec.nproc),
                 "GROUP_RANK": str(node_rank),
-                "MASTER_ADDR": head.private_ip,
+                "MASTER_ADDR": inv.head.private_ip,
                 "MASTER_PORT": str(spec.rdzv_port),
-            })
-            network, node_env = collective_env(inv, spec)
-            env.update(network)
-            commands.append(
-                NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name), env=env, node_env=node_env)
-            )
-        return LaunchPlan(
-            run_id=spec.run_id,
-            launcher=self.name,
-            commands=tuple(commands),
-            participants=tuple(n.name for n in inv.nodes),
-            world_size=spec.nodes * spec.nproc,
-        )
+            }
+
+        return per_node_plan(self.name, inv, spec, node_command)
 
     def relabel(self, plan: LaunchPlan, nproc: int):
         return None  # every node streams its own ranks' lines

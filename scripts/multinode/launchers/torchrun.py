@@ -12,17 +12,8 @@ import re
 from collections.abc import Sequence
 
 from multinode.config import LaunchSpec
-from multinode.inventory import Inventory
-from multinode.launchers.base import (
-    BASE_ENV,
-    EntryPoint,
-    LaunchPlan,
-    NodeCommand,
-    code_dir,
-    collective_env,
-    run_dir,
-    trainer_args,
-)
+from multinode.inventory import Inventory, Node
+from multinode.launchers.base import EntryPoint, LaunchPlan, per_node_plan, run_dir, trainer_args
 
 # Seconds a store operation -- connecting to the rendezvous endpoint included -- may take. torch's
 # default is 60, the same as the join timeout, so a node that cannot reach the endpoint was outlived by
@@ -40,11 +31,12 @@ class TorchrunLauncher:
         inv = inventory.first(spec.nodes)
         head = inv.head
         nnodes = spec.elastic or str(spec.nodes)
-        commands = []
-        for node in inv.nodes:
+        read_timeout = min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)
+
+        def node_command(node_rank: int, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:
             is_host = node.name == head.name
-            read_timeout = min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)
             rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={read_timeout},is_host={int(is_host)}"
+            directory = run_dir(inv, node.name, spec.run_id)
             argv = (
                 inv.interpreter, "-m", "torch.distributed.run",
                 f"--nnodes={nnodes}",
@@ -59,28 +51,18 @@ class TorchrunLauncher:
                 # Tee worker output through the agent so each line carries its rank prefix;
                 # per-rank copies stay in the node's run directory.
                 "--tee=3",
-                f"--log-dir={run_dir(inv, node.name, spec.run_id)}/torchrun",
+                f"--log-dir={directory}/torchrun",
                 entry.script,
-                *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
+                *trainer_args(entry, directory, spec),
             )
-            env = dict(BASE_ENV)
             # Every worker line starts with its global rank: "[node-1] [rank1]: ...".
-            env["TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"] = "[rank${rank}]: "
+            env = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[rank${rank}]: "}
             if spec.max_restarts:
                 # Restarted workers otherwise reconnect to stale store addresses (pytorch#135712).
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-            network, node_env = collective_env(inv, spec)
-            env.update(network)
-            commands.append(
-                NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name), env=env, node_env=node_env)
-            )
-        return LaunchPlan(
-            run_id=spec.run_id,
-            launcher=self.name,
-            commands=tuple(commands),
-            participants=tuple(n.name for n in inv.nodes),
-            world_size=spec.nodes * spec.nproc,
-        )
+            return argv, env
+
+        return per_node_plan(self.name, inv, spec, node_command)
 
     def relabel(self, plan: LaunchPlan, nproc: int):
         return None  # every node streams its own ranks' lines
