@@ -20,8 +20,6 @@ from multinode.errors import UserError
 from multinode.inventory import Inventory
 from multinode.remote import RemoteRunner
 
-RETRY_BACKOFF = (0.5, 1.0, 2.0, 4.0)
-
 
 class PreflightFailed(UserError):
     """A node cannot run the job; nothing was started."""
@@ -30,20 +28,9 @@ class PreflightFailed(UserError):
 def wait_for_ssh(runner: RemoteRunner, timeout: float) -> None:
     """Connect to every node, retrying the ones that fail until ``timeout`` seconds have passed."""
     inv = runner.inventory
-    end = time.monotonic() + timeout
-    missing = [n.name for n in inv.nodes]
-    attempt = 0
-    while True:
-        answers = runner.connect_all(missing, timeout=max(1.0, min(runner.connect_timeout + 2, end - time.monotonic())))
-        failed = {name: why for name, why in answers.items() if why}
-        fatal = {name: why for name, why in failed.items() if "host key" in why or "key was refused" in why}
-        if fatal or not failed or time.monotonic() + RETRY_BACKOFF[min(attempt, 3)] > end:
-            break
-        time.sleep(RETRY_BACKOFF[min(attempt, 3)])
-        attempt += 1
-        missing = list(failed)
+    failed = runner.connect_until([n.name for n in inv.nodes], time.monotonic() + timeout)
     if failed:
-        name, why = next(iter((fatal or failed).items()))
+        name, why = next(iter(failed.items()))
         node = inv.node(name)
         others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
         raise PreflightFailed(

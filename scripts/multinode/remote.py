@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 TAIL_LINES = 20
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL on a node
 LOST_GRACE = 15.0  # after a stop, how long a node's session may take to end before we drop it
+CONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0)  # seconds between connection attempts to a node that does not answer
 
 # Stop every process of one run on this node: match the exact environment entry, restricted to
 # this node's network namespace (simulated nodes share one /proc). TERM, wait, KILL, report.
@@ -272,6 +273,22 @@ class RemoteRunner:
             for name, (done, value) in answers.items()
         }
 
+    def connect_until(self, names: Iterable[str], end: float) -> dict[str, str]:
+        """Connect to every node, retrying the ones that fail (with backoff) until ``time.monotonic()``
+        reaches ``end``; at least one attempt each. {node: why} of those that still fail, a refused host
+        key or login key (never retried: waiting cannot fix it) first; empty when every node answered."""
+        missing, attempt = list(names), 0
+        while True:
+            answers = self.connect_all(missing, timeout=max(1.0, min(self.connect_timeout + 2, end - time.monotonic())))
+            failed = {name: why for name, why in answers.items() if why}
+            fatal = {name: why for name, why in failed.items() if "host key" in why or "key was refused" in why}
+            pause = CONNECT_BACKOFF[min(attempt, len(CONNECT_BACKOFF) - 1)]
+            if fatal or not failed or time.monotonic() + pause > end:
+                return {**fatal, **failed}
+            time.sleep(pause)
+            attempt += 1
+            missing = list(failed)
+
     def parallel(self, fn: Callable[[str], Any], names: Iterable[str], timeout: float) -> dict[str, BaseException | None]:
         """``fn(node)`` on every node at once; {node: None or the exception it raised / a timeout}."""
         answers = _parallel(fn, names, timeout)
@@ -476,13 +493,7 @@ class RemoteRunner:
         If it does not come back within ``rejoin.wait``, its failure stands and ends the job."""
         result = results[name]
         self.drop(name)
-        end = time.monotonic() + rejoin.wait
-        why: str | None = "no answer"
-        while time.monotonic() < end:
-            why = self.connect_all([name], timeout=min(self.connect_timeout + 2, max(1.0, end - time.monotonic())))[name]
-            if why is None:
-                break
-            time.sleep(1.0)
+        why = self.connect_until([name], time.monotonic() + rejoin.wait).get(name)
         if why is None:
             try:
                 self.stop_all(run_id, extra_stop, names=[name])
