@@ -32,6 +32,7 @@ ROW = re.compile(r"ALLREDUCE (\{.*\})")
 FULL_SIZES = [4096 * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
 QUICK_SIZES = [4096, 65536, 1 << 20]
 MIB64 = 64 << 20
+LARGE = 1 << 20  # sizes from here up are bandwidth-bound
 MTUS = (1500, 9001, DEFAULT_MTU)  # Ethernet's default; EC2's jumbo frames inside a VPC; the local default
 TARGET_VS_ONE_NS = 0.85
 VARIANTS = ("ours", "raw", "one-namespace")
@@ -202,13 +203,17 @@ def run(cluster: LocalCluster, quick: bool = False, sweep_mtu: bool | None = Non
 
 
 def ratios(result: dict) -> dict:
-    """Per backend at the largest size: ours/raw, ours/one-namespace, busbw/link."""
+    """Per backend at the largest size: ours/raw, ours/one-namespace, busbw/link; and ours/raw as the
+    median over every size from 1 MiB up (one noisy size moves it less than it moves the largest)."""
     big = max(result["sizes"])
     out = {}
     for backend, variants in result["series"].items():
         ours_, raw_, one = (_at(variants[v], big)["busbw_gbs"] for v in VARIANTS)
+        large = [(o["busbw_gbs"], r["busbw_gbs"]) for o, r in zip(variants["ours"], variants["raw"])
+                 if o["bytes"] >= LARGE] or [(ours_, raw_)]
         out[backend] = {"bytes": big, "ours_over_raw": ours_ / raw_, "ours_over_one_namespace": ours_ / one,
-                        "busbw_over_link": ours_ / result["link_limit_gbs"]}
+                        "busbw_over_link": ours_ / result["link_limit_gbs"],
+                        "ours_over_raw_median_large": median(o / r for o, r in large)}
     return out
 
 
@@ -250,7 +255,8 @@ def section(result: dict) -> str:
                             "busbw / link"], rows), ""]
     summary = ratios(result)
     lines.append("At the largest size: " + "; ".join(
-        f"{b}: ours / raw **{r['ours_over_raw']:.2f}** (target >= 0.95), ours / one namespace "
+        f"{b}: ours / raw **{r['ours_over_raw']:.2f}** (median over 1 MiB and up: "
+        f"**{r['ours_over_raw_median_large']:.2f}**; target >= 0.95), ours / one namespace "
         f"**{r['ours_over_one_namespace']:.2f}**, busbw / link {r['busbw_over_link']:.2f}" for b, r in summary.items()) + ".")
     if "mtu_sweep" in result:
         rows = [[str(m["mtu"]), f"{m['link_gbs']:.2f}", f"{m['busbw_gbs']:.3f}", f"{m['one_namespace_busbw_gbs']:.3f}",

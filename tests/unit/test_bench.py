@@ -53,6 +53,17 @@ def test_collective_ratios_use_the_largest_size():
     assert r["ours_over_raw"] == pytest.approx(0.9)
     assert r["ours_over_one_namespace"] == pytest.approx(0.5)
     assert r["busbw_over_link"] == pytest.approx(0.3)
+    assert r["ours_over_raw_median_large"] == pytest.approx(0.9)  # no size reaches 1 MiB: the largest stands in
+
+
+def test_collective_ratio_median_over_large_sizes():
+    mib = 1 << 20
+    series = {"ours": [_row(1, 5.0), _row(mib, 0.9), _row(4 * mib, 1.0), _row(16 * mib, 0.5)],
+              "raw": [_row(1, 1.0), _row(mib, 1.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0)],
+              "one-namespace": [_row(1, 1.0), _row(mib, 1.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0)]}
+    result = {"sizes": [1, mib, 4 * mib, 16 * mib], "link_limit_gbs": 3.0, "series": {"gloo": series}}
+    r = collectives.ratios(result)["gloo"]
+    assert r["ours_over_raw"] == pytest.approx(0.5) and r["ours_over_raw_median_large"] == pytest.approx(0.9)
 
 
 def test_default_mtu_verdict_reads_the_default_row():
