@@ -146,15 +146,23 @@ DRILLS: dict[str, Callable] = {
 def run_drill(cluster, name: str) -> DrillResult:
     """``cluster``: an object with ``state``, ``popen(*args)`` and ``job_processes()`` (tests' Cluster)."""
     # The drills hit torchrun's agents too, so they run with them (LAUNCHER=static has its own tests).
+    # PYTHONFAULTHANDLER: if the orchestrator ever fails to exit, SIGABRT makes it print every thread's stack.
     proc = cluster.popen("train", "--nodes", "3", "--launcher", "torchrun", "--script", str(JOB),
-                         f"--args=--steps -1 --timeout {PG_TIMEOUT}")
+                         f"--args=--steps -1 --timeout {PG_TIMEOUT}", PYTHONFAULTHANDLER="1")
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     try:
         for i in range(3):
             out.wait_for(rf"^\[node-{i}\] \[rank\d\]: USER step 3 ")
         start = time.monotonic()
         recover = DRILLS[name](cluster.state, proc)
-        proc.wait(timeout=180)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=10)
+            time.sleep(0.3)
+            raise RuntimeError(f"{name}: the orchestrator did not exit within 180 s; its stderr and threads:\n"
+                               + "".join(err.lines)[-10000:]) from None
         seconds = time.monotonic() - start
     finally:
         if proc.poll() is None:

@@ -31,6 +31,7 @@ import logging
 import posixpath
 import queue
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -433,13 +434,22 @@ class RemoteRunner:
         for name in shells:
             start(name)
 
+        # Ctrl-C while the job runs only sets a flag, which the watch loop reads between events: a
+        # KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
+        # lock held, and the gang-stop that follows would wait on it forever. A second Ctrl-C does not
+        # cut the gang-stop short (it is bounded by LOST_GRACE).
+        interrupted = threading.Event()
+        on_main = threading.current_thread() is threading.main_thread()
+        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set()) if on_main else None
         try:
-            failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start)
+            failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, interrupted)
         except KeyboardInterrupt:
             self.say("interrupted: stopping the job on every node")
             self._gang_stop(run_id, results, events, extra_stop)
             raise Interrupted(f"interrupted; run {run_id} was stopped on every node") from None
         finally:
+            if on_main:
+                signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
             for fh in log_files.values():
                 fh.close()
         if failure is not None:
@@ -450,10 +460,13 @@ class RemoteRunner:
 
     def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
                deadline: float | None, extra_stop: Callable[[str], str | None] | None,
-               rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None) -> NodeError | None:
+               rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None,
+               interrupted: threading.Event | None = None) -> NodeError | None:
         pending = set(results)
         end = None if deadline is None else time.monotonic() + deadline
         while pending:
+            if interrupted is not None and interrupted.is_set():
+                raise KeyboardInterrupt
             try:
                 name = events.get(timeout=0.2)
             except queue.Empty:
