@@ -8,7 +8,7 @@ median step times in ``metrics.jsonl`` (epoch 0 is warm-up and left out). Three 
 interleaved (DDP, MPI, floor, DDP, MPI, floor, ...) so that drift of the machine hits them alike:
 
 * **gloo-ddp**: ``torchrun --standalone --nproc-per-node=2`` (DDP, gloo);
-* **mpi4py**: ``mpirun -np 2`` (the MPI data plane: in-place ``Allreduce`` on autograd's gradients);
+* **mpi4py**: ``mpirun -np 2`` (the MPI data plane: one in-place ``Allreduce`` per persistent flat bucket);
 * **compute floor**: two single-process runs side by side, no gradient exchange at all -- what a step
   costs when both cores compute, so each data plane's cost is its step minus the floor.
 
