@@ -133,6 +133,10 @@ def ctrl_c(state, proc):
     proc.send_signal(signal.SIGINT)
 
 
+def term_orchestrator(state, proc):
+    proc.send_signal(signal.SIGTERM)
+
+
 DRILLS: dict[str, Callable] = {
     "kill -9 one worker": kill_worker,
     "SIGTERM one node's torchrun agent": term_agent,
@@ -140,7 +144,10 @@ DRILLS: dict[str, Callable] = {
     "stop a whole node (every process, sshd included)": stop_node,
     "cut a node's link mid-training": cut_link,
     "Ctrl-C of the orchestrator": ctrl_c,
+    "SIGTERM of the orchestrator (a scheduler or a closed session)": term_orchestrator,
 }
+# Drills that stop the orchestrator itself: it exits 128 + the signal, having stopped every node.
+SIGNALLED = {"Ctrl-C of the orchestrator": 130, "SIGTERM of the orchestrator (a scheduler or a closed session)": 143}
 
 
 def run_drill(cluster, name: str) -> DrillResult:

@@ -191,6 +191,38 @@ def describe_ssh_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".strip().rstrip(":")
 
 
+class StopRequested(Exception):
+    """A stop signal arrived while a job ran (see :class:`StopSignals`)."""
+
+
+class StopSignals:
+    """While a job runs, Ctrl-C, SIGTERM and SIGHUP (a closed terminal) only record themselves; the
+    runner's watch loop reads that between events and stops the job on every node, as Ctrl-C does.
+    A KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
+    lock held and hang the gang-stop that follows; a default SIGTERM would leave the job running on
+    every node. A second signal does not cut the gang-stop short (LOST_GRACE bounds it). Outside the
+    main thread signals cannot be caught, and nothing changes."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _record(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
 class RemoteRunner:
     """Connections to the nodes of one inventory, opened lazily and closed on exit."""
 
@@ -431,27 +463,22 @@ class RemoteRunner:
         def start(name: str) -> None:
             threading.Thread(target=node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
 
-        for name in shells:
-            start(name)
-
-        # Ctrl-C while the job runs only sets a flag, which the watch loop reads between events: a
-        # KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
-        # lock held, and the gang-stop that follows would wait on it forever. A second Ctrl-C does not
-        # cut the gang-stop short (it is bounded by LOST_GRACE).
-        interrupted = threading.Event()
-        on_main = threading.current_thread() is threading.main_thread()
-        previous = signal.signal(signal.SIGINT, lambda *_: interrupted.set()) if on_main else None
-        try:
-            failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, interrupted)
-        except KeyboardInterrupt:
-            self.say("interrupted: stopping the job on every node")
-            self._gang_stop(run_id, results, events, extra_stop)
-            raise Interrupted(f"interrupted; run {run_id} was stopped on every node") from None
-        finally:
-            if on_main:
-                signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-            for fh in log_files.values():
-                fh.close()
+        with StopSignals() as stop:
+            for name in shells:
+                start(name)
+            try:
+                failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, stop)
+            except (KeyboardInterrupt, StopRequested):
+                signum = stop.signum or signal.SIGINT
+                what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+                self.say(f"{what}: stopping the job on every node")
+                self._gang_stop(run_id, results, events, extra_stop)
+                stopped = Interrupted(f"{what}; run {run_id} was stopped on every node")
+                stopped.exit_code = 128 + signum
+                raise stopped from None
+            finally:
+                for fh in log_files.values():
+                    fh.close()
         if failure is not None:
             err = JobFailed(failure)
             err.results = results  # type: ignore[attr-defined]  # for the summary: every node's ending
@@ -461,12 +488,12 @@ class RemoteRunner:
     def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
                deadline: float | None, extra_stop: Callable[[str], str | None] | None,
                rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None,
-               interrupted: threading.Event | None = None) -> NodeError | None:
+               stop: StopSignals | None = None) -> NodeError | None:
         pending = set(results)
         end = None if deadline is None else time.monotonic() + deadline
         while pending:
-            if interrupted is not None and interrupted.is_set():
-                raise KeyboardInterrupt
+            if stop is not None and stop.signum is not None:
+                raise StopRequested
             try:
                 name = events.get(timeout=0.2)
             except queue.Empty:

@@ -6,7 +6,16 @@ from __future__ import annotations
 
 import pytest
 
-from bench.drills import DRILLS, ELASTIC_DRILLS, PRESTART_DRILLS, SAVE_EVERY, run_drill, run_elastic_drill, run_prestart_drill
+from bench.drills import (
+    DRILLS,
+    ELASTIC_DRILLS,
+    PRESTART_DRILLS,
+    SAVE_EVERY,
+    SIGNALLED,
+    run_drill,
+    run_elastic_drill,
+    run_prestart_drill,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -16,8 +25,8 @@ ISOLATING = {"cut a node's link mid-training"}  # node-1 cannot be reached to be
 @pytest.mark.parametrize("name", list(DRILLS))
 def test_drill(cluster3, name: str):
     result = run_drill(cluster3, name)
-    if name == "Ctrl-C of the orchestrator":
-        assert result.exit_code == 130
+    if name in SIGNALLED:
+        assert result.exit_code == SIGNALLED[name], result
     else:
         assert result.exit_code == 1, result
         assert result.first_named == "node-1", result
