@@ -1,14 +1,18 @@
-"""Whole-line streaming and line relabelling (pure: no sockets)."""
+"""Whole-line streaming, line relabelling and stop signals (pure: no sockets)."""
 
 from __future__ import annotations
 
 import io
+import os
+import signal
 import threading
 from collections import deque
 
+import pytest
+
 from multinode.launchers.mpirun import relabel_by_rank
 from multinode.preflight import _check_script, port_check
-from multinode.remote import LineSink
+from multinode.remote import LineSink, StopSignals
 
 
 def test_sink_emits_whole_lines_only_and_keeps_a_tail():
@@ -49,3 +53,13 @@ def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():
     assert not RemoteRunner._may_rejoin("node-1", lost, None)  # MAX_RESTARTS=0
     lost.relaunches = 1
     assert not RemoteRunner._may_rejoin("node-1", lost, policy)  # budget spent
+
+
+@pytest.mark.parametrize("sig", StopSignals.SIGNALS)
+def test_stop_signals_are_recorded_while_a_job_runs_and_restored_after(sig):
+    before = signal.getsignal(sig)
+    with StopSignals() as stop:
+        os.kill(os.getpid(), sig)  # delivered to this (main) thread: recorded, not raised
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal does not replace the first
+        assert stop.signum == sig
+    assert signal.getsignal(sig) == before
