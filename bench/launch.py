@@ -64,13 +64,15 @@ class Launch:
         return (f"cd {workdir} && export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=\"{self.iface}\" "
                 f"&& exec {shlex.join(argv)}")
 
+    @staticmethod
+    def _train(n: int, launcher: str) -> list[str]:
+        return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB), "--launcher", launcher]
+
     def ours(self, n: int) -> list[str]:
-        # torchrun's agents on every node (LAUNCHER=torchrun: what MAX_RESTARTS/ELASTIC jobs use)
-        return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB), "--launcher", "torchrun"]
+        return self._train(n, "torchrun")  # agents on every node: what MAX_RESTARTS/ELASTIC jobs use
 
     def ours_static(self, n: int) -> list[str]:
-        # the default for a fixed-size job (LAUNCHER=auto)
-        return [sys.executable, "-m", "multinode", "train", "--nodes", str(n), "--script", str(JOB), "--launcher", "static"]
+        return self._train(n, "static")  # the default for a fixed-size job (LAUNCHER=auto)
 
     def pdsh(self, n: int) -> list[str]:
         # %n: pdsh's rank of the host in the (sorted) -w list; %h: the host as given, here its cluster IP.

@@ -62,15 +62,28 @@ class MpiGradients:
         aware = "rocm-aware" if torch.version.hip else "cuda-aware"
         self.kind = "mpi4py-allreduce(host)" if device.type == "cpu" else (
             f"mpi4py-allreduce({aware})" if self.direct else "mpi4py-allreduce(host-staged)")
-        self.buckets: list[list[nn.Parameter]] = [[]]
+        self.comm_seconds = 0.0
+        # Buckets of up to BUCKET_BYTES in parameter order; each parameter gets its view of one, filled by
+        # a post-accumulate hook as backward finishes its gradient.
+        groups: list[list[nn.Parameter]] = [[]]
         size = 0
         for p in self.params:
             if size and size + p.numel() * 4 > BUCKET_BYTES:
-                self.buckets.append([])
+                groups.append([])
                 size = 0
-            self.buckets[-1].append(p)
+            groups[-1].append(p)
             size += p.numel() * 4
-        self.comm_seconds = 0.0
+        self.flat: list[torch.Tensor] = []
+        self.views: list[tuple[nn.Parameter, torch.Tensor]] = []
+        for group in groups:
+            flat = torch.zeros(sum(p.numel() for p in group), dtype=torch.float32, device=group[0].device)
+            offset = 0
+            for p in group:
+                view = flat[offset:offset + p.numel()].view_as(p)
+                p.register_post_accumulate_grad_hook(self._into_bucket(view))
+                self.views.append((p, view))
+                offset += p.numel()
+            self.flat.append(flat)
 
     def broadcast_parameters(self) -> None:
         """Every rank starts from rank 0's weights (as DDP does at construction)."""
@@ -79,19 +92,6 @@ class MpiGradients:
                 host = p.detach().cpu().contiguous()
                 self.comm.Bcast(host.numpy(), root=0)
                 p.copy_(host.to(p.device))
-
-    def attach_buckets(self) -> None:
-        """Give every parameter its place in a flat per-bucket buffer, filled by a post-accumulate hook."""
-        self.flat, self.views = [], []
-        for bucket in self.buckets:
-            flat = torch.zeros(sum(p.numel() for p in bucket), dtype=torch.float32, device=bucket[0].device)
-            offset = 0
-            for p in bucket:
-                view = flat[offset:offset + p.numel()].view_as(p)
-                p.register_post_accumulate_grad_hook(self._into_bucket(view))
-                self.views.append((p, view))
-                offset += p.numel()
-            self.flat.append(flat)
 
     @staticmethod
     def _into_bucket(view: torch.Tensor):
@@ -111,8 +111,6 @@ class MpiGradients:
         bucket slot, zeroed, so every rank reduces the same buffers."""
         from mpi4py import MPI
 
-        if not hasattr(self, "flat"):
-            raise RuntimeError("MpiGradients.attach_buckets() must run before the first backward")
         for p, view in self.views:
             if p.grad is None:  # no gradient reached it this step: contribute zeros, still take the sum
                 view.zero_()

@@ -91,7 +91,6 @@ class Trainer:
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()
-            self.mpi.attach_buckets()
             self.net: nn.Module = self.model
         elif world.backend is not None:
             ids = [device.index] if device.type == "cuda" else None

@@ -468,8 +468,8 @@ class RemoteRunner:
                 start(name)
             try:
                 failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, stop)
-            except (KeyboardInterrupt, StopRequested):
-                signum = stop.signum or signal.SIGINT
+            except StopRequested:
+                signum = stop.signum
                 what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
                 self.say(f"{what}: stopping the job on every node")
                 self._gang_stop(run_id, results, events, extra_stop)

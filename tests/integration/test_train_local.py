@@ -33,10 +33,9 @@ def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, la
     """cpu: the default (no agents for a fixed-size job) on 2 nodes, torchrun's agents on 3."""
     res = cluster3.cli("train", "--mode", mode, "--nodes", str(nodes), "--launcher", launcher)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    if mode == "cpu":
+    if mode == "cpu":  # every node streams its own ranks' lines
         plan = (Path(summary_of(cluster3)["log_dir"]) / "plan.json").read_text()
         assert ("torch.distributed.run" in plan) == (launcher == "torchrun")
-    if mode == "cpu":  # every node streams its own ranks' lines
         for i in range(nodes):
             assert f"[node-{i}] " in res.stdout, res.stdout[-2000:]
     else:  # one mpirun on the head; rank 0's lines are shown as node-0's (other ranks only warn)

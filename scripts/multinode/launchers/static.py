@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from multinode.config import LaunchSpec
 from multinode.inventory import Inventory, Node
 from multinode.launchers.base import EntryPoint, LaunchPlan, per_node_plan, run_dir, trainer_args
-from multinode.launchers.torchrun import TorchrunLauncher
+from multinode.launchers.torchrun import root_cause_rank
 
 # $1 = this node's group rank, $2 = processes per node, $3 = directory for per-rank exit files;
 # the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
@@ -75,4 +75,4 @@ class StaticLauncher:
         return None  # every node streams its own ranks' lines
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
-        return TorchrunLauncher.failed_rank(self, log_lines)  # the starter reports failures in torchrun's form
+        return root_cause_rank(log_lines)  # the starter reports failures in torchrun's form

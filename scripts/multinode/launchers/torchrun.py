@@ -24,6 +24,15 @@ RDZV_READ_TIMEOUT = 10
 ROOT_CAUSE_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)\s*\(local_rank")
 
 
+def root_cause_rank(log_lines: Sequence[str]) -> int | None:
+    """The global rank torchrun's error summary names as the first failure, if the lines hold one."""
+    for line in log_lines:
+        match = ROOT_CAUSE_RANK.match(line)
+        if match:
+            return int(match[1])
+    return None
+
+
 class TorchrunLauncher:
     name = "torchrun"
 
@@ -68,8 +77,4 @@ class TorchrunLauncher:
         return None  # every node streams its own ranks' lines
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
-        for line in log_lines:
-            match = ROOT_CAUSE_RANK.match(line)
-            if match:
-                return int(match[1])
-        return None
+        return root_cause_rank(log_lines)
