@@ -5,7 +5,8 @@ runtime -> remote runner -> logs/results -- and owns nothing else. ``train`` in 
 
 1. load the inventory and restrict it to NODES (user errors first, nothing started);
 2. plan with the mode's launcher (pure; ``--dry-run`` stops here and prints it);
-3. pre-flight every node in parallel (SSH, runtime, GPU, MPI SSH mesh, rendezvous port);
+3. pre-flight every node in parallel (SSH, runtime, GPU, MPI SSH mesh, rendezvous port), then the GPU
+   smoke test on GPU nodes (device visible, kernels for its architecture, a matmul and a reduction);
 4. sync the code (training package, or the user's script) to every node's own directory;
 5. run every node's command at once, streaming ``[node-i]`` lines and saving per-node logs; the
    first failure stops every node of the job (by run id) and is reported with node, rank and tail;
@@ -28,6 +29,7 @@ from typing import TextIO
 
 from multinode.config import ClusterSpec, LaunchSpec
 from multinode.errors import JobFailed, NodeError, UserError
+from multinode.gpucheck import gpu_smoke, plan_nproc
 from multinode.inventory import Inventory
 from multinode.launchers import EntryPoint, LaunchPlan, launcher_for
 from multinode.providers import get_provider
@@ -134,6 +136,8 @@ def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[t
             f"MODE={spec.mode} needs GPU nodes but cluster {inv.cluster!r} has CPU nodes; "
             f"use MODE=cpu or MODE=mpi, or bring up a GPU cluster (make up PROVIDER=aws CLUSTER_TYPE=g4dn)"
         )
+    if spec.uses_gpu:
+        plan_nproc(inv, spec.nproc)
     entry, sync = resolve_entry(spec)
     return launcher_for(spec).plan(inv, spec, entry), sync
 
@@ -161,12 +165,14 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     with RemoteRunner(inv, out=out) as runner:
         preflight(
             runner,
-            checks=runtime_checks(inv, need_gpu=spec.uses_gpu),
+            checks=runtime_checks(inv),
             # In containers, mpirun's peers are sshds the run starts itself (checked once they are up).
             need_mpi_ssh=spec.uses_mpi and inv.runtime == "host",
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
         )
+        if spec.uses_gpu:
+            gpu_smoke(runner, inv, spec.nproc, spec.run_id)
         # Nothing is written before pre-flight passed: a refused job leaves no trace.
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plan.json").write_text(plan.to_json())

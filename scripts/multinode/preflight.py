@@ -4,8 +4,8 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
 
 1. every node answers SSH with the pinned host key (retried with back-off until the deadline);
 2. every node other than the head reaches the head on the cluster network (where the rendezvous is);
-3. every node has the runtime (the project's Python with torch, or the container CLI and image),
-   and a GPU in gpu modes;
+3. every node has the runtime (the project's Python with torch, or the container CLI and image);
+   GPUs are checked next, inside that runtime, by the smoke test of :mod:`multinode.gpucheck`;
 4. torchrun modes: the rendezvous port is free on the head node;
 5. mpi modes: the head can SSH to every other node with the cluster key (mpirun needs it).
 """
@@ -115,8 +115,6 @@ def _hint(failure: str, port: int | None) -> str:
         return f"; stop what listens there or pass RDZV_PORT=<another port> (e.g. {(port or 29500) + 1})"
     if "reachable on the cluster network" in failure:
         return "; the node cannot reach the head (the rendezvous): check routes and security groups within the cluster subnet"
-    if failure.startswith("a GPU"):
-        return "; use MODE=cpu or MODE=mpi, or a GPU cluster"
     if failure.startswith("the head can SSH"):
         return "; mpirun starts remote ranks over SSH: check the nodes' authorized_keys and known_hosts"
     if failure.startswith("python with torch"):

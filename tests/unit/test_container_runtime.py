@@ -32,7 +32,7 @@ def test_container_cli_keeps_its_global_options_and_args_follow_run(make_inv):
     assert argv[image_at + 1:image_at + 3] == ["python3", "-m"]
     assert stop_containers(inv, "r1", "node-1") == (
         f"{PODMAN} rm -f mn-r1-node-1 >/dev/null 2>&1; {PODMAN} rm -f mn-r1-node-1-sshd >/dev/null 2>&1; true")
-    (label, check), = runtime_checks(inv, need_gpu=False)
+    (label, check), = runtime_checks(inv)
     assert label == "podman and image localhost/multinode-cpu:t"
     assert check == f"{PODMAN} image inspect localhost/multinode-cpu:t >/dev/null"
 
