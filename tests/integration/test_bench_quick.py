@@ -16,7 +16,11 @@ SECTIONS = {"collectives", "launch", "throughput", "mpi_vs_ddp"}
 
 
 def test_every_benchmark_runs_and_writes_its_files(tmp_path):
+    from leakcheck import require_root
+
     from multinode.providers.localnet import namespaces_of
+
+    require_root()  # the benchmark's cluster and its raw baselines need network namespaces
 
     res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
