@@ -124,11 +124,14 @@ def iperf3(cluster: LocalCluster, seconds: float, flows: int = 1, port: int = 52
     server = subprocess.Popen(["ip", "netns", "exec", cluster.netns(1), "iperf3", "-s", "-1", "-B", cluster.ip(1),
                                "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        for _ in range(50):
+        deadline = time.monotonic() + 30
+        while True:  # until the server listens, with a deadline
             probe = subprocess.run(["ip", "netns", "exec", cluster.netns(1), "ss", "-Hltn", f"sport = :{port}"],
                                    capture_output=True, text=True)
             if probe.stdout.strip():
                 break
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"iperf3 -s on node-1 is not listening on port {port} (exit {server.poll()})")
             time.sleep(0.1)
         res = subprocess.run(["ip", "netns", "exec", cluster.netns(0), "iperf3", "-c", cluster.ip(1), "-B", cluster.ip(0),
                               "-p", str(port), "-t", str(seconds), "-P", str(flows), "-J"],
