@@ -3,7 +3,7 @@
 * ``digits``: scikit-learn's bundled 8x8 digits (real data, offline), a small CNN (>= 95% test accuracy).
 * ``mnist``: torchvision MNIST, only when torchvision imports and the files are already on disk.
 * ``regression``: a synthetic linear regression that really learns (loss falls by orders of magnitude).
-* ``mlp``: a 5.25 M-parameter MLP on random data, for step-time benchmarks (accuracy is meaningless).
+* ``mlp``: a 5,267,466-parameter MLP on random data, for step-time benchmarks (accuracy is meaningless).
 
 Splits are fixed by a constant seed, independent of the training seed and of the world size.
 """
