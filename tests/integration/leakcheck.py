@@ -68,18 +68,57 @@ def namespaces(cluster: str) -> list[str]:
     return sorted(n for n in names if pattern.fullmatch(n))
 
 
-def marks(cluster: str, home: Path) -> Marks:
-    """Read while the cluster is up: its run ids (every ``runs/<id>`` directory under its state
-    directory, the nodes' included) and its namespaces' inodes."""
+def run_ids(cluster: str, home: Path) -> set[str]:
+    """Every run of the cluster: ``runs/<id>`` in its state directory and in each node's directory."""
     state = Path(home) / cluster
-    run_ids = {p.name for p in state.glob("**/runs/*") if p.is_dir()}
-    inodes = set()
+    dirs = [*state.glob("runs/*"), *state.glob("provider/nodes/*/runs/*")]
+    return {p.name for p in dirs if p.is_dir()}
+
+
+def namespace_inodes(cluster: str) -> dict[str, int]:
+    """{namespace: inode} of the cluster's namespaces that exist now."""
+    inodes = {}
     for ns in namespaces(cluster):
         try:
-            inodes.add(os.stat(NETNS_RUN / ns).st_ino)
+            inodes[ns] = os.stat(NETNS_RUN / ns).st_ino
         except OSError:
             continue
-    return Marks(cluster, Path(home), frozenset(run_ids), frozenset(inodes))
+    return inodes
+
+
+def marks(cluster: str, home: Path) -> Marks:
+    """Read while the cluster is up: its run ids and its namespaces' inodes."""
+    return Marks(cluster, Path(home), frozenset(run_ids(cluster, home)), frozenset(namespace_inodes(cluster).values()))
+
+
+def _net_inode(pid: str) -> int | None:
+    try:
+        return int(os.readlink(f"/proc/{pid}/ns/net").split("[")[1].rstrip("]"))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def job_processes(cluster: str, home: Path) -> dict[str, list[int]]:
+    """Processes of the cluster other than sshd, found on the whole host: per node, those in its
+    namespace (``node-<i>`` for ``mn-<cluster>-<i>``); under ``"outside the nodes"`` (only when there are
+    any), those elsewhere whose environment carries one of its run ids. Empty lists whenever no job runs."""
+    nodes = {ino: f"node-{ns.rsplit('-', 1)[1]}" for ns, ino in namespace_inodes(cluster).items()}
+    found: dict[str, list[int]] = {name: [] for name in sorted(nodes.values(), key=lambda n: int(n[5:]))}
+    tags = {f"MULTINODE_RUN_ID={r}".encode() for r in run_ids(cluster, home)}
+    outside = []
+    for entry in Path("/proc").iterdir():
+        pid = entry.name
+        if not pid.isdigit() or pid == str(os.getpid()):
+            continue
+        node = nodes.get(_net_inode(pid))
+        if node is not None:
+            if _read(entry / "comm").strip() != b"sshd":
+                found[node].append(int(pid))
+        elif tags & set(_read(entry / "environ").split(b"\0")):
+            outside.append(int(pid))
+    if outside:
+        found["outside the nodes"] = sorted(outside)
+    return {name: sorted(pids) for name, pids in found.items()}
 
 
 def _read(path: Path) -> bytes:
@@ -114,10 +153,10 @@ def processes(m: Marks) -> list[str]:
         try:
             if os.readlink(entry / "cwd").encode().startswith(state):
                 reasons.append("working directory under the state directory")
-            if os.readlink(entry / "ns" / "net") in nets:
-                reasons.append("in one of the cluster's network namespaces")
         except OSError:
             pass
+        if f"net:[{_net_inode(pid)}]" in nets:
+            reasons.append("in one of the cluster's network namespaces")
         if reasons and (entry / "stat").exists():
             found.append(f"{_describe(pid)}: {', '.join(reasons)}")
     return found

@@ -53,10 +53,9 @@ class Cluster:
         return self.state.load_inventory()
 
     def job_processes(self) -> dict[str, list[int]]:
-        """Processes other than sshd on every node: must be empty whenever no job runs."""
-        from multinode.providers.local import job_pids
-
-        return {node.name: job_pids(self.state, node.name) for node in self.inventory().nodes}
+        """Processes other than sshd on every node, and any process of its runs outside the nodes:
+        must be empty whenever no job runs (found by leakcheck.py, not by the provider)."""
+        return leakcheck.job_processes(self.name, self.home)
 
     def runs(self) -> list[Path]:
         runs = self.state.runs_dir
