@@ -59,7 +59,14 @@ class Watcher:
                 self.times.append(time.monotonic())
                 self.lines.append(line)
 
-        threading.Thread(target=read, daemon=True).start()
+        self.thread = threading.Thread(target=read, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float = 30) -> None:
+        """Until the stream's end has been read (the process has exited and closed it), with a deadline."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"output still open {timeout} s after the process exited")
 
     def first(self, pattern: str, after: float = 0.0) -> tuple[float, re.Match] | None:
         """(arrival time, match) of the first line matching ``pattern`` that arrived after ``after``."""
@@ -137,6 +144,10 @@ def term_orchestrator(state, proc):
     proc.send_signal(signal.SIGTERM)
 
 
+def hup_orchestrator(state, proc):
+    proc.send_signal(signal.SIGHUP)
+
+
 DRILLS: dict[str, Callable] = {
     "kill -9 one worker": kill_worker,
     "SIGTERM one node's torchrun agent": term_agent,
@@ -145,9 +156,11 @@ DRILLS: dict[str, Callable] = {
     "cut a node's link mid-training": cut_link,
     "Ctrl-C of the orchestrator": ctrl_c,
     "SIGTERM of the orchestrator (a scheduler or a closed session)": term_orchestrator,
+    "SIGHUP of the orchestrator (its terminal closed)": hup_orchestrator,
 }
 # Drills that stop the orchestrator itself: it exits 128 + the signal, having stopped every node.
-SIGNALLED = {"Ctrl-C of the orchestrator": 130, "SIGTERM of the orchestrator (a scheduler or a closed session)": 143}
+SIGNALLED = {"Ctrl-C of the orchestrator": 130, "SIGTERM of the orchestrator (a scheduler or a closed session)": 143,
+             "SIGHUP of the orchestrator (its terminal closed)": 129}
 
 
 def run_drill(cluster, name: str) -> DrillResult:
@@ -167,7 +180,7 @@ def run_drill(cluster, name: str) -> DrillResult:
         except subprocess.TimeoutExpired:
             proc.send_signal(signal.SIGABRT)
             proc.wait(timeout=10)
-            time.sleep(0.3)
+            err.join()
             raise RuntimeError(f"{name}: the orchestrator did not exit within 180 s; its stderr and threads:\n"
                                + "".join(err.lines)[-10000:]) from None
         seconds = time.monotonic() - start
@@ -175,7 +188,7 @@ def run_drill(cluster, name: str) -> DrillResult:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    time.sleep(0.3)  # let the reader threads drain
+    out.join(), err.join()  # every line the orchestrator wrote has been read
     left_at_exit = cluster.job_processes()
     if recover:
         recover()
@@ -259,7 +272,7 @@ def elastic_kill_worker(state, proc):
 def elastic_restart_node(state, proc):
     """Every process of node-1, its sshd included, dies; the node is back (sshd answers) 2 s later."""
     bring_back = stop_node(state, proc)
-    time.sleep(2.0)
+    time.sleep(2.0)  # the node's downtime: the fault itself, not a wait for anything
     bring_back()
 
 
@@ -295,7 +308,7 @@ def run_elastic_drill(cluster, name: str) -> ElasticResult:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    time.sleep(0.3)
+    out.join(), err.join()
     done = max(int(m[1]) for when, line in zip(out.times, out.lines) if when <= fault
                for m in [re.search(r"\[rank0\]: epoch (\d+)/", line)] if m)
     resumed = out.first(r"resumed from snapshot: next epoch (\d+)", after=fault)

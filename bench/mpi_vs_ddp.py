@@ -2,7 +2,7 @@
 
     python -m bench.mpi_vs_ddp [--quick] [--out bench/out/mpi_vs_ddp.json]
 
-Model: the 5.26 M-parameter MLP (512-2048-2048-10) of ``training.workloads.mlp``, per-rank batch 64,
+Model: the MLP (512-2048-2048-10; :func:`model` counts its parameters) of ``training.workloads.mlp``, per-rank batch 64,
 random data, SGD. Every run uses training/train.py; a run's step time is the median of its per-epoch
 median step times in ``metrics.jsonl`` (epoch 0 is warm-up and left out). Three kinds of run,
 interleaved (DDP, MPI, floor, DDP, MPI, floor, ...) so that drift of the machine hits them alike:
@@ -26,9 +26,28 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.verdicts import Target, attach, describe, shown, verdict
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "training" / "train.py")
 PLANES = ("gloo-ddp", "mpi4py", "compute-floor")
+FASTER = Target("<=", 0.7)  # MPI / DDP step time (issue 2)
+TARGET = f"MPI / DDP step time {FASTER}"
+
+
+def model() -> dict:
+    """The benchmark model's layer widths and parameter count, from the model the trainer builds."""
+    from training.config import TrainConfig
+    from training.workloads import mlp
+
+    net = mlp(TrainConfig(workload="mlp", steps_per_epoch=1)).model
+    widths = [net[0].in_features, *(layer.out_features for layer in net if hasattr(layer, "out_features"))]
+    return {"model": f"MLP {'-'.join(map(str, widths))}", "params": sum(p.numel() for p in net.parameters())}
+
+
+def mlp_params(widths: list[int]) -> int:
+    """Parameters of a stack of Linear layers with bias (weights + biases) of these widths."""
+    return sum(a * b + b for a, b in zip(widths, widths[1:]))
 
 
 def _env() -> dict[str, str]:
@@ -78,11 +97,25 @@ def run(quick: bool = False) -> dict:
     med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
     pairs = [m["step_ms"] / d["step_ms"] for m, d in zip(runs["mpi4py"], runs["gloo-ddp"])]
     floor = med["compute-floor"]["step_ms"]
-    return {"model": "MLP 512-2048-2048-10 (5.26 M params)", "ranks": 2, "batch_per_rank": 64,
-            "epochs": int(epochs), "steps_per_epoch": int(steps), "repeats": repeats, "runs": runs, **med,
-            "pair_ratios": pairs, "mpi_over_ddp_step_ratio": statistics.median(pairs),
-            "overhead_over_floor_ms": {n: med[n]["step_ms"] - floor for n in ("gloo-ddp", "mpi4py")},
-            "target": "<= 0.7"}
+    result = {**model(), "ranks": 2, "batch_per_rank": 64,
+              "epochs": int(epochs), "steps_per_epoch": int(steps), "repeats": repeats, "runs": runs, **med,
+              "pair_ratios": pairs, "mpi_over_ddp_step_ratio": statistics.median(pairs),
+              "overhead_over_floor_ms": {n: med[n]["step_ms"] - floor for n in ("gloo-ddp", "mpi4py")}}
+    return attach(result, judge(result), TARGET)
+
+
+def judge(result: dict) -> list[dict]:
+    """The median of the interleaved pairs, and every pair on its own."""
+    pairs = [(f"pair {i + 1}", p) for i, p in enumerate(result["pair_ratios"])]
+    return [verdict("MPI data plane / gloo DDP step time (median of pairs)", result["mpi_over_ddp_step_ratio"],
+                    FASTER, pairs, "pairs")]
+
+
+def model_text(result: dict) -> str:
+    """'MLP 512-2048-2048-10 (5,267,466 parameters)'; the count from the widths where a result lacks it."""
+    name = result["model"].split(" (")[0]
+    params = result.get("params") or mlp_params([int(w) for w in name.split()[1].split("-")])
+    return f"{name} ({params:,} parameters)"
 
 
 def table(result: dict) -> str:
@@ -94,14 +127,18 @@ def table(result: dict) -> str:
         over = result["overhead_over_floor_ms"].get(name)
         rows.append([name, f"{r['step_ms']:.1f}", "-" if over is None else f"{over:+.1f}",
                      "-" if name == "compute-floor" else f"{r['comm_ms']:.1f}", f"{r['samples_per_s']:.0f}"])
-    pairs = ", ".join(f"{p:.2f}" for p in result["pair_ratios"])
+    pairs = ", ".join(shown(p, FASTER) for p in result["pair_ratios"])
     return "\n".join([
         md_table(["data plane", "step (ms, median)", "over the compute floor (ms)", "comm (ms/step)",
                   "samples/s (per run)"], rows),
         "",
-        f"MPI / DDP step-time ratio: **{result['mpi_over_ddp_step_ratio']:.2f}** (median of {len(result['pair_ratios'])} "
-        f"pair(s): {pairs}; target {result['target']}). The compute floor alone is "
+        f"MPI / DDP step-time ratio: **{shown(result['mpi_over_ddp_step_ratio'], FASTER)}** (median of "
+        f"{len(result['pair_ratios'])} pair(s): {pairs}; target {FASTER}). The compute floor alone is "
         f"{result['compute-floor']['step_ms'] / result['gloo-ddp']['step_ms']:.2f} of the DDP step.",
+        "",
+        "Verdict (computed by `bench.mpi_vs_ddp.judge`):",
+        "",
+        *(f"- {v['claim']}: **{describe(v)}**" for v in result.get("verdicts", judge(result))),
     ])
 
 
@@ -109,7 +146,7 @@ def section(result: dict) -> str:
     return "\n".join([
         "## MPI gradient data plane vs gloo DDP",
         "",
-        f"`python -m bench.mpi_vs_ddp`: {result['model']}, {result['ranks']} ranks on one machine, per-rank batch "
+        f"`python -m bench.mpi_vs_ddp`: {model_text(result)}, {result['ranks']} ranks on one machine, per-rank batch "
         f"{result['batch_per_rank']}, {result['epochs']} epochs x {result['steps_per_epoch']} steps (epoch 0 left out), "
         f"SGD (fused CPU kernel), OMP_NUM_THREADS=1, {result['repeats']} interleaved repeat(s) of DDP, MPI and the "
         "compute floor (two single-process runs side by side, no gradient exchange). Step time = median of "

@@ -2,7 +2,7 @@
 
 Used under mpirun when torch has no MPI backend (stock wheels). Gradients are reduced in a few flat
 float32 buckets (~25 MB each) that live as long as the model: reducing autograd's own, freshly
-allocated gradient tensors in place instead measured 9 ms per step against 4 ms (5.26 M parameters).
+allocated gradient tensors in place instead measured 9 ms per step against 4 ms (the 5,267,466-parameter benchmark MLP).
 Each gradient lands in its bucket once, as autograd finishes it (a post-accumulate hook copies it
 there and makes the bucket's view the parameter's ``.grad``), so the step needs no memset of the
 buckets and no accumulate-into-buffer pass; a second micro-batch accumulates into the view directly.

@@ -1,5 +1,6 @@
 """Real local clusters for integration tests: the CLI in a subprocess, state in a temporary
-MULTINODE_HOME, and a teardown that proves nothing of the cluster is left."""
+MULTINODE_HOME, and a teardown that proves nothing of the cluster is left -- checked on the whole
+host by tests/integration/leakcheck.py, not by the provider's own ``leftovers()``."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import leakcheck
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -50,10 +53,9 @@ class Cluster:
         return self.state.load_inventory()
 
     def job_processes(self) -> dict[str, list[int]]:
-        """Processes other than sshd on every node: must be empty whenever no job runs."""
-        from multinode.providers.local import job_pids
-
-        return {node.name: job_pids(self.state, node.name) for node in self.inventory().nodes}
+        """Processes other than sshd on every node, and any process of its runs outside the nodes:
+        must be empty whenever no job runs (found by leakcheck.py, not by the provider)."""
+        return leakcheck.job_processes(self.name, self.home)
 
     def runs(self) -> list[Path]:
         runs = self.state.runs_dir
@@ -65,7 +67,9 @@ def new_cluster_name(prefix: str = "t") -> str:
 
 
 def bring_up(home: Path, nodes: int, prefix: str = "t", options: dict[str, str] | None = None) -> Cluster:
-    """`multinode up` of a new cluster; ``options`` become ``-o KEY=VALUE`` (runtime, image, ...)."""
+    """`multinode up` of a new cluster; ``options`` become ``-o KEY=VALUE`` (runtime, image, ...).
+    Root only: without network namespaces there would be nothing for the leak checks to find."""
+    leakcheck.require_root()
     cluster = Cluster(new_cluster_name(prefix), home)
     flags = [f"--option={key}={value}" for key, value in (options or {}).items()]
     res = cluster.cli("up", "--nodes", str(nodes), *flags, timeout=120)
@@ -74,8 +78,10 @@ def bring_up(home: Path, nodes: int, prefix: str = "t", options: dict[str, str] 
 
 
 def tear_down(cluster: Cluster) -> None:
-    from multinode.providers.local import leftovers
-
+    """`multinode down`, then nothing of the cluster anywhere on the host (see leakcheck.py)."""
+    nodes = len(cluster.inventory().nodes)
+    marks = leakcheck.marks(cluster.name, cluster.home)  # run ids and namespace inodes, while they exist
+    assert len(marks.net_inodes) == nodes, f"{cluster.name}: {len(marks.net_inodes)} namespaces for {nodes} nodes"
     res = cluster.cli("down", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert leftovers(cluster.name) == []
+    leakcheck.assert_nothing_left(marks)

@@ -16,7 +16,11 @@ SECTIONS = {"collectives", "launch", "throughput", "mpi_vs_ddp"}
 
 
 def test_every_benchmark_runs_and_writes_its_files(tmp_path):
+    from leakcheck import require_root
+
     from multinode.providers.localnet import namespaces_of
+
+    require_root()  # the benchmark's cluster and its raw baselines need network namespaces
 
     res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=REPO,
                          capture_output=True, text=True, timeout=600)
@@ -24,6 +28,11 @@ def test_every_benchmark_runs_and_writes_its_files(tmp_path):
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     assert set(data) == SECTIONS
     assert all(entry["quick"] for entry in data.values())
+    for name, entry in data.items():  # every section is judged: its target, and met computed from its figures
+        result = entry["result"]
+        assert isinstance(result["target"], str) and result["target"], name
+        assert result["met"] is all(v["met"] for v in result["verdicts"]) and result["verdicts"], name
+        assert all(isinstance(v["met"], bool) and v["target"] for v in result["verdicts"]), name
     collectives = data["collectives"]["result"]
     for backend in ("gloo", "mpi"):
         for variant in ("ours", "raw", "one-namespace"):

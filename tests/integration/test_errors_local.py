@@ -3,6 +3,7 @@ no side effects (no run directory, no process on any node, the cluster still usa
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -76,15 +77,28 @@ def test_rendezvous_port_in_use(untouched: Cluster):
     head_ns = namespaces_of(untouched.name)[0]
     listener = subprocess.Popen(
         ["ip", "netns", "exec", head_ns, "python3", "-c",
-         "import socket,time; s=socket.socket(); s.bind(('0.0.0.0', 29611)); s.listen(); time.sleep(120)"],
+         "import signal, socket; s = socket.socket(); s.bind(('0.0.0.0', 29611)); s.listen(); signal.pause()"],
     )
     try:
-        time.sleep(0.5)
+        wait_until_accepting(untouched.inventory().head.private_ip, 29611, listener)
         res = untouched.cli("train", "--rdzv-port", "29611")
     finally:
         listener.kill()
         listener.wait()
     assert_one_line_error(res, "node-0", "rendezvous port 29611", "RDZV_PORT=")
+
+
+def wait_until_accepting(host: str, port: int, proc: subprocess.Popen, timeout: float = 30) -> None:
+    """Until a TCP connection to host:port is accepted (the listener is up), with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"nothing accepts on {host}:{port} (listener exit {proc.poll()})") from None
+            time.sleep(0.05)
 
 
 def test_up_twice(untouched: Cluster):

@@ -1,6 +1,7 @@
 """The trainer for real: torchrun (gloo DDP) and mpirun (mpi4py data plane) with 2 ranks on this
 machine, SLURM-style and plain runs of a copy of training/ alone, exact resume after a SIGKILL, a
-kill during a snapshot write, a dead peer under mpirun, and one-line bad input.
+kill during a snapshot write, the snapshot broadcast from a rank other than 0 over gloo, a dead peer
+under mpirun, and one-line bad input.
 
 Every process carries MULTINODE_RUN_ID=<this module's id>; teardown kills any that is left
 (torchrun starts its workers in their own session, so killing the launcher is not enough)."""
@@ -58,13 +59,16 @@ def our_pids() -> list[int]:
 @pytest.fixture(autouse=True, scope="module")
 def kill_leftovers():
     yield
-    for sig in (signal.SIGTERM, signal.SIGKILL):
+    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
         for pid in our_pids():
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        time.sleep(0.5)
+        deadline = time.monotonic() + grace
+        while our_pids() and time.monotonic() < deadline:  # until they are gone (reaped), with a deadline
+            time.sleep(0.05)
+    assert not our_pids(), f"processes of {RUN_ID} survived SIGKILL: {our_pids()}"
 
 
 def result_of(res: subprocess.CompletedProcess) -> dict:
@@ -100,12 +104,11 @@ def test_digits_reaches_95_under_torchrun_and_mpirun(digits_runs):
 
 
 def test_mpi_data_plane_matches_ddp_weights(digits_runs):
-    """Same seed, same data order: the MPI allreduce and gloo DDP average the same gradients.
-
-    Tolerance rtol=1e-5, atol=1e-6: with 2 ranks DDP sums a+b and halves it, the MPI plane halves the
-    loss before backward (so a and b come out halved) and sums; halving is exact in float32 and a sum
-    of two is commutative, so the weights come out bitwise equal here. Other world sizes divide by
-    non-powers of two and may add in a different order, which rounding shows in the last bits.
+    """Same seed, same data order: the MPI allreduce and gloo DDP average the same gradients, and the
+    final weights are bitwise equal (torch.equal, no tolerance). With 2 ranks DDP sums a+b and halves it,
+    the MPI plane halves the loss before backward (so a and b come out halved) and sums; halving is exact
+    in float32 and a sum of two is commutative. Other world sizes divide by non-powers of two and may add
+    in a different order: this test says nothing about them.
     """
     base, _, _ = digits_runs
     assert_same_weights(weights(base / "mpi"), weights(base / "ddp"))
@@ -113,8 +116,8 @@ def test_mpi_data_plane_matches_ddp_weights(digits_runs):
 
 def assert_same_weights(mpi: dict, ddp: dict) -> None:
     assert ddp.keys() == mpi.keys()
-    for name in ddp:
-        torch.testing.assert_close(mpi[name], ddp[name], rtol=1e-5, atol=1e-6)
+    different = [name for name in ddp if not torch.equal(mpi[name], ddp[name])]
+    assert not different, {name: (mpi[name] - ddp[name]).abs().max().item() for name in different}
 
 
 def test_mpi_gradient_accumulation_matches_ddp(tmp_path):
@@ -201,6 +204,52 @@ def test_slurm_environment_two_tasks(training_copy):
     result = result_of(subprocess.CompletedProcess([], 0, outs[0], ""))
     assert (result["launcher"], result["world_size"], result["data_plane"]) == ("slurm", 2, "gloo-ddp")
     assert result["loss_reduction"] >= 10 and "RESULT" not in outs[1]
+
+
+SNAPSHOT_RANK = """
+import json, os, sys, types
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from training import snapshot
+from training.trainer import Trainer
+
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+world = types.SimpleNamespace(backend="gloo", rank=dist.get_rank(), world_size=dist.get_world_size())
+me = types.SimpleNamespace(world=world)  # the trainer's own gather/broadcast, on a real process group
+state = snapshot.load_everywhere(sys.argv[1], world.rank, lambda obj: Trainer.gather(me, obj),
+                                 lambda obj, src: Trainer.broadcast(me, obj, src))
+print("SNAP " + json.dumps({"rank": world.rank, "next_epoch": state["next_epoch"],
+                            "blob": state["blob"].tolist(), "pid": os.getpid()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_freshest_snapshot_is_broadcast_from_rank_1_through_gloo(tmp_path):
+    """Three ranks, each with its own snapshot directory (nodes share no disk): rank 1 holds the freshest
+    snapshot, rank 0 an older one, rank 2 none. Every rank ends with rank 1's, carried by the trainer's
+    all_gather_object and broadcast_object_list on a real gloo process group; no directory is written."""
+    from training import snapshot
+
+    dirs = [tmp_path / f"rank{r}" for r in range(3)]
+    snapshot.save(dirs[0], {"next_epoch": 4, "blob": torch.full((3,), 4.0)})
+    snapshot.save(dirs[1], {"next_epoch": 6, "blob": torch.arange(3.0) + 0.5})
+    before = {d: (d / "snapshot.pt").read_bytes() for d in dirs[:2]}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, "-c", SNAPSHOT_RANK, str(dirs[r])], cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env={**ENV, "RANK": str(r), "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1",
+                                   "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+             for r in range(3)]
+    outs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    got = [json.loads(line[len("SNAP "):]) for out in outs for line in out.splitlines() if line.startswith("SNAP ")]
+    assert [g["rank"] for g in got] == [0, 1, 2]
+    assert [(g["next_epoch"], g["blob"]) for g in got] == [(6, [0.5, 1.5, 2.5])] * 3
+    assert len({g["pid"] for g in got}) == 3  # three processes, not one
+    assert {d: (d / "snapshot.pt").read_bytes() for d in dirs[:2]} == before and not dirs[2].exists()
 
 
 def test_dead_peer_under_mpirun_fails_the_job(tmp_path):

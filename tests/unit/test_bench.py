@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import collectives, launch, report, throughput
+from bench import collectives, launch, mpi_vs_ddp, report, throughput, verdicts
 from bench.jobs.allreduce_perf import bus_bandwidth, iterations
 from bench.nodes import LocalCluster, parse_dry_run
 
@@ -111,7 +111,8 @@ MACHINE = {"cpu": "Test CPU", "cores": 2, "memory_gib": 24.0, "os": "Debian 12",
 def test_page_shows_machine_date_and_sections_in_order():
     launch_result = {"sizes": [2], "repeats": 1, "target": launch.TARGET, "medians": {"2": {
         **{m: {"rendezvoused_s": 1.0, "exited_s": 2.0} for m in launch.METHODS}, "ours_over_pdsh_exited": 1.0,
-        "static_over_pdsh_exited": 0.5}}}
+        "static_over_pdsh_exited": 0.5}}, "samples": {"2": {m: [{"rendezvoused_s": 1.0, "exited_s": 2.0}]
+                                                            for m in launch.METHODS}}}
     throughput_result = {"nodes": 2, "nproc": 1, "args": "--workload mlp", "repeats": 1, "pairs": [{"ours": 99.0, "by_hand": 100.0}],
                          "ours_samples_per_s": 99.0, "by_hand_samples_per_s": 100.0, "ratio": 0.99, "target": 0.98,
                          "head_command": "cd /x && exec torchrun"}
@@ -140,3 +141,69 @@ def test_baseline_command_lines(make_inv):
     assert serial.count("ssh -i /state/dev/id_ed25519") == 3 and serial.endswith(" wait")
     assert "--node-rank=2" in serial and "/state/dev/nodes/node-2/code" in serial
     assert "PDSH_SSH_ARGS_APPEND" in lan.env("pdsh + torchrun")
+
+
+def test_a_verdict_compares_the_unrounded_value_and_judges_every_run():
+    target = verdicts.Target("<=", 0.7)
+    v = verdicts.verdict("MPI / DDP", 0.7012871726586773, target, [("pair 1", 0.6931), ("pair 2", 0.7013)], "pairs")
+    assert v["met"] is False and v["target"] == "<= 0.7"
+    assert [r["met"] for r in v["runs"]] == [True, False] and v["met_in"] == "1 of 2 pairs"
+    assert verdicts.shown(0.7012871726586773, target) == "0.701"  # 0.70 would read as met
+    assert verdicts.shown(0.6931, target) == "0.69"
+    assert verdicts.shown(0.9480, verdicts.Target(">=", 0.95)) == "0.948"
+    assert verdicts.describe(v) == "0.701 (target <= 0.7): NOT met; met in 1 of 2 pairs (0.69, 0.701)"
+    with pytest.raises(ValueError, match="operator"):
+        verdicts.Target("<", 1.0)
+
+
+def test_sections_judge_their_own_figures():
+    mpi = mpi_vs_ddp.judge({"mpi_over_ddp_step_ratio": 0.7013, "pair_ratios": [0.6931, 0.7013, 0.7026]})
+    assert [v["met"] for v in mpi] == [False] and mpi[0]["met_in"] == "1 of 3 pairs"
+    tp = throughput.judge({"ratio": 1.106, "pairs": [{"ours": 93.3, "by_hand": 100.0}, {"ours": 119.7, "by_hand": 100.0}]})
+    assert tp[0]["met"] is True and tp[0]["met_in"] == "1 of 2 pairs"
+    series = {"ours": [_row(1 << 20, 0.948)], "raw": [_row(1 << 20, 1.0)], "one-namespace": [_row(1 << 20, 1.0)]}
+    col = collectives.judge({"sizes": [1 << 20], "mtu": 65000, "series": {"mpi": series},
+                             "mtu_sweep": [{"mtu": 1500, "ratio": 0.9}, {"mtu": 65000, "ratio": 0.84}]})
+    assert [v["met"] for v in col] == [False, False] and "65000" in col[1]["claim"]
+
+
+def test_the_benchmark_model_parameter_count_is_counted():
+    described = mpi_vs_ddp.model()
+    assert described == {"model": "MLP 512-2048-2048-10", "params": 5_267_466}
+    assert mpi_vs_ddp.mlp_params([512, 2048, 2048, 10]) == described["params"]
+    assert mpi_vs_ddp.model_text({"model": "MLP 512-2048-2048-10 (5.26 M params)"}) == \
+        "MLP 512-2048-2048-10 (5,267,466 parameters)"
+
+
+def test_committed_verdicts_page_and_readme_table_match_the_measured_figures():
+    """docs/benchmarks.json's verdicts are what judge() computes from its figures, and docs/benchmarks.md
+    and the README's table are what bench.report generates from it: nothing there is written by hand."""
+    import copy
+
+    stored = report.load(report.DOCS / "benchmarks.json")
+    assert set(stored) == set(report.ORDER)
+    rejudged = report.judge_all(copy.deepcopy(stored))
+    assert rejudged == stored, "docs/benchmarks.json's verdicts are stale: run python -m bench.report"
+    assert all({"target", "met", "verdicts"} <= set(e["result"]) for e in stored.values())
+    assert (report.DOCS / "benchmarks.md").read_text() == report.page(stored)
+    readme = report.README.read_text()
+    start, end = readme.index(report.TABLE_START) + len(report.TABLE_START), readme.index(report.TABLE_END)
+    assert readme[start:end].strip() == report.readme_table(stored).strip()
+
+
+def test_readme_table_rows_come_from_verdicts_and_skip_quick_sections(tmp_path):
+    result = verdicts.attach({}, [verdicts.verdict("x / y", 0.7013, verdicts.Target("<=", 0.7), [("pair 1", 0.69)], "pairs")],
+                             "x / y <= 0.7")
+    data = {"mpi_vs_ddp": {"quick": False, "machine": MACHINE, "result": result},
+            "launch": {"quick": True, "machine": MACHINE, "result": {"verdicts": [{"claim": "quick"}]}}}
+    table = report.readme_table(data)
+    assert "| x / y | 0.701 (pair 1: 0.69) | <= 0.7 | **NOT met**; met in 1 of 1 pairs |" in table
+    assert "quick" not in table.split("\n", 1)[1]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"before\n{report.TABLE_START}\nold\n{report.TABLE_END}\nafter\n")
+    report.write_readme(data, readme)
+    text = readme.read_text()
+    assert text.startswith("before\n") and text.endswith(f"{report.TABLE_END}\nafter\n") and "old" not in text
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="markers"):
+        report.write_readme(data, readme)

@@ -1,0 +1,186 @@
+"""What is left of a local cluster on the whole host, found without the code under test.
+
+`down` judges itself with ``multinode.providers.local.leftovers``; the tests must not take its word.
+This module derives every name from the cluster's name and MULTINODE_HOME on its own (the naming
+scheme documented in scripts/multinode/providers/localnet.py, re-implemented here) and looks at the
+host as a whole, through /proc, /run/netns, /etc/netns and ``ip link``:
+
+* every process whose environment carries one of the cluster's run ids (``MULTINODE_RUN_ID=<id>``),
+  its ``MULTINODE_CLUSTER=<name>`` or its ``MULTINODE_HOME`` (the orchestrator and anything it started);
+* every process whose command line or working directory lies under the cluster's state directory
+  (every sshd of the cluster runs ``sshd -f <home>/<cluster>/.../sshd_config``);
+* every process inside one of the cluster's network namespaces -- recorded by inode while they existed,
+  so a process that keeps a deleted namespace alive is still found;
+* every namespace ``mn-<cluster>-<i>``, ``/etc/netns`` entry of it, and link ``mnb<hash>``,
+  ``mnh<hash><i>`` or ``mnp<hash><i>``.
+
+Namespaces need root: :func:`require_root` makes a cluster test fail (not pass) without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+NETNS_RUN = Path("/run/netns")
+NETNS_ETC = Path("/etc/netns")
+
+
+class RootRequired(RuntimeError):
+    pass
+
+
+def require_root() -> None:
+    """Local clusters get network namespaces only as root; without them the leak checks would find
+    nothing because nothing was there to find. Fail loudly instead of passing."""
+    if os.geteuid() != 0:
+        raise RootRequired("the integration tests with local clusters need root (network namespaces, "
+                           "sshd per node); run them as root, e.g. sudo .venv/bin/python -m pytest tests/integration")
+
+
+def tag(cluster: str) -> str:
+    """The 6 hex digits in the cluster's link names: sha256 of its name."""
+    return hashlib.sha256(cluster.encode()).hexdigest()[:6]
+
+
+@dataclass(frozen=True)
+class Marks:
+    """Everything that identifies one cluster on the host."""
+
+    cluster: str
+    home: Path
+    run_ids: frozenset[str]
+    net_inodes: frozenset[int]  # its namespaces' inodes, read while they existed
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / self.cluster
+
+
+def namespaces(cluster: str) -> list[str]:
+    pattern = re.compile(rf"mn-{re.escape(cluster)}-\d+")
+    names = os.listdir(NETNS_RUN) if NETNS_RUN.is_dir() else []
+    return sorted(n for n in names if pattern.fullmatch(n))
+
+
+def run_ids(cluster: str, home: Path) -> set[str]:
+    """Every run of the cluster: ``runs/<id>`` in its state directory and in each node's directory."""
+    state = Path(home) / cluster
+    dirs = [*state.glob("runs/*"), *state.glob("provider/nodes/*/runs/*")]
+    return {p.name for p in dirs if p.is_dir()}
+
+
+def namespace_inodes(cluster: str) -> dict[str, int]:
+    """{namespace: inode} of the cluster's namespaces that exist now."""
+    inodes = {}
+    for ns in namespaces(cluster):
+        try:
+            inodes[ns] = os.stat(NETNS_RUN / ns).st_ino
+        except OSError:
+            continue
+    return inodes
+
+
+def marks(cluster: str, home: Path) -> Marks:
+    """Read while the cluster is up: its run ids and its namespaces' inodes."""
+    return Marks(cluster, Path(home), frozenset(run_ids(cluster, home)), frozenset(namespace_inodes(cluster).values()))
+
+
+def _net_inode(pid: str) -> int | None:
+    try:
+        return int(os.readlink(f"/proc/{pid}/ns/net").split("[")[1].rstrip("]"))
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def job_processes(cluster: str, home: Path) -> dict[str, list[int]]:
+    """Processes of the cluster other than sshd, found on the whole host: per node, those in its
+    namespace (``node-<i>`` for ``mn-<cluster>-<i>``); under ``"outside the nodes"`` (only when there are
+    any), those elsewhere whose environment carries one of its run ids. Empty lists whenever no job runs."""
+    nodes = {ino: f"node-{ns.rsplit('-', 1)[1]}" for ns, ino in namespace_inodes(cluster).items()}
+    found: dict[str, list[int]] = {name: [] for name in sorted(nodes.values(), key=lambda n: int(n[5:]))}
+    tags = {f"MULTINODE_RUN_ID={r}".encode() for r in run_ids(cluster, home)}
+    outside = []
+    for entry in Path("/proc").iterdir():
+        pid = entry.name
+        if not pid.isdigit() or pid == str(os.getpid()):
+            continue
+        node = nodes.get(_net_inode(pid))
+        if node is not None:
+            if _read(entry / "comm").strip() != b"sshd":
+                found[node].append(int(pid))
+        elif tags & set(_read(entry / "environ").split(b"\0")):
+            outside.append(int(pid))
+    if outside:
+        found["outside the nodes"] = sorted(outside)
+    return {name: sorted(pids) for name, pids in found.items()}
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _describe(pid: str) -> str:
+    cmd = _read(Path(f"/proc/{pid}/cmdline")).replace(b"\0", b" ").decode(errors="replace").strip()
+    return f"process {pid} ({cmd[:160] or '?'})"
+
+
+def processes(m: Marks) -> list[str]:
+    """Every process on the host that belongs to the cluster, with the reason it was matched."""
+    env_marks = {f"MULTINODE_RUN_ID={r}".encode() for r in m.run_ids}
+    env_marks |= {f"MULTINODE_CLUSTER={m.cluster}".encode(), f"MULTINODE_HOME={m.home}".encode()}
+    state = str(m.state_dir).encode()
+    nets = {f"net:[{ino}]" for ino in m.net_inodes}
+    mine = {str(os.getpid())}
+    found = []
+    for entry in Path("/proc").iterdir():
+        pid = entry.name
+        if not pid.isdigit() or pid in mine:
+            continue
+        reasons = []
+        env = set(_read(entry / "environ").split(b"\0"))
+        reasons += [f"env {e.decode()}" for e in sorted(env & env_marks)]
+        if state in _read(entry / "cmdline"):
+            reasons.append("command line under the state directory")
+        try:
+            if os.readlink(entry / "cwd").encode().startswith(state):
+                reasons.append("working directory under the state directory")
+        except OSError:
+            pass
+        if f"net:[{_net_inode(pid)}]" in nets:
+            reasons.append("in one of the cluster's network namespaces")
+        if reasons and (entry / "stat").exists():
+            found.append(f"{_describe(pid)}: {', '.join(reasons)}")
+    return found
+
+
+def links(cluster: str) -> list[str]:
+    t = tag(cluster)
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    names = [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
+    return [n for n in names if n == f"mnb{t}" or re.fullmatch(rf"mn[hp]{t}\d+", n)]
+
+
+def leaks(m: Marks) -> list[str]:
+    """Everything of the cluster that still exists on the host ([] when it is all gone)."""
+    left = [f"namespace {ns}" for ns in namespaces(m.cluster)]
+    left += [f"/etc/netns entry {p}" for p in NETNS_ETC.glob(f"mn-{m.cluster}-*")]
+    left += [f"link {name}" for name in links(m.cluster)]
+    left += processes(m)
+    return left
+
+
+def assert_nothing_left(m: Marks, timeout: float = 10.0) -> None:
+    """Nothing of the cluster within ``timeout`` (a process that was just killed may need a moment to be reaped)."""
+    deadline = time.monotonic() + timeout
+    while (left := leaks(m)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left, f"cluster {m.cluster} left behind:\n" + "\n".join(left)

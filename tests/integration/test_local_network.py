@@ -1,0 +1,50 @@
+"""The simulated network is closed, and the independent leak check (leakcheck.py) sees what it must.
+
+One 3-node cluster (the module's ``cluster3``); nothing here sends a packet anywhere: ``ip route get``
+only asks the node's routing table."""
+
+from __future__ import annotations
+
+import subprocess
+
+import leakcheck
+import pytest
+from localcluster import Cluster
+
+pytestmark = pytest.mark.integration
+
+
+def _ip(ns: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=30)
+
+
+def test_every_node_has_no_default_route_only_its_subnet(cluster3: Cluster):
+    inv = cluster3.inventory()
+    namespaces = leakcheck.namespaces(cluster3.name)
+    assert len(namespaces) == len(inv.nodes) == 3
+    for ns, node in zip(namespaces, inv.nodes):
+        assert _ip(ns, "route", "show", "default").stdout.strip() == "", ns
+        assert _ip(ns, "-6", "route", "show", "default").stdout.strip() == "", ns
+        routes = _ip(ns, "-4", "route", "show").stdout.split("\n")
+        assert [r.split()[0] for r in routes if r.strip()] == [inv.subnet], (ns, routes)
+        outside = _ip(ns, "route", "get", "192.0.2.1")  # TEST-NET-1: no route, so no packet can leave
+        assert outside.returncode != 0 and "unreachable" in outside.stderr.lower(), (ns, outside)
+        peer = inv.nodes[(inv.nodes.index(node) + 1) % len(inv.nodes)].private_ip
+        assert _ip(ns, "route", "get", peer).returncode == 0  # its peers are reachable
+
+
+def test_leak_check_finds_a_process_of_the_cluster_the_provider_does_not(cluster3: Cluster):
+    """A process outside every namespace whose environment names the cluster: leakcheck reports it,
+    the provider's own leftovers() (which matches command lines under its state directory) does not."""
+    from multinode.providers.local import leftovers
+
+    marks = leakcheck.marks(cluster3.name, cluster3.home)
+    stray = subprocess.Popen(["python3", "-c", "import signal; signal.pause()"], env=cluster3.env())
+    try:
+        found = [line for line in leakcheck.leaks(marks) if line.startswith(f"process {stray.pid} ")]
+        assert found and f"env MULTINODE_CLUSTER={cluster3.name}" in found[0], leakcheck.leaks(marks)
+        assert not any(str(stray.pid) in item for item in leftovers(cluster3.name))
+    finally:
+        stray.kill()
+        stray.wait()
+    assert not [line for line in leakcheck.processes(marks) if line.startswith(f"process {stray.pid} ")]
