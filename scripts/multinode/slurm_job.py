@@ -148,6 +148,15 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
                     node_names={n.hostname: n.name for n in inv.nodes})
 
 
+def held_reason(scontrol_line: str) -> str | None:
+    """Why a pending job will never start by itself (held, e.g. after a failed launch), else None."""
+    fields = dict(item.split("=", 1) for item in scontrol_line.split() if "=" in item)
+    reason = fields.get("Reason", "")
+    if fields.get("JobState") == "PENDING" and ("held" in reason.lower() or "launch_failed" in reason.lower()):
+        return reason
+    return None
+
+
 def job_state(scontrol_line: str) -> tuple[str | None, int | None]:
     """(JobState, exit code) from ``scontrol show job -o <id>``; the exit code of a signal is 128+sig."""
     fields = dict(item.split("=", 1) for item in scontrol_line.split() if "=" in item)

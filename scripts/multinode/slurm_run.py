@@ -28,7 +28,7 @@ from typing import TextIO
 
 from multinode.errors import Interrupted, NodeError
 from multinode.remote import RemoteRunner, StopSignals
-from multinode.slurm_job import TERMINAL_STATES, SlurmJob, job_state
+from multinode.slurm_job import TERMINAL_STATES, SlurmJob, held_reason, job_state
 
 POLL = 0.5
 CANCEL_WAIT = 60.0
@@ -46,7 +46,9 @@ class SlurmOutcome:
     failed_nodes: list[tuple[str, int, int | None]] = field(default_factory=list)  # (node, code, rank), as reported
 
     def node_lines(self, node: str) -> list[str]:
-        return [line for line in self.lines if line.startswith(f"[{node}] ")]
+        """The lines of one node, its ``[node-i] `` prefix removed."""
+        prefix = f"[{node}] "
+        return [line[len(prefix):] for line in self.lines if line.startswith(prefix)]
 
 
 def detect_mpi(runner: RemoteRunner) -> str:
@@ -77,7 +79,8 @@ class _Follower:
         self.lines: list[str] = []
         self.failed: list[tuple[str, int, int | None]] = []
 
-    def poll(self) -> tuple[str | None, int | None]:
+    def poll(self) -> tuple[str | None, int | None, str | None]:
+        """(state, exit code, reason it is held) of the job; prints the output that arrived since."""
         output = shlex.quote(self.job.output_path(self.job_id))
         command = (f"scontrol show job -o {self.job_id} 2>&1; echo {MARK}; "
                    f"tail -c +{self.offset + 1} {output} 2>/dev/null || true")
@@ -89,7 +92,8 @@ class _Follower:
         raw = data.encode()
         self.offset += len(raw)
         self._emit(raw)
-        return job_state(status.strip().splitlines()[0] if status.strip() else "")
+        line = status.strip().splitlines()[0] if status.strip() else ""
+        return (*job_state(line), held_reason(line))
 
     def _emit(self, raw: bytes) -> None:
         chunk = self.partial + raw
@@ -138,7 +142,10 @@ def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path) -> Slur
     try:
         with StopSignals() as signals:
             while True:
-                state, code = follower.poll()
+                state, code, held = follower.poll()
+                if held:
+                    raise NodeError(runner.inventory.head.name, "sbatch", None,
+                                    f"batch job {job_id} cannot start ({held}); see the slurmd logs of its nodes")
                 if state in TERMINAL_STATES:
                     finished = True
                     follower.flush()

@@ -11,7 +11,7 @@ from multinode.config import LaunchSpec
 from multinode.errors import UserError
 from multinode.launchers import EntryPoint
 from multinode.providers.slurm_local import SlurmLayout, slurm_conf
-from multinode.slurm_job import job_state, pick_mpi_plugin, plan_sbatch
+from multinode.slurm_job import held_reason, job_state, pick_mpi_plugin, plan_sbatch
 
 ENTRY = EntryPoint("training/train.py", ("--workload", "digits", "10", "5"))
 LAYOUT = SlurmLayout("dev", Path("/st/dev/provider/slurm"))
@@ -35,7 +35,9 @@ def test_slurm_conf_names_every_node_by_its_hostname_with_the_nodes_cpus():
     # every file of the cluster lives under its state directory (so `down` removes it)
     paths = [line.split("=", 1)[1] for line in lines
              if line.split("=", 1)[0].endswith(("Location", "SpoolDir", "PidFile", "LogFile"))]
-    assert len(paths) == 6 and all(p.startswith("/st/dev/provider/slurm/") for p in paths), paths
+    assert len(paths) == 6, paths
+    assert all(p.startswith("/st/dev/provider/slurm/") for p in paths if "spool" not in p), paths
+    assert "SlurmdSpoolDir=/run/mn-slurm-dev/spool/%n" in lines  # unix sockets: 108-byte paths at most
 
 
 @pytest.mark.parametrize("hosts, ips, cpus", [([], [], 2), (["a"], ["1.1.1.1", "1.1.1.2"], 2), (["a"], ["1.1.1.1"], 0)])
@@ -84,6 +86,9 @@ def test_job_state_from_scontrol():
     assert job_state("JobId=7 JobState=FAILED Reason=NonZeroExitCode ExitCode=1:0") == ("FAILED", 1)
     assert job_state("JobId=7 JobState=CANCELLED ExitCode=0:15") == ("CANCELLED", 128 + 15)
     assert job_state("JobId=7 JobState=RUNNING ExitCode=0:0")[0] == "RUNNING" and job_state("") == (None, None)
+    held = "JobId=1 JobState=PENDING Reason=launch_failed_requeued_held Dependency=(null) ExitCode=0:0"
+    assert held_reason(held) == "launch_failed_requeued_held"
+    assert held_reason("JobId=1 JobState=PENDING Reason=Resources ExitCode=0:0") is None
 
 
 def test_no_restarts_on_slurm(inventory, tmp_path, monkeypatch):

@@ -9,8 +9,9 @@ network-namespace nodes the local provider makes:
   its socket be world-searchable, which a pytest temporary directory is not, so the socket lives in
   ``/run/mn-slurm-<cluster>/``.
 * **slurmctld** in node-0's namespace and **slurmd** in every node's, each under ``unshare --uts``
-  with the node's hostname, which is its ``NodeName``; state, spool, pid and log files under
-  ``provider/slurm/``.
+  with the node's hostname, which is its ``NodeName``; state, pid and log files under
+  ``provider/slurm/``, spool directories (slurmd makes unix sockets there, whose paths may not
+  exceed 108 bytes) under ``/run/mn-slurm-<cluster>/spool/``.
 * **slurm.conf** comes from :func:`slurm_conf` (pure), from the nodes' names, addresses and CPUs.
   It is also copied to ``/etc/netns/<ns>/slurm/``: ``ip netns exec`` bind-mounts that directory over
   ``/etc/slurm`` for everything started in the node, sshd's sessions included, so ``sbatch``,
@@ -69,6 +70,10 @@ class SlurmLayout:
         return self.state_dir / "etc" / host / "slurm.conf"
 
     @property
+    def spool_dir(self) -> Path:
+        return self.run_dir / "spool"
+
+    @property
     def log_dir(self) -> Path:
         return self.state_dir / "log"
 
@@ -103,7 +108,8 @@ def slurm_conf(cluster: str, hostnames: list[str], ips: list[str], cpus: int, la
         "SlurmctldPort=6817",
         "SlurmdPort=6818",
         f"StateSaveLocation={d}/ctld",
-        f"SlurmdSpoolDir={d}/spool/%n",
+        # slurmd makes unix sockets in its spool directory (108-byte limit): a short path under /run.
+        f"SlurmdSpoolDir={layout.spool_dir}/%n",
         f"SlurmctldPidFile={d}/slurmctld.pid",
         f"SlurmdPidFile={d}/slurmd-%n.pid",
         f"SlurmctldLogFile={layout.log_dir}/slurmctld.log",
@@ -149,7 +155,7 @@ def mpi_default() -> str:
 def prepare(state: ClusterState, plan: NetPlan) -> SlurmLayout:
     """Key, directories and slurm.conf (also into each node's /etc/netns/<ns>/slurm/); before sshd starts."""
     layout = SlurmLayout.of(state)
-    for sub in ("ctld", "spool", "log", "munge"):
+    for sub in ("ctld", "log", "munge"):
         (layout.state_dir / sub).mkdir(parents=True, exist_ok=True)
     (layout.state_dir / "munge").chmod(0o700)
     if not layout.munge_key.exists():
@@ -163,11 +169,11 @@ def prepare(state: ClusterState, plan: NetPlan) -> SlurmLayout:
     (layout.state_dir / "cgroup.conf").write_text(CGROUP_CONF)
     for i in range(plan.nodes):
         host = plan.hostname(i)
-        (layout.state_dir / "spool" / host / "pmix").mkdir(parents=True, exist_ok=True)
+        (layout.spool_dir / host / "pmix").mkdir(parents=True, exist_ok=True)
         # Nodes share /tmp here, where PMIx puts per-step directories named alike on every node: each
         # node's slurmd reads its own mpi.conf, next to its own copy of slurm.conf.
         files = {"slurm.conf": text, "cgroup.conf": CGROUP_CONF,
-                 "mpi.conf": f"PMIxCliTmpDirBase={layout.state_dir}/spool/{host}/pmix\n"}
+                 "mpi.conf": f"PMIxCliTmpDirBase={layout.spool_dir}/{host}/pmix\n"}
         for etc in (layout.node_conf(host).parent, NETNS_ETC / plan.netns(i) / "slurm"):
             etc.mkdir(parents=True, exist_ok=True)
             for name, content in files.items():

@@ -1,0 +1,149 @@
+"""SLURM for real: an embedded 3-node cluster (munged, slurmctld, one slurmd per network-namespace
+node; `make up SCHEDULER=slurm`) driven through the CLI exactly as `make` does.
+
+One cluster for the module: `status` shows sinfo; digits >= 95% through sbatch in MODE=cpu (srun +
+torchrun, c10d on the allocation's first host) and MODE=mpi (srun --mpi=pmix); the DRY_RUN=1 script
+submitted by hand with sbatch on the login node; a killed rank and Ctrl-C cancel the batch job.
+After every job: the scheduler's queue is empty and no process but the daemons is left on any node;
+after `down`, nothing of the cluster (the daemons and the munge socket directory included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from localcluster import bring_up, tear_down
+
+pytestmark = pytest.mark.integration
+
+DAEMONS = {"sshd", "munged", "slurmctld", "slurmd", "slurmscriptd"}
+DIGITS = "--workload digits 10 5"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = bring_up(tmp_path_factory.mktemp("mnslurm"), 3, prefix="s", options={"scheduler": "slurm"})
+    try:
+        yield cluster
+    finally:
+        tear_down(cluster)
+
+
+def squeue(cluster) -> list[str]:
+    ns = cluster.inventory().extra["namespaces"][0]
+    res = subprocess.run(["ip", "netns", "exec", ns, "squeue", "-h"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()
+
+
+def leftovers(cluster) -> dict[str, list[str]]:
+    """Processes on each node other than sshd and the SLURM/munge daemons."""
+    from multinode.providers.local import node_pids
+
+    found = {}
+    for node in cluster.inventory().nodes:
+        names = []
+        for pid in node_pids(cluster.state, node.name):
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm not in DAEMONS:
+                names.append(f"{pid} {comm}")
+        found[node.name] = names
+    return found
+
+
+def assert_nothing_left(cluster) -> None:
+    end = time.monotonic() + 30  # scancel/KillWait: the scheduler ends the job's steps in seconds
+    while time.monotonic() < end and (squeue(cluster) or any(leftovers(cluster).values())):
+        time.sleep(0.5)
+    assert squeue(cluster) == [] and not any(leftovers(cluster).values()), (squeue(cluster), leftovers(cluster))
+
+
+def result_of(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if "RESULT {" in line)
+    return json.loads(line[line.index("{"):])
+
+
+def test_status_cpu_mpi_and_a_hand_submitted_script_reach_95(slurm):
+    status = slurm.cli("status", timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    for i in range(3):
+        assert re.search(rf"{slurm.name}-node-{i} batch\* idle", status.stdout), status.stdout
+
+    for mode, launcher in (("cpu", "torchrun"), ("mpi", "mpirun")):
+        res = slurm.cli("train", "--nodes", "3", "--mode", mode, "--args", DIGITS, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        job = re.search(r"submitted batch job (\d+)", res.stdout)
+        assert job and f"batch job {job[1]}: COMPLETED, exit code 0" in res.stdout, res.stdout[-2000:]
+        result = result_of(res.stdout)
+        assert result["launcher"] == launcher and result["world_size"] == 3 and result["test_accuracy"] >= 0.95
+        for i in range(3):  # every node's ranks streamed with both prefixes
+            assert re.search(rf"^\[node-{i}\] \[rank\d\]", res.stdout, re.M), (i, res.stdout[-2000:])
+        assert_nothing_left(slurm)
+
+    # DRY_RUN=1 prints the script; a user saves it next to the run on the login node and submits it.
+    dry = slurm.cli("train", "--nodes", "3", "--mode", "cpu", "--args", DIGITS, "--dry-run", timeout=60)
+    assert dry.returncode == 0 and dry.stdout.startswith("#!/bin/bash\n"), dry.stdout + dry.stderr
+    script_path = re.search(r"^# Submit by hand on the login node: sbatch (\S+)$", dry.stdout, re.M)[1]
+    assert subprocess.run(["bash", "-n"], input=dry.stdout, text=True).returncode == 0
+    Path(script_path).parent.mkdir(parents=True)
+    Path(script_path).write_text(dry.stdout)
+    by_hand = slurm.cli("ssh", "0", "sbatch", "--wait", "--parsable", script_path, timeout=600)
+    assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
+    job_id = by_hand.stdout.split()[0].split(";")[0]
+    output = (Path(script_path).parent / f"slurm-{job_id}.out").read_text()
+    assert f"multinode: batch job {job_id} on" in output
+    result = result_of(output)
+    assert result["launcher"] == "torchrun" and result["world_size"] == 3 and result["test_accuracy"] >= 0.95
+    assert_nothing_left(slurm)
+
+
+def _wait_for(stream_lines: list[str], pattern: str, proc: subprocess.Popen, deadline: float) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end and proc.poll() is None:
+        if any(re.search(pattern, line) for line in list(stream_lines)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no line matching {pattern!r} in {deadline} s: {stream_lines[-20:]}")
+
+
+def _start(slurm, mode: str) -> tuple[subprocess.Popen, list[str]]:
+    proc = slurm.popen("train", "--nodes", "3", "--mode", mode, "--args", "--workload digits 60 5")
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+    return proc, lines
+
+
+def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
+    from multinode.providers.local import node_pids
+
+    proc, lines = _start(slurm, "cpu")
+    _wait_for(lines, r"^\[node-0\] \[rank\d\]: epoch 1/", proc, 300)
+    job = re.search(r"submitted batch job (\d+)", "".join(lines))[1]
+    workers = [pid for pid in node_pids(slurm.state, "node-1")
+               if b"training/train.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+               and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert workers, "no worker on node-1"
+    os.kill(workers[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err
+    assert "job failed first on node-1" in err and f"batch job {job}" in err, err
+    assert_nothing_left(slurm)
+
+    proc, lines = _start(slurm, "mpi")
+    _wait_for(lines, r"epoch 1/", proc, 300)
+    job = re.search(r"submitted batch job (\d+)", "".join(lines))[1]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"batch job {job} cancelled with scancel" in err, err
+    assert_nothing_left(slurm)
