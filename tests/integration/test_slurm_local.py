@@ -119,7 +119,12 @@ def _wait_for(stream_lines: list[str], pattern: str, proc: subprocess.Popen, dea
 def _start(slurm, mode: str) -> tuple[subprocess.Popen, list[str]]:
     proc = slurm.popen("train", "--nodes", "3", "--mode", mode, "--args", "--workload digits 60 5")
     lines: list[str] = []
-    threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True).start()
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
     return proc, lines
 
 

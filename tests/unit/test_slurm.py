@@ -99,3 +99,11 @@ def test_no_restarts_on_slurm(inventory, tmp_path, monkeypatch):
     state = ClusterState.for_cluster("dev", root=tmp_path)
     with pytest.raises(UserError, match="MAX_RESTARTS"):
         orchestrator.train_slurm(state, inv, LaunchSpec(mode="cpu", nodes=2, max_restarts=1, run_id="r"), None)
+
+
+def test_unknown_scheduler_is_one_line_naming_it():
+    from multinode.providers.local import _check_scheduler
+
+    with pytest.raises(UserError, match=r"SCHEDULER='pbs' is not a scheduler; use SCHEDULER=slurm"):
+        _check_scheduler("pbs")
+    _check_scheduler(None)  # no scheduler: the local cluster as it always was
