@@ -248,9 +248,12 @@ def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
     if spec.max_restarts or spec.elastic:
         raise UserError("MAX_RESTARTS/ELASTIC are not planned for SLURM clusters; requeue with sbatch --requeue instead, "
                         "or leave them unset")
-    plan_job(inventory, spec)  # the same checks as any job (NODES, GPU, SCRIPT), nothing started
+    # A cluster on a shared filesystem is described by its login node alone: the scheduler has the nodes.
+    shared = bool(inventory.extra.get("shared_fs"))
+    if not shared:
+        plan_job(inventory, spec)  # the same checks as any job (NODES, GPU, SCRIPT), nothing started
     entry, sync = resolve_entry(spec)
-    inv = inventory.first(spec.nodes)
+    inv = inventory if shared else inventory.first(spec.nodes)
     partition = inventory.extra.get("slurm_partition")
     if spec.dry_run:  # no I/O: the PMI plugin the cluster recorded at `up` (none known: mpirun)
         print(slurm_job.plan_sbatch(inv, spec, entry, inventory.extra.get("slurm_mpi"), partition).script,
@@ -264,7 +267,7 @@ def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
     start = time.monotonic()
     with RemoteRunner(inv, out=out) as runner:
         preflight(runner, checks=runtime_checks(inv), need_mpi_ssh=False,
-                  port=None if spec.uses_mpi else spec.rdzv_port, timeout=spec.preflight_timeout)
+                  port=None if spec.uses_mpi or shared else spec.rdzv_port, timeout=spec.preflight_timeout)
         plugin = slurm_job.pick_mpi_plugin(slurm_run.detect_mpi(runner)) if spec.uses_mpi else None
         job = slurm_job.plan_sbatch(inv, spec, entry, plugin, partition)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -274,9 +277,9 @@ def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
               f"logs in {run_dir}", file=out)
         sync_code(runner, sync, subdir="code")
         outcome = slurm_run.run(runner, job, out, run_dir)
-        metrics = _fetch_metrics(runner, inv, spec, run_dir) if outcome.exit_code == 0 else None
+        metrics = _fetch_metrics(runner, inv, spec, run_dir) if outcome.exit_code == 0 and not shared else None
     failed = {node: code for node, code, _ in outcome.failed_nodes}
-    exit_codes = {n.name: failed.get(n.name, 0 if outcome.exit_code == 0 else None) for n in inv.nodes}
+    exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if outcome.exit_code == 0 else None) for i in range(spec.nodes)}
     summary = RunSummary(run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=job.world_size,
                          exit_codes=exit_codes, wall_seconds=round(time.monotonic() - start, 2),
                          result=parse_result(outcome.lines) or _result_from_metrics(metrics),

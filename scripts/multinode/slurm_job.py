@@ -28,6 +28,7 @@ from multinode.launchers.base import BASE_ENV, EntryPoint, code_dir, iface_for_s
 from multinode.launchers.torchrun import RDZV_READ_TIMEOUT
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
+RUNDIR = "@RUNDIR@"  # stands for the task's "$rundir" in the trainer's arguments
 SRUN_MPI_PLUGINS = ("pmix", "pmix_v4", "pmix_v3", "pmi2")
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -65,18 +66,31 @@ class SlurmJob:
 
 
 def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str) -> str:
-    """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report."""
-    cases = []
-    for node in inv.nodes:
-        rd = run_dir(inv, node.name, spec.run_id)
-        args = shlex.join(trainer_args(entry, rd, spec))
-        cases.append(f"  {node.hostname}) node={node.name}; cd {shlex.quote(code_dir(inv, node.name))}; "
-                     f"set -- {args} ;;")
+    """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report.
+
+    Nodes without a shared filesystem (the local provider) each have their own code and run directory,
+    chosen by ``$SLURMD_NODENAME``; on a shared filesystem every node runs the one synced copy and
+    writes under ``runs/<run id>/node-<SLURM_NODEID>``."""
+    args = shlex.join(trainer_args(entry, RUNDIR, spec)).replace(RUNDIR, '"$rundir"')
+    if inv.extra.get("shared_fs"):
+        where = [
+            "node=node-$SLURM_NODEID",
+            f"rundir={shlex.quote(inv.workdir_for(inv.head.name) + '/runs/' + spec.run_id)}/$node",
+            f"cd {shlex.quote(code_dir(inv, inv.head.name))}",
+        ]
+    else:
+        cases = [f"  {node.hostname}) node={node.name}; rundir={shlex.quote(run_dir(inv, node.name, spec.run_id))}; "
+                 f"cd {shlex.quote(code_dir(inv, node.name))} ;;" for node in inv.nodes]
+        where = [
+            'case "$SLURMD_NODENAME" in',
+            *cases,
+            '  *) echo "multinode: $SLURMD_NODENAME is not a node of cluster ' + inv.cluster + '" >&2; exit 2 ;;',
+            "esac",
+        ]
     body = [
-        'case "$SLURMD_NODENAME" in',
-        *cases,
-        '  *) echo "multinode: $SLURMD_NODENAME is not a node of cluster ' + inv.cluster + '" >&2; exit 2 ;;',
-        "esac",
+        *where,
+        'mkdir -p "$rundir"',
+        f"set -- {args}",
         f'export GLOO_SOCKET_IFNAME="{iface_for_subnet(inv.subnet)}"',
         f"{launch_line} 2>&1 | sed -u \"s/^/[$node] /\"",
         "rc=${PIPESTATUS[0]}",
@@ -88,8 +102,9 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
 
 def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None = None,
                 partition: str | None = None) -> SlurmJob:
-    """The sbatch script for ``spec`` on the first ``spec.nodes`` nodes of ``inventory``."""
-    inv = inventory.first(spec.nodes)
+    """The sbatch script for ``spec`` on the first ``spec.nodes`` nodes of ``inventory`` (on a shared
+    filesystem, the inventory holds the login node only and the scheduler picks ``spec.nodes`` nodes)."""
+    inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
     head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
     world = spec.nodes * spec.nproc
     py = shlex.quote(inv.interpreter)
@@ -112,7 +127,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
         launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
                        f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
                        f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
-                       f"--monitor-interval=0.5 --tee=3 --log-dir=\"$PWD/../runs/{spec.run_id}/torchrun\" "
+                       f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
                        f'{entry.script} "$@"')
         tasks = f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
         per_task = "one task per node running torchrun"

@@ -3,7 +3,8 @@ node; `make up SCHEDULER=slurm`) driven through the CLI exactly as `make` does.
 
 One cluster for the module: `status` shows sinfo; digits >= 95% through sbatch in MODE=cpu (srun +
 torchrun, c10d on the allocation's first host) and MODE=mpi (srun --mpi=pmix); the DRY_RUN=1 script
-submitted by hand with sbatch on the login node; a killed rank and Ctrl-C cancel the batch job.
+submitted by hand with sbatch on the login node; the same cluster described as an existing one
+(PROVIDER=hosts: its login node, a shared work directory); a killed rank and Ctrl-C cancel the batch job.
 After every job: the scheduler's queue is empty and no process but the daemons is left on any node;
 after `down`, nothing of the cluster (the daemons and the munge socket directory included)."""
 
@@ -19,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import bring_up, tear_down
+from localcluster import Cluster, bring_up, new_cluster_name, tear_down
 
 pytestmark = pytest.mark.integration
 
@@ -151,4 +152,32 @@ def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
     assert f"batch job {job} cancelled with scancel" in err, err
+    assert_nothing_left(slurm)
+
+
+def test_an_existing_cluster_reached_through_its_login_node(slurm, tmp_path):
+    """PROVIDER=hosts describes the embedded cluster as users describe theirs: the login node (node-0),
+    their key, a known_hosts holding its key, a work directory on the shared filesystem. The code is
+    synced once, to the login node; the scheduler picks the nodes."""
+    inv = slurm.inventory()
+    head = inv.head
+    hpc = Cluster(new_cluster_name("h"), slurm.home)
+    up = hpc.cli("up", "--provider", "hosts", f"--option=login={head.ssh_user}@{head.private_ip}",
+                 f"--option=ssh_key={inv.ssh_key}", f"--option=known_hosts={inv.known_hosts}",
+                 f"--option=workdir={tmp_path / 'shared'}", f"--option=subnet={inv.subnet}",
+                 f"--option=python={inv.python}", "--option=partition=batch", timeout=60)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        res = hpc.cli("train", "--nodes", "3", "--mode", "cpu", "--args", DIGITS, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert re.search(r"submitted batch job \d+", res.stdout)
+        result = result_of(res.stdout)
+        assert result["world_size"] == 3 and result["test_accuracy"] >= 0.95
+        for i in range(3):
+            assert re.search(rf"^\[node-{i}\] \[rank\d\]", res.stdout, re.M), (i, res.stdout[-2000:])
+        assert sorted(p.name for p in (tmp_path / "shared" / "runs").iterdir()) == [
+            p.name for p in hpc.runs()]  # one run directory on the shared filesystem, one locally
+    finally:
+        down = hpc.cli("down", timeout=60)
+    assert down.returncode == 0 and not hpc.state.inventory_path.exists(), down.stdout + down.stderr
     assert_nothing_left(slurm)

@@ -3,6 +3,7 @@ offers for MPI, scontrol's job line. No daemons, no sockets."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,8 @@ def test_cpu_script_runs_one_torchrun_per_node_with_c10d_on_the_first_host(inven
     assert 'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ]' in s and "--node-rank" not in s
     assert "--nnodes=3 --nproc-per-node=2" in s and "export MULTINODE_RUN_ID=r1" in s
     for i in range(3):  # each node's own code directory (nodes share no filesystem)
-        assert f"dev-node-{i}) node=node-{i}; cd /state/dev/nodes/node-{i}/code; set -- --snapshot-dir" in s
+        assert f"dev-node-{i}) node=node-{i}; rundir=/state/dev/nodes/node-{i}/runs/r1; cd /state/dev/nodes/node-{i}/code ;;" in s
+    assert 'set -- --snapshot-dir "$rundir"/snapshots --metrics-dir "$rundir" --timeout 30 --workload digits 10 5' in s
     assert job.world_size == 6 and job.node_names == {f"dev-node-{i}": f"node-{i}" for i in range(3)}
 
 
@@ -107,3 +109,35 @@ def test_unknown_scheduler_is_one_line_naming_it():
     with pytest.raises(UserError, match=r"SCHEDULER='pbs' is not a scheduler; use SCHEDULER=slurm"):
         _check_scheduler("pbs")
     _check_scheduler(None)  # no scheduler: the local cluster as it always was
+
+
+HPC = {"login": "alice@10.9.0.5:2200", "ssh_key": "/home/alice/.ssh/id_ed25519", "known_hosts": "/k",
+       "workdir": "/shared/alice/mn", "subnet": "10.9.0.0/16", "python": "/shared/venv/bin/python", "partition": "gpu"}
+
+
+def test_an_existing_cluster_is_its_login_node_on_a_shared_filesystem():
+    from multinode.providers.hosts import inventory_from_options
+
+    inv = inventory_from_options("hpc", HPC, "ssh-ed25519 AAAA")
+    (login,) = inv.nodes
+    assert (login.name, login.ssh_user, login.private_ip, login.ssh_port) == ("node-0", "alice", "10.9.0.5", 2200)
+    assert inv.extra == {"scheduler": "slurm", "shared_fs": True, "slurm_partition": "gpu"}
+    job = plan_sbatch(inv, LaunchSpec(mode="cpu", nodes=4, nproc=2, run_id="r1"), ENTRY, partition="gpu")
+    s = job.script
+    assert "#SBATCH --nodes=4" in s and "srun --nodes=4 --ntasks=4" in s and "case " not in s
+    assert "node=node-$SLURM_NODEID\nrundir=/shared/alice/mn/runs/r1/$node\ncd /shared/alice/mn/code\n" in s
+    assert job.job_dir == "/shared/alice/mn/runs/r1" and "/shared/venv/bin/python -m torch.distributed.run" in s
+
+
+@pytest.mark.parametrize("change, fragment", [
+    ({"login": "alice"}, "login='alice' must look like user@host"),
+    ({"workdir": ""}, "needs -o workdir="),
+    ({"subnet": "10.8.0.0/16"}, "outside subnet=10.8.0.0/16"),
+    ({"workdir": "mn"}, "must be an absolute path"),
+    ({"colour": "blue"}, "unknown option 'colour'"),
+])
+def test_an_existing_cluster_description_is_checked(change, fragment):
+    from multinode.providers.hosts import inventory_from_options
+
+    with pytest.raises(UserError, match=re.escape(fragment)):
+        inventory_from_options("hpc", {**HPC, **change}, "ssh-ed25519 AAAA")
