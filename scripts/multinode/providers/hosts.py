@@ -5,7 +5,7 @@
     login=user@host[:port]     the login node (required); it becomes node-0 of the inventory
     ssh_key=PATH               your private key for it (required)
     known_hosts=PATH           a known_hosts file holding its host key (required: keys are pinned, never
-                               learnt on first use; hashed entries work)
+                               learnt on first use)
     workdir=PATH               a directory on the cluster's shared filesystem (required): code and runs
     subnet=CIDR                the compute nodes' network, for gloo/NCCL/MPI interface pinning (required)
     python=PATH                the interpreter with torch on the compute nodes (default python3)
