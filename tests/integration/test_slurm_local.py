@@ -15,12 +15,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
-from localcluster import Cluster, bring_up, new_cluster_name, tear_down
+from localcluster import REPO, Cluster, bring_up, new_cluster_name, tear_down
 
 pytestmark = pytest.mark.integration
 
@@ -117,22 +118,32 @@ def _wait_for(stream_lines: list[str], pattern: str, proc: subprocess.Popen, dea
     raise AssertionError(f"no line matching {pattern!r} in {deadline} s: {stream_lines[-20:]}")
 
 
-def _start(slurm, mode: str) -> tuple[subprocess.Popen, list[str]]:
-    proc = slurm.popen("train", "--nodes", "3", "--mode", mode, "--args", "--workload digits 60 5")
+def _start(slurm, mode: str) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """The CLI with stdout and stderr in one pipe, read line by line as it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "multinode", "train", "--nodes", "3", "--mode", mode,
+                             "--args", "--workload digits 60 5"], cwd=REPO, env=slurm.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
 
     def read() -> None:
         for line in proc.stdout:
             lines.append(line)
 
-    threading.Thread(target=read, daemon=True).start()
-    return proc, lines
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, lines, reader
+
+
+def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) -> str:
+    proc.wait(timeout=120)
+    reader.join(timeout=30)
+    return "".join(lines)
 
 
 def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
     from multinode.providers.local import node_pids
 
-    proc, lines = _start(slurm, "cpu")
+    proc, lines, reader = _start(slurm, "cpu")
     _wait_for(lines, r"^\[node-0\] \[rank\d\]: epoch 1/", proc, 300)
     job = re.search(r"submitted batch job (\d+)", "".join(lines))[1]
     workers = [pid for pid in node_pids(slurm.state, "node-1")
@@ -140,16 +151,16 @@ def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
                and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert workers, "no worker on node-1"
     os.kill(workers[0], signal.SIGKILL)
-    _, err = proc.communicate(timeout=120)
+    err = _finish(proc, lines, reader)
     assert proc.returncode == 1, err
     assert "job failed first on node-1" in err and f"batch job {job}" in err, err
     assert_nothing_left(slurm)
 
-    proc, lines = _start(slurm, "mpi")
+    proc, lines, reader = _start(slurm, "mpi")
     _wait_for(lines, r"epoch 1/", proc, 300)
     job = re.search(r"submitted batch job (\d+)", "".join(lines))[1]
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    err = _finish(proc, lines, reader)
     assert proc.returncode == 130, err
     assert f"batch job {job} cancelled with scancel" in err, err
     assert_nothing_left(slurm)
