@@ -1,6 +1,6 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
-#   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
+#   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 ECR=<acct>.dkr.ecr.<region>.amazonaws.com]
@@ -18,6 +18,8 @@ PY := $(VENV)/bin/python
 MN := $(PY) -m multinode
 STAMP := $(VENV)/.installed
 APT_PACKAGES := openssh-server openmpi-bin libopenmpi-dev iproute2 iperf3 pdsh procps psmisc
+# SCHEDULER=slurm: Debian 12's SLURM 22.05.8 and munge 0.5.15 (apt-cache policy slurmctld munge, 2026-11-23).
+APT_PACKAGES += slurmctld slurmd slurm-client munge
 IMAGE_PACKAGES := buildah podman debootstrap runc
 IMAGES := cpu cuda rocm
 IMAGE ?= cpu
@@ -38,6 +40,7 @@ export MULTINODE_MAX_RESTARTS := $(MAX_RESTARTS)
 export MULTINODE_ELASTIC := $(ELASTIC)
 export MULTINODE_RDZV_PORT := $(RDZV_PORT)
 export MULTINODE_MTU := $(MTU)
+export MULTINODE_SCHEDULER := $(SCHEDULER)
 export MULTINODE_NODE := $(NODE)
 export MULTINODE_LAUNCHER := $(LAUNCHER)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
@@ -87,7 +90,7 @@ train: setup ## run the training job on the cluster
 down: setup ## destroy the cluster and verify nothing is left
 	$(MN) down
 
-status: setup ## show nodes and whether each answers SSH
+status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM cluster)
 	$(MN) status
 
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)

@@ -40,6 +40,7 @@ class DistConfig:
     backend: str = "auto"  # auto: nccl on GPU, gloo on CPU (mpi when torch has it and MPI launched us)
     timeout: float = 30.0  # process-group timeout (s): a dead peer fails the job in seconds, not 30 min
     data_plane: str = "auto"  # auto: MPI allreduce under mpirun, DDP otherwise
+    spawn: int = 0  # > 0: start this many ranks on this machine with torch.multiprocessing.spawn
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", help=f"one of {', '.join(BACKENDS)}")
     p.add_argument("--timeout", type=float, help="process-group timeout in seconds")
     p.add_argument("--data-plane", help=f"one of {', '.join(DATA_PLANES)}")
+    p.add_argument("--spawn", type=int, metavar="N",
+                   help="run N ranks on this machine (torch.multiprocessing.spawn, no launcher)")
     return p
 
 
@@ -155,6 +158,8 @@ def validate(cfg: Config) -> None:
     for name in ("total_epochs", "save_every", "batch_size", "grad_accum"):
         if int(getattr(t, name)) < 1:
             raise ConfigError(f"{name.replace('_', '-')}={getattr(t, name)} must be at least 1")
+    if d.spawn < 0:
+        raise ConfigError(f"spawn={d.spawn} must be a number of ranks (1 or more), or 0 for no spawn")
     if not d.timeout > 0:
         raise ConfigError(f"timeout={d.timeout} must be a positive number of seconds")
     if t.lr is not None and t.lr <= 0:

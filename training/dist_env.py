@@ -7,7 +7,8 @@
   local rank then come from MPI itself (mpi4py), not from the environment;
 * SLURM ``srun``: ``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``; the rendezvous is ``MASTER_ADDR``
   if set, else the node srun was launched from;
-* none of these: one process.
+* none of these: one process (``train.py --spawn N`` then starts N ranks itself, see ``spawn.py``,
+  and hands each its :class:`Launch` with launcher ``spawn``).
 
 :func:`init` creates the torch process group. Under MPI, rank 0 starts a TCP store on a port the
 kernel picks and broadcasts its address and that port over MPI, so no ``MASTER_ADDR`` is needed (and
@@ -31,7 +32,7 @@ MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS
 
 @dataclass(frozen=True)
 class Launch:
-    launcher: str  # torchrun | env (the env:// contract without torchrun's agent) | mpirun | slurm | single
+    launcher: str  # torchrun | env (the env:// contract without torchrun's agent) | mpirun | slurm | spawn | single
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
@@ -160,6 +161,11 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
         dist.init_process_group("mpi", timeout=pg_timeout)
     elif comm is not None:
         store = mpi_rendezvous(comm, launch.rank, launch.world_size, nodes, pg_timeout)
+        dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
+                                timeout=pg_timeout)
+    elif launch.launcher == "spawn":  # the parent hosts the store, as torchrun's agent does
+        store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, is_master=False,
+                              timeout=pg_timeout)
         dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
                                 timeout=pg_timeout)
     else:

@@ -3,6 +3,7 @@
     torchrun --nnodes=2 --nproc-per-node=1 ... training/train.py --workload digits 10 5
     mpirun -np 2 ... python training/train.py --workload digits 10 5      (MPI gradient data plane)
     python training/train.py --workload regression 5 5                  (one process)
+    python training/train.py --spawn 2 --workload digits 10 5           (2 ranks, torch.multiprocessing.spawn)
 
 Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the seed scripts;
 ``--help`` lists the rest (--workload, --config, --snapshot-dir, --metrics-dir, --timeout, --device,
@@ -111,10 +112,22 @@ def setup_logging(rank: int) -> None:
                         stream=sys.stdout)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -> int:
+    """Parse, plan, train. ``launch`` is given only to a rank that ``--spawn`` started."""
     try:
         cfg = load(argv)
-        launch = dist_env.detect(os.environ)
+        spawned = launch is not None
+        launch = launch or dist_env.detect(os.environ)
+        if cfg.distributed.spawn and not spawned:
+            if launch.distributed:
+                raise ConfigError(f"--spawn {cfg.distributed.spawn} but {launch.launcher} already started "
+                                  f"{launch.world_size} processes; drop --spawn or the launcher")
+            as_rank = dist_env.Launch("spawn", 0, cfg.distributed.spawn, 0, "127.0.0.1")
+            plan(cfg, as_rank, pick_device(cfg, as_rank))  # every rank's checks, once, before anything starts
+            from training import spawn
+
+            return spawn.run(sys.argv[1:] if argv is None else list(argv), cfg.distributed.spawn,
+                             cfg.distributed.timeout)
         device = pick_device(cfg, launch)
         backend, plane = plan(cfg, launch, device)
         from training import workloads

@@ -54,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
     up.add_argument("--cluster-type", default=env_default("CLUSTER_TYPE", "cpu"), help=f"one of {', '.join(CLUSTER_TYPES)}")
     up.add_argument("--mtu", type=int, default=env_default("MTU", str(DEFAULT_MTU)), help="local provider: link MTU")
+    up.add_argument("--scheduler", default=env_default("SCHEDULER"), help="local provider: slurm (an embedded SLURM cluster)")
     up.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                     help="provider option (aws: region, ssh_cidr, owner, ttl_hours, spot, ...)")
     up.add_argument("--yes", action="store_true", help="do not ask before creating billable resources")
@@ -126,7 +127,8 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
         spec = ClusterSpec(
             name=args.cluster, provider=args.provider, nodes=args.nodes,
-            cluster_type=args.cluster_type, mtu=args.mtu, options=_options(args.option),
+            cluster_type=args.cluster_type, mtu=args.mtu,
+            options={**({"scheduler": args.scheduler} if args.scheduler else {}), **_options(args.option)},
         )
         orchestrator.up(spec, assume_yes=args.yes)
     elif args.command == "down":

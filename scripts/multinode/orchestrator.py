@@ -97,7 +97,22 @@ def status(cluster: str) -> int:
         down_nodes += not ok
         state = "ssh ok" if ok else f"NO SSH ({detail})"
         print(f"  {node.name:8} {node.hostname:16} {node.private_ip:15} {node.accelerator:6} {state}")
+    if inventory.extra.get("scheduler") == "slurm" and answers[inventory.nodes[0].name][0]:
+        down_nodes += _print_sinfo(inventory)
     return 1 if down_nodes else 0
+
+
+def _print_sinfo(inventory: Inventory) -> int:
+    """The scheduler's view of the nodes, from the head (login) node; 1 if sinfo failed."""
+    from multinode.remote import RemoteRunner
+    from multinode.slurm_job import sinfo_command
+
+    with RemoteRunner(inventory) as runner:
+        res = runner.run_on(inventory.nodes[0].name, sinfo_command(), timeout=15)
+    print(f"SLURM (sinfo on {inventory.nodes[0].name}):")
+    for line in (res.stdout or res.stderr or res.error or "").splitlines():
+        print(f"  {line}")
+    return 0 if res.ok else 1
 
 
 # --- train ------------------------------------------------------------------------
@@ -146,6 +161,11 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     out = out or sys.stdout
     state = ClusterState.for_cluster(cluster)
     inventory = state.load_inventory()
+    scheduler = inventory.extra.get("scheduler")
+    if scheduler:  # the cluster's own scheduler runs the job: planner + executor of its own
+        if scheduler not in SCHEDULED:
+            raise UserError(f"cluster {cluster!r} has scheduler {scheduler!r}; supported: {', '.join(SCHEDULED)}")
+        return SCHEDULED[scheduler](state, inventory, spec, out)
     plan, sync = plan_job(inventory, spec)
     inv = inventory.first(spec.nodes)
     shells = {cmd.node: to_shell(cmd, inv, spec.run_id) for cmd in plan.commands}
@@ -219,6 +239,74 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     print(_describe(summary), file=out)
     return summary
+
+
+def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out: TextIO) -> RunSummary | None:
+    """The job as one sbatch script (:mod:`slurm_job`), submitted and followed on the login node (:mod:`slurm_run`)."""
+    from multinode import slurm_job, slurm_run
+
+    if spec.max_restarts or spec.elastic:
+        raise UserError("MAX_RESTARTS/ELASTIC are not planned for SLURM clusters; requeue with sbatch --requeue instead, "
+                        "or leave them unset")
+    # A cluster on a shared filesystem is described by its login node alone: the scheduler has the nodes.
+    shared = bool(inventory.extra.get("shared_fs"))
+    if not shared:
+        plan_job(inventory, spec)  # the same checks as any job (NODES, GPU, SCRIPT), nothing started
+    entry, sync = resolve_entry(spec)
+    inv = inventory if shared else inventory.first(spec.nodes)
+    partition = inventory.extra.get("slurm_partition")
+    if spec.dry_run:  # no I/O: the PMI plugin the cluster recorded at `up` (none known: mpirun)
+        print(slurm_job.plan_sbatch(inv, spec, entry, inventory.extra.get("slurm_mpi"), partition).script,
+              file=out, end="")
+        return None
+    from multinode.preflight import preflight
+    from multinode.remote import RemoteRunner
+    from multinode.sync import sync_code
+
+    run_dir = state.run_dir(spec.run_id)
+    start = time.monotonic()
+    with RemoteRunner(inv, out=out) as runner:
+        preflight(runner, checks=runtime_checks(inv), need_mpi_ssh=False,
+                  port=None if spec.uses_mpi or shared else spec.rdzv_port, timeout=spec.preflight_timeout)
+        plugin = slurm_job.pick_mpi_plugin(slurm_run.detect_mpi(runner)) if spec.uses_mpi else None
+        job = slurm_job.plan_sbatch(inv, spec, entry, plugin, partition)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "job.sbatch").write_text(job.script)
+        print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es) through "
+              f"SLURM ({'srun --mpi=' + plugin if plugin else 'mpirun' if spec.uses_mpi else 'srun + torchrun'}), "
+              f"logs in {run_dir}", file=out)
+        sync_code(runner, sync, subdir="code")
+        outcome = slurm_run.run(runner, job, out, run_dir)
+        metrics = _fetch_metrics(runner, inv, spec, run_dir) if outcome.exit_code == 0 and not shared else None
+    failed = {node: code for node, code, _ in outcome.failed_nodes}
+    exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if outcome.exit_code == 0 else None) for i in range(spec.nodes)}
+    summary = RunSummary(run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=job.world_size,
+                         exit_codes=exit_codes, wall_seconds=round(time.monotonic() - start, 2),
+                         result=parse_result(outcome.lines) or _result_from_metrics(metrics),
+                         log_dir=str(run_dir), metrics=metrics)
+    print(f"batch job {outcome.job_id}: {outcome.state}, exit code {outcome.exit_code}", file=out)
+    if outcome.state == "COMPLETED" and outcome.exit_code == 0:
+        (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+        print(_describe(summary), file=out)
+        return summary
+    errors = [NodeError(node, "srun task", code, f"exited with code {code} (batch job {outcome.job_id}, {outcome.state})",
+                        tail=outcome.node_lines(node)[-20:], log_path=str(run_dir / f"{node}.log"))
+              for node, code, _ in outcome.failed_nodes]
+    first = pick_root_cause(errors, errors[0]) if errors else NodeError(
+        inv.head.name, "sbatch", outcome.exit_code, f"batch job {outcome.job_id} ended {outcome.state}",
+        tail=outcome.lines[-20:])
+    ranks = {node: rank for node, _, rank in outcome.failed_nodes}
+    rank = ranks.get(first.node)
+    if rank is None and not spec.uses_mpi:
+        from multinode.launchers.torchrun import root_cause_rank
+
+        rank = root_cause_rank(outcome.node_lines(first.node))
+    summary = RunSummary(**{**asdict(summary), "result": None, "failed_node": first.node, "failed_rank": rank})
+    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    raise JobFailed(first, rank=rank, summary=_describe(summary))
+
+
+SCHEDULED = {"slurm": train_slurm}  # clusters whose own scheduler runs the job (inventory.extra["scheduler"])
 
 
 def parse_result(lines: list[str]) -> dict | None:

@@ -276,3 +276,23 @@ def test_bad_input_under_mpirun_is_not_a_success():
     res = mpirun("--batch-size", "0")
     assert res.returncode != 0 and "RESULT" not in res.stdout
     assert "batch-size=0 must be at least 1" in res.stderr
+
+
+def test_spawn_reaches_95_and_matches_torchrun_standalone_bitwise(digits_runs, tmp_path):
+    """`train.py --spawn 2`: no launcher, the parent hosts the store; the seeded run ends with exactly
+    the weights of `torchrun --standalone --nproc-per-node=2` (torch.equal, no tolerance): both run
+    the same code on the same data order with the same gloo allreduce of two ranks, only the way the
+    processes were started differs. Bad input is refused once, in the parent, before any rank starts."""
+    base, ddp, _ = digits_runs
+    res = subprocess.run([sys.executable, TRAIN, "--spawn", "2", "--workload", "digits", "10", "5",
+                          "--metrics-dir", str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    spawned = result_of(res)
+    assert spawned["launcher"] == "spawn" and spawned["world_size"] == 2 and spawned["data_plane"] == "gloo-ddp"
+    assert spawned["test_accuracy"] >= 0.95 and spawned["test_accuracy"] == ddp["test_accuracy"]
+    full, again = weights(base / "ddp"), weights(tmp_path)
+    assert full.keys() == again.keys()
+    for name in full:
+        assert torch.equal(full[name], again[name]), name
+    bad = subprocess.run([sys.executable, TRAIN, "--spawn", "2", "--strategy", "single", "--workload", "hello"],
+                         env=ENV, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.count("error:") == 1 and "strategy=single" in bad.stderr, bad.stderr

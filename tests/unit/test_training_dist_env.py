@@ -74,6 +74,8 @@ def test_plan_picks_the_data_plane():
     (["--workload", "mnist", "--data-dir", "/nonexistent"], "workload mnist"),
     (["--batch-size", "0"], "batch-size=0"),
     (["--config", "/nonexistent.yaml"], "no such file"),
+    (["--spawn", "-1"], "spawn=-1"),
+    (["--spawn", "2", "--strategy", "single"], "strategy=single but the launcher started 2"),
 ])
 def test_main_refuses_bad_input_with_one_line_and_exit_2(argv, fragment, capsys, monkeypatch):
     if "gpu" in argv and torch.cuda.is_available():
@@ -105,3 +107,11 @@ def test_training_never_imports_the_orchestrator():
     """training/ is copied alone to the nodes: the multinode package is not there."""
     for path in (REPO / "training").glob("*.py"):
         assert not re.search(r"^\s*(from|import)\s+(multinode|scripts)\b", path.read_text(), re.M), path
+
+
+def test_spawn_under_a_launcher_is_refused(capsys, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    assert train.main(["--spawn", "2", "--workload", "hello"]) == 2
+    assert "--spawn 2 but env already started 2 processes" in capsys.readouterr().err

@@ -20,7 +20,13 @@ def _aws() -> Provider:
     return AwsProvider()
 
 
-PROVIDERS: dict[str, Callable[[], Provider]] = {"local": _local, "aws": _aws}
+def _hosts() -> Provider:
+    from multinode.providers.hosts import HostsProvider
+
+    return HostsProvider()
+
+
+PROVIDERS: dict[str, Callable[[], Provider]] = {"local": _local, "aws": _aws, "hosts": _hosts}
 
 
 def get_provider(name: str) -> Provider:

@@ -38,7 +38,7 @@ from pathlib import Path
 from multinode.config import ClusterSpec
 from multinode.errors import UserError
 from multinode.inventory import Inventory, Node
-from multinode.providers import localnet
+from multinode.providers import localnet, slurm_local
 from multinode.providers.localnet import NetPlan, namespaces_of
 from multinode.state import ClusterState
 
@@ -197,6 +197,7 @@ class LocalProvider:
             raise UserError(f"cluster {spec.name!r} has leftovers from a previous up; run 'make down' first")
         if spec.nodes > 64:
             raise UserError(f"NODES={spec.nodes}: the local provider makes at most 64 nodes")
+        _check_scheduler(spec.options.get("scheduler"))
         if isolated():
             subnet = str(localnet.pick_subnet(spec.name, localnet.host_networks()))
             port = 22
@@ -220,8 +221,10 @@ class LocalProvider:
         if not state.ssh_key.exists():
             subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"multinode-{spec.name}",
                             "-f", str(state.ssh_key)], check=True)
+        scheduler = spec.options.get("scheduler")
         if isolated():
             localnet.create(plan)
+        slurm = slurm_local.prepare(state, plan) if scheduler == "slurm" else None  # before sshd: see slurm_local
         host_keys = [_write_sshd_files(state, plan, i, port) for i in range(plan.nodes)]
         known = []
         for i, key in enumerate(host_keys):
@@ -238,8 +241,11 @@ class LocalProvider:
             (state.provider_dir / "nodes" / node.name).mkdir(parents=True, exist_ok=True)
         options = dict(spec.options)
         runtime = options.pop("runtime", "host")
+        options.pop("scheduler", None)
         extra: dict = {"isolated": isolated(), "mtu": plan.mtu, "bridge": plan.bridge if isolated() else None,
                        "namespaces": [plan.netns(i) for i in range(plan.nodes)] if isolated() else []}
+        if slurm is not None:
+            extra.update(slurm_local.start(state, plan, slurm))
         if runtime == "docker":
             extra["container_cli"] = options.pop("container_cli", "podman")
             # Both are command-line fragments: "podman --root DIR --runtime runc", "--ulimit nofile=4096:4096".
@@ -270,6 +276,7 @@ class LocalProvider:
             lines.append(f"stopped {stopped} sshd on loopback addresses")
         else:
             namespaces, links, processes = localnet.destroy(state.name)
+            slurm_local.remove(state.name)
             lines.append(f"removed {namespaces} namespaces, {links} links; stopped {processes} processes")
         for path in (state.inventory_path, state.ssh_key, Path(f"{state.ssh_key}.pub"), state.known_hosts):
             path.unlink(missing_ok=True)
@@ -279,6 +286,23 @@ class LocalProvider:
         if left:
             raise UserError(f"cluster {state.name!r} could not be fully removed: {', '.join(left)}; run 'make down' again")
         return lines
+
+
+SCHEDULERS = ("slurm",)
+
+
+def _check_scheduler(scheduler: str | None) -> None:
+    """SCHEDULER=slurm needs namespaces (root) and the SLURM/munge daemons installed."""
+    if scheduler is None:
+        return
+    if scheduler not in SCHEDULERS:
+        raise UserError(f"SCHEDULER={scheduler!r} is not a scheduler; use SCHEDULER=slurm or leave it unset")
+    if not isolated():
+        raise UserError("SCHEDULER=slurm needs root (its daemons run in the nodes' namespaces); run as root")
+    missing = slurm_local.missing_daemons()
+    if missing:
+        raise UserError(f"SCHEDULER=slurm but {', '.join(missing)} is not installed; run 'make setup' "
+                        "(apt-get install slurmctld slurmd slurm-client munge)")
 
 
 def _user() -> str:
@@ -311,6 +335,7 @@ def leftovers(cluster: str) -> list[str]:
     left += [f"link {link}" for link in localnet.links_of(cluster)]
     left += [f"process {pid}" for pid in _our_processes(cluster)]
     left += [f"dir {p}" for p in localnet.NETNS_ETC.glob(f"mn-{cluster}-*")]
+    left += slurm_local.leftovers(cluster)  # the munge socket directory (its daemons are processes above)
     return left
 
 

@@ -1,0 +1,194 @@
+"""SLURM for real: an embedded 3-node cluster (munged, slurmctld, one slurmd per network-namespace
+node; `make up SCHEDULER=slurm`) driven through the CLI exactly as `make` does.
+
+One cluster for the module: `status` shows sinfo; digits >= 95% through sbatch in MODE=cpu (srun +
+torchrun, c10d on the allocation's first host) and MODE=mpi (srun --mpi=pmix); the DRY_RUN=1 script
+submitted by hand with sbatch on the login node; the same cluster described as an existing one
+(PROVIDER=hosts: its login node, a shared work directory); a killed rank and Ctrl-C cancel the batch job.
+After every job: the scheduler's queue is empty and no process but the daemons is left on any node;
+after `down`, nothing of the cluster (the daemons and the munge socket directory included)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from localcluster import REPO, Cluster, bring_up, new_cluster_name, tear_down
+
+pytestmark = pytest.mark.integration
+
+DAEMONS = {"sshd", "munged", "slurmctld", "slurmd", "slurmscriptd"}
+DIGITS = "--workload digits 10 5"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    cluster = bring_up(tmp_path_factory.mktemp("mnslurm"), 3, prefix="s", options={"scheduler": "slurm"})
+    try:
+        yield cluster
+    finally:
+        tear_down(cluster)
+
+
+def squeue(cluster) -> list[str]:
+    ns = cluster.inventory().extra["namespaces"][0]
+    res = subprocess.run(["ip", "netns", "exec", ns, "squeue", "-h"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.splitlines()
+
+
+def leftovers(cluster) -> dict[str, list[str]]:
+    """Processes on each node other than sshd and the SLURM/munge daemons."""
+    from multinode.providers.local import node_pids
+
+    found = {}
+    for node in cluster.inventory().nodes:
+        names = []
+        for pid in node_pids(cluster.state, node.name):
+            try:
+                comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if comm not in DAEMONS:
+                names.append(f"{pid} {comm}")
+        found[node.name] = names
+    return found
+
+
+def assert_nothing_left(cluster) -> None:
+    end = time.monotonic() + 30  # scancel/KillWait: the scheduler ends the job's steps in seconds
+    while time.monotonic() < end and (squeue(cluster) or any(leftovers(cluster).values())):
+        time.sleep(0.5)
+    assert squeue(cluster) == [] and not any(leftovers(cluster).values()), (squeue(cluster), leftovers(cluster))
+
+
+def result_of(stdout: str) -> dict:
+    line = next(line for line in stdout.splitlines() if "RESULT {" in line)
+    return json.loads(line[line.index("{"):])
+
+
+def test_status_cpu_mpi_and_a_hand_submitted_script_reach_95(slurm):
+    status = slurm.cli("status", timeout=60)
+    assert status.returncode == 0, status.stdout + status.stderr
+    for i in range(3):
+        assert re.search(rf"{slurm.name}-node-{i} batch\* idle", status.stdout), status.stdout
+
+    for mode, launcher in (("cpu", "torchrun"), ("mpi", "mpirun")):
+        res = slurm.cli("train", "--nodes", "3", "--mode", mode, "--args", DIGITS, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        job = re.search(r"submitted batch job (\d+)", res.stdout)
+        assert job and f"batch job {job[1]}: COMPLETED, exit code 0" in res.stdout, res.stdout[-2000:]
+        result = result_of(res.stdout)
+        assert result["launcher"] == launcher and result["world_size"] == 3 and result["test_accuracy"] >= 0.95
+        for i in range(3):  # every node's ranks streamed with both prefixes
+            assert re.search(rf"^\[node-{i}\] \[rank\d\]", res.stdout, re.M), (i, res.stdout[-2000:])
+        assert_nothing_left(slurm)
+
+    # DRY_RUN=1 prints the script; a user saves it next to the run on the login node and submits it.
+    dry = slurm.cli("train", "--nodes", "3", "--mode", "cpu", "--args", DIGITS, "--dry-run", timeout=60)
+    assert dry.returncode == 0 and dry.stdout.startswith("#!/bin/bash\n"), dry.stdout + dry.stderr
+    script_path = re.search(r"^# Submit by hand on the login node: sbatch (\S+)$", dry.stdout, re.M)[1]
+    assert subprocess.run(["bash", "-n"], input=dry.stdout, text=True).returncode == 0
+    Path(script_path).parent.mkdir(parents=True)
+    Path(script_path).write_text(dry.stdout)
+    by_hand = slurm.cli("ssh", "0", "sbatch", "--wait", "--parsable", script_path, timeout=600)
+    assert by_hand.returncode == 0, by_hand.stdout + by_hand.stderr
+    job_id = by_hand.stdout.split()[0].split(";")[0]
+    output = (Path(script_path).parent / f"slurm-{job_id}.out").read_text()
+    assert f"multinode: batch job {job_id} on" in output
+    result = result_of(output)
+    assert result["launcher"] == "torchrun" and result["world_size"] == 3 and result["test_accuracy"] >= 0.95
+    assert_nothing_left(slurm)
+
+
+def _wait_for(stream_lines: list[str], pattern: str, proc: subprocess.Popen, deadline: float) -> None:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end and proc.poll() is None:
+        if any(re.search(pattern, line) for line in list(stream_lines)):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no line matching {pattern!r} in {deadline} s: {stream_lines[-20:]}")
+
+
+def _start(slurm, mode: str) -> tuple[subprocess.Popen, list[str], threading.Thread]:
+    """The CLI with stdout and stderr in one pipe, read line by line as it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "multinode", "train", "--nodes", "3", "--mode", mode,
+                             "--args", "--workload digits 60 5"], cwd=REPO, env=slurm.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+
+    def read() -> None:
+        for line in proc.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    return proc, lines, reader
+
+
+def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) -> str:
+    proc.wait(timeout=120)
+    reader.join(timeout=30)
+    return "".join(lines)
+
+
+def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
+    from multinode.providers.local import node_pids
+
+    proc, lines, reader = _start(slurm, "cpu")
+    _wait_for(lines, r"^\[node-0\] \[rank\d\]: epoch 1/", proc, 300)
+    job = re.search(r"submitted batch job (\d+)", "".join(lines))[1]
+    workers = [pid for pid in node_pids(slurm.state, "node-1")
+               if b"training/train.py" in Path(f"/proc/{pid}/cmdline").read_bytes()
+               and b"torch.distributed.run" not in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert workers, "no worker on node-1"
+    os.kill(workers[0], signal.SIGKILL)
+    err = _finish(proc, lines, reader)
+    assert proc.returncode == 1, err
+    assert "job failed first on node-1" in err and f"batch job {job}" in err, err
+    assert_nothing_left(slurm)
+
+    proc, lines, reader = _start(slurm, "mpi")
+    _wait_for(lines, r"epoch 1/", proc, 300)
+    job = re.search(r"submitted batch job (\d+)", "".join(lines))[1]
+    proc.send_signal(signal.SIGINT)
+    err = _finish(proc, lines, reader)
+    assert proc.returncode == 130, err
+    assert f"batch job {job} cancelled with scancel" in err, err
+    assert_nothing_left(slurm)
+
+
+def test_an_existing_cluster_reached_through_its_login_node(slurm, tmp_path):
+    """PROVIDER=hosts describes the embedded cluster as users describe theirs: the login node (node-0),
+    their key, a known_hosts holding its key, a work directory on the shared filesystem. The code is
+    synced once, to the login node; the scheduler picks the nodes."""
+    inv = slurm.inventory()
+    head = inv.head
+    hpc = Cluster(new_cluster_name("h"), slurm.home)
+    up = hpc.cli("up", "--provider", "hosts", f"--option=login={head.ssh_user}@{head.private_ip}",
+                 f"--option=ssh_key={inv.ssh_key}", f"--option=known_hosts={inv.known_hosts}",
+                 f"--option=workdir={tmp_path / 'shared'}", f"--option=subnet={inv.subnet}",
+                 f"--option=python={inv.python}", "--option=partition=batch", timeout=60)
+    assert up.returncode == 0, up.stdout + up.stderr
+    try:
+        res = hpc.cli("train", "--nodes", "3", "--mode", "cpu", "--args", DIGITS, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        assert re.search(r"submitted batch job \d+", res.stdout)
+        result = result_of(res.stdout)
+        assert result["world_size"] == 3 and result["test_accuracy"] >= 0.95
+        for i in range(3):
+            assert re.search(rf"^\[node-{i}\] \[rank\d\]", res.stdout, re.M), (i, res.stdout[-2000:])
+        assert sorted(p.name for p in (tmp_path / "shared" / "runs").iterdir()) == [
+            p.name for p in hpc.runs()]  # one run directory on the shared filesystem, one locally
+    finally:
+        down = hpc.cli("down", timeout=60)
+    assert down.returncode == 0 and not hpc.state.inventory_path.exists(), down.stdout + down.stderr
+    assert_nothing_left(slurm)
