@@ -69,13 +69,7 @@ resource "aws_instance" "node" {
     write_files = [{
       path        = "/var/lib/multinode/bootstrap.sh"
       permissions = "0700"
-      content = templatefile("${path.module}/user_data.sh.tftpl", {
-        cluster_type       = var.cluster_type
-        image              = var.image
-        ttl_minutes        = var.ttl_hours * 60
-        ssh_user           = local.ssh_user
-        rocm_installer_url = var.rocm_installer_url
-      })
+      content     = local.bootstrap_script
     }]
     runcmd = [["/var/lib/multinode/bootstrap.sh"]]
   })])

@@ -138,7 +138,7 @@ variable "image" {
 
 variable "ami_id" {
   type        = string
-  description = "AMI override; null uses the SSM public parameter of cluster_type (Deep Learning AMI for g4dn, Ubuntu 22.04 otherwise)."
+  description = "AMI override; null uses the SSM public parameter of cluster_type (Deep Learning Base OSS Nvidia Driver AMI, Ubuntu 24.04, for g4dn; Ubuntu 24.04 otherwise)."
   default     = null
 
   validation {
@@ -198,10 +198,16 @@ variable "placement_group" {
   default     = true
 }
 
-variable "rocm_installer_url" {
+variable "amdgpu_installer_url" {
   type        = string
-  description = "amdgpu-install package that sets up the amdgpu kernel driver on g4ad nodes (pinned ROCm release for Ubuntu 22.04)."
-  default     = "https://repo.radeon.com/amdgpu-install/6.1.3/ubuntu/jammy/amdgpu-install_6.1.60103-1_all.deb"
+  description = "amdgpu-install package that sets up the amdgpu kernel driver (DKMS) on g4ad nodes: AMD's installer of the ROCm release of the image (7.2), for Ubuntu 24.04 (noble)."
+  # https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/ (the ROCm 7.2 Linux install guide's package for noble).
+  default = "https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/amdgpu-install_7.2.70200-1_all.deb"
+
+  validation {
+    condition     = can(regex("^https://repo\\.radeon\\.com/amdgpu-install/7\\.2(\\.[0-9]+)?/ubuntu/noble/amdgpu-install_[0-9.]+-[0-9]+_all\\.deb$", var.amdgpu_installer_url))
+    error_message = "amdgpu_installer_url must be AMD's amdgpu-install .deb of ROCm 7.2.x for Ubuntu noble (https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/...), the release of the image's ROCm."
+  }
 }
 
 variable "tags" {

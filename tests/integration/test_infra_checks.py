@@ -120,7 +120,7 @@ def test_instances_are_hardened_and_end_themselves():
     assert node["root_block_device"][0]["encrypted"] is True
     assert node["instance_initiated_shutdown_behavior"] == "terminate"
     template = (MODULE / "user_data.sh.tftpl").read_text()
-    assert re.search(r"^shutdown -h \+\$\{ttl_minutes\}", template, re.M)
+    assert re.search(r"^OnCalendar=\$\{expiry_calendar\}$", template, re.M)  # the TTL timer (test_bootstrap.py)
     ingress = {name: rule for name, rule in resources["aws_vpc_security_group_ingress_rule"].items()}
     assert ingress["ssh"]["cidr_ipv4"] == "${var.ssh_cidr}" and ingress["ssh"]["from_port"] == 22
     assert set(ingress) == {"ssh", "cluster"} and "cidr_ipv4" not in ingress["cluster"]
@@ -208,6 +208,8 @@ def _variable_errors(tmp_path: Path, overrides: dict) -> str:
     ({"ttl_hours": 73}, "ttl_hours must be a whole number from 1 to 72"),
     ({"nodes": 2}, "host_keys needs exactly one key pair per node"),
     ({"vpc_id": "vpc-0123"}, "vpc_id and subnet_id go together"),
+    ({"amdgpu_installer_url": "https://repo.radeon.com/amdgpu-install/6.1.3/ubuntu/jammy/amdgpu-install_6.1.60103-1_all.deb"},
+     "amdgpu_installer_url must be AMD's amdgpu-install .deb of ROCm 7.2.x for Ubuntu noble"),
 ])
 def test_validation_rules_accept_good_and_reject_bad_values(tmp_path, overrides, message):
     errors = _variable_errors(tmp_path, overrides)
