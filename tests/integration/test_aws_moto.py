@@ -248,7 +248,13 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
         probed.extend(hosts)  # the public addresses moto made up: recorded, never connected to
         aws_ec2.wait_tcp(["127.0.0.1"] * len(hosts), port, timeout=timeout, poll=0.2)
 
-    provider = AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh)  # real run_terraform and boto3 client
+    waited: list[tuple[str, ...]] = []
+
+    def wait_ready(inventory, image):  # the bootstrap wait itself runs against real SSH nodes: test_readiness.py
+        waited.append((image, *(n.public_ip for n in inventory.nodes)))
+
+    # real run_terraform and boto3 client
+    provider = AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh, wait_ready=wait_ready)
     inv = provider.up(_spec("tfreal"), state)
     tf_dir = state.provider_dir / "terraform"
     tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
@@ -266,6 +272,7 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
         assert (node.private_ip, node.public_ip) == (found["PrivateIpAddress"], found["PublicIpAddress"])
         assert node.hostname == f"tfreal-{node.name}" and node.accelerator == "none"
     assert probed == [n.public_ip for n in inv.nodes]
+    assert waited == [(inv.image, *probed)]
 
     # What Terraform made, read back with boto3: tags, IMDSv2, encrypted root, TTL terminate, pinned host keys.
     sg = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["tfreal-multinode"]}])

@@ -50,6 +50,9 @@ FIX = "make up PROVIDER=aws SSH_CIDR=203.0.113.4/32 REGION=us-east-1"
 DEFAULT_IMAGES = {"cpu": "multinode-cpu:latest", "g4dn": "multinode-cuda:latest", "g4ad": "multinode-rocm:latest"}
 STATUS_TIMEOUT = 900.0  # seconds for every node to pass its status checks
 SSH_TIMEOUT = 300.0
+# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, a DKMS
+# build on g4ad, a pull of a multi-GB GPU image.
+READY_TIMEOUT = 2400.0
 
 
 @dataclass(frozen=True)
@@ -205,13 +208,16 @@ class AwsProvider:
     name = "aws"
 
     def __init__(self, terraform: Terraform = run_terraform, ec2_client: Callable[[str], Any] = aws_ec2.client,
-                 ssh_port: int = 22, wait_ssh: Callable[..., None] = aws_ec2.wait_tcp) -> None:
+                 ssh_port: int = 22, wait_ssh: Callable[..., None] = aws_ec2.wait_tcp,
+                 wait_ready: Callable[[Inventory, str], None] | None = None) -> None:
         self.terraform = terraform  # tests: the real binary against moto, or a stand-in for failure paths
         self.ec2_client = ec2_client
         # The readiness probe: (hosts, port, timeout). Tests aim it at a loopback listener, since
         # the addresses moto hands out must never be connected to.
         self.ssh_port = ssh_port
         self.wait_ssh = wait_ssh
+        # The bootstrap wait (multinode.readiness) over SSH; tests run it against local nodes.
+        self.wait_ready = wait_ready or wait_bootstrap
 
     def confirm(self, spec: ClusterSpec, assume_yes: bool = False) -> None:
         """Print what the cluster costs per hour; ask unless ``assume_yes``."""
@@ -276,6 +282,7 @@ class AwsProvider:
         aws_ec2.wait_status_ok(ec2, [n.instance_id for n in inventory.nodes], timeout=STATUS_TIMEOUT)
         self.wait_ssh([n.ssh_host for n in inventory.nodes], self.ssh_port, timeout=SSH_TIMEOUT)
         state.known_hosts.write_text("".join(known_hosts_lines(inventory)))
+        self.wait_ready(inventory, settings.image)
         inventory.save(state.inventory_path)
         return inventory
 
@@ -296,6 +303,18 @@ class AwsProvider:
             path.unlink(missing_ok=True)
         shutil.rmtree(state.provider_dir, ignore_errors=True)
         return lines
+
+
+def wait_bootstrap(inventory: Inventory, image: str) -> None:
+    """Every node's bootstrap done (ready marker, image, GPUs, cloud-init) within READY_TIMEOUT."""
+    from multinode.readiness import wait_ready
+    from multinode.remote import RemoteRunner
+
+    with RemoteRunner(inventory) as runner:
+        runner.say(f"waiting up to {READY_TIMEOUT / 60:.0f} min for the bootstrap of {len(inventory.nodes)} nodes "
+                   f"(Docker, driver, {image}, GPU check)")
+        took = wait_ready(inventory, runner, image=image, timeout=READY_TIMEOUT, poll=10.0, say=runner.say)
+        runner.say(f"every node is ready after {took:.0f}s")
 
 
 def verify_gone(ec2, cluster: str, region: str) -> list[str]:
