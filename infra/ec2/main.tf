@@ -13,6 +13,7 @@ provider "aws" {
 locals {
   tags = merge(var.tags, {
     cluster    = var.cluster_name
+    cluster-id = var.cluster_id
     owner      = var.owner
     expiry     = var.expires_at
     managed-by = "multinode"
@@ -46,6 +47,10 @@ locals {
   ami_id = coalesce(var.ami_id, one(data.aws_ssm_parameter.ami[*].insecure_value))
 
   ssh_user = "ubuntu" # both the Ubuntu and the Deep Learning AMI use it
+
+  # Account-wide names (key pair, placement group, IAM role and profile, ECR repository) carry the
+  # cluster id: two clusters of the same name in one account never collide.
+  unique_name = "multinode-${var.cluster_name}-${var.cluster_id}"
 }
 
 # Read only when no ami_id is given, so an override needs no ssm:GetParameter permission.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import bring_up, tear_down
-from test_aws_moto import FakeTerraform, _spec, ec2, moto_url, ssh_listener  # noqa: F401 (fixtures)
+from test_aws_moto import FakeTerraform, _spec, ec2, moto_clients, moto_url, ssh_listener  # noqa: F401 (fixtures)
 
 from multinode.errors import NodeError
 from multinode.providers import aws_ec2
@@ -116,7 +116,7 @@ def test_aws_up_destroys_when_the_wait_fails(cluster, boot, ec2, tmp_path, ssh_l
             wait_ready(local, runner, image=IMAGE, timeout=5, bootstrap=boot, poll=1)
 
     provider = AwsProvider(terraform=terraform, ec2_client=lambda region: ec2, ssh_port=ssh_listener,
-                           wait_ready=wait_on_local_nodes)
+                           wait_ready=wait_on_local_nodes, clients=moto_clients)
     with pytest.raises(NodeError) as err:
         provider.up(_spec("rdaws"), state)
     assert err.value.node == "node-1" and "not ready within 5s" in err.value.message and err.value.tail
