@@ -96,8 +96,9 @@ def _subnet(ec2) -> str:
     return ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24")["Subnet"]["SubnetId"]
 
 
-def _launch(ec2, count: int, cluster: str | None, subnet: str | None = None, cluster_id: str | None = None) -> list[str]:
-    tags = [{"Key": "owner", "Value": "alice"}, {"Key": "expiry", "Value": "2026-11-22T18:00:00Z"}]
+def _launch(ec2, count: int, cluster: str | None, subnet: str | None = None, cluster_id: str | None = None,
+            expiry: str = "2026-11-22T18:00:00Z") -> list[str]:
+    tags = [{"Key": "owner", "Value": "alice"}, {"Key": "expiry", "Value": expiry}]
     if cluster:
         tags += [{"Key": "cluster", "Value": cluster}, {"Key": "managed-by", "Value": "multinode"}]
     if cluster_id:
@@ -142,7 +143,8 @@ def test_leak_verification_counts_stopped_and_clears_after_terminate(ec2):
 
 
 def test_reap_lists_without_yes_and_terminates_with_yes(ec2):
-    ids = _launch(ec2, 2, "alpha")
+    ids = _launch(ec2, 2, "alpha")  # past their expiry: their TTL timer did not end them
+    fresh = _launch(ec2, 1, "beta", expiry="2999-01-01T00:00:00Z")  # within its TTL: never reaped
     dry = reap(REGION, None, yes=False, ec2=ec2, clients=moto_clients(REGION))
     assert [line.split()[0] for line in dry[:-1]] == sorted(ids) and "YES=1" in dry[-1]
     assert len(aws_ec2.tagged_instances(ec2, "alpha")) == 2  # nothing touched
@@ -150,7 +152,9 @@ def test_reap_lists_without_yes_and_terminates_with_yes(ec2):
     assert done[-1] == f"terminated 2 instances in {REGION}"
     assert aws_ec2.tagged_instances(ec2, "alpha") == []
     assert reap(REGION, "alpha", yes=False, ec2=ec2, clients=moto_clients(REGION)) == [
-        f"no instance or other resource tagged cluster=alpha, managed-by=multinode is left in {REGION}"]
+        f"no expired instance or other leftover tagged cluster=alpha, managed-by=multinode in {REGION}"]
+    reap(REGION, None, yes=True, ec2=ec2, clients=moto_clients(REGION))
+    assert [i.instance_id for i in aws_ec2.tagged_instances(ec2)] == fresh
 
 
 class FakeTerraform:
@@ -332,7 +336,11 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
     # The tags Terraform set are the ones the leak check and reap look for.
     with pytest.raises(UserError, match="still has instances in a billing state"):
         verify_gone(ec2, "tfreal", REGION)
-    assert [line.split()[0] for line in reap(REGION, "tfreal", yes=False, ec2=ec2, clients=moto_clients(REGION))[:-1]] == sorted(by_id)
+    assert [i.instance_id for i in aws_ec2.tagged_instances(ec2, "tfreal")] == sorted(by_id)
+    # Within their TTL: reap leaves them alone.
+    assert reap(REGION, "tfreal", yes=False, ec2=ec2, clients=moto_clients(REGION)) == [
+        f"no expired instance or other leftover tagged cluster=tfreal, managed-by=multinode in {REGION} "
+        "(2 instances within their TTL left alone)"]
 
     # down: the real terraform destroy, then the provider's own leak check; nothing of the cluster is left.
     lines = provider.down(state)

@@ -40,7 +40,7 @@ def rendered(tmp_path_factory) -> dict[str, str]:
         tfvars = {"cluster_name": "dev", "region": "us-east-1", "cluster_type": kind, "nodes": 1,
                   "ssh_cidr": "203.0.113.4/32", "ssh_public_key": public, "owner": "alice",
                   "host_keys": [{"private_key": private, "public_key": public}], "expires_at": EXPIRES,
-                  "image": IMAGE, "ami_id": "ami-12c6146b"}
+                  "image": IMAGE, "ami_id": "ami-12c6146b", "cluster_id": "1a2b3c"}
         (work / f"{kind}.tfvars.json").write_text(json.dumps(tfvars))
         console = subprocess.run([terraform, f"-chdir={work}", "console", f"-var-file={kind}.tfvars.json"],
                                  input="base64encode(local.bootstrap_script)\n", capture_output=True, text=True,

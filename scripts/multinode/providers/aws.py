@@ -386,14 +386,25 @@ def verify_gone(ec2, cluster: str, region: str, cluster_id: str | None = None) -
     return [f"verified: no instance tagged {scope}, managed-by=multinode is pending, running, stopping or stopped in {region}"]
 
 
+def expired(expiry: str, now: datetime) -> bool:
+    """Whether an ``expiry`` tag lies in the past; an unreadable one counts as expired (nobody's cluster)."""
+    try:
+        return datetime.fromisoformat(expiry.replace("Z", "+00:00")) <= now
+    except ValueError:
+        return True
+
+
 def reap(region: str, cluster: str | None = None, yes: bool = False, ec2: Any = None,
-         clients: aws_sweep.Clients | None = None) -> list[str]:
-    """Instances tagged managed-by=multinode (optionally of one cluster) still billing, and the tagged
-    resources of clusters whose instances are gone (ended by their TTL); terminate and delete them with
-    ``yes`` (an ECR repository that holds images is kept, as by ``down``)."""
+         clients: aws_sweep.Clients | None = None, now: datetime | None = None) -> list[str]:
+    """What multinode left behind in ``region`` (optionally of one cluster): instances still billing after
+    their expiry tag (their TTL timer did not end them), and the tagged resources of clusters with no
+    instance left (ended by their TTL). With ``yes`` they are terminated and deleted; an ECR repository
+    that holds images is kept, as by ``down``. Clusters within their TTL are left alone."""
     ec2 = ec2 or aws_ec2.client(region)
     clients = clients or aws_sweep.Clients.for_region(region)
-    found = aws_ec2.tagged_instances(ec2, cluster)
+    now = now or datetime.now(timezone.utc)
+    every = aws_ec2.tagged_instances(ec2, cluster)
+    found = [i for i in every if expired(i.expiry, now)]
     scope = f"cluster={cluster}, managed-by=multinode" if cluster else "managed-by=multinode"
     lines = [i.describe() for i in found]
     if yes and found:
@@ -403,12 +414,13 @@ def reap(region: str, cluster: str | None = None, yes: bool = False, ec2: Any = 
     orphans = [t for t in aws_sweep.leftover_targets(clients, cluster) if (t.cluster, t.cluster_id) not in billing]
     for target in orphans:
         if yes:
-            swept = aws_sweep.sweep(clients, target)
-            lines.extend(f"{target.describe()}: {line}" for line in swept)
+            lines.extend(f"{target.describe()}: {line}" for line in aws_sweep.sweep(clients, target))
         else:
             lines.append(f"{target.describe()}: network, key pair, IAM role and ECR repository left behind (no instance)")
+    alive = len(every) - len(found)
     if not found and not orphans:
-        return [f"no instance or other resource tagged {scope} is left in {region}"]
+        return [f"no expired instance or other leftover tagged {scope} in {region}"
+                + (f" ({alive} instances within their TTL left alone)" if alive else "")]
     if not yes:
         lines.append(f"{len(found)} instances would be terminated and {len(orphans)} clusters' resources deleted; "
                      f"run 'make reap REGION={region} YES=1' to do it")

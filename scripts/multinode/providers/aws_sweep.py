@@ -89,9 +89,11 @@ def _instances(c: Clients, t: Target, _: bool) -> list[str]:
 def _network(c: Clients, t: Target, _: bool) -> list[str]:
     lines = []
     # Security groups first: in our VPCs or (vpc_id given) in someone else's, found by tag.
+    # (A VPC's default group carries our tags too; it goes with its VPC and cannot be deleted alone.)
     for sg in c.ec2.describe_security_groups(Filters=t.filters())["SecurityGroups"]:
-        c.ec2.delete_security_group(GroupId=sg["GroupId"])
-        lines.append(f"deleted security group {sg['GroupId']} ({sg['GroupName']})")
+        if sg["GroupName"] != "default":
+            c.ec2.delete_security_group(GroupId=sg["GroupId"])
+            lines.append(f"deleted security group {sg['GroupId']} ({sg['GroupName']})")
     for vpc in c.ec2.describe_vpcs(Filters=t.filters())["Vpcs"]:
         vpc_id = vpc["VpcId"]
         in_vpc = [{"Name": "vpc-id", "Values": [vpc_id]}]
@@ -122,7 +124,7 @@ def _network(c: Clients, t: Target, _: bool) -> list[str]:
 def _key_pairs(c: Clients, t: Target, _: bool) -> list[str]:
     lines = []
     for key in c.ec2.describe_key_pairs(Filters=t.filters())["KeyPairs"]:
-        c.ec2.delete_key_pair(KeyPairId=key["KeyPairId"])
+        c.ec2.delete_key_pair(KeyName=key["KeyName"])
         lines.append(f"deleted key pair {key['KeyName']}")
     return lines
 
