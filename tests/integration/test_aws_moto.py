@@ -401,3 +401,23 @@ def test_plan_of_the_g4dn_example_with_the_production_defaults(ec2, offline_terr
     assert planned["aws_ecr_repository.cluster[0]"]["name"] == "multinode-g4dn-demo-0a1b2c"
     assert planned["aws_iam_role_policy_attachment.ecr_read"]["policy_arn"] == (
         "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly")
+
+
+def test_a_type_no_zone_offers_is_refused_at_plan(ec2, offline_terraform, tmp_path):
+    """moto's offerings list no zone of us-east-1 for g4ad.xlarge: the plan stops with the precondition's
+    message instead of creating a subnet where the instances could never start."""
+    assert ec2.describe_instance_type_offerings(LocationType="availability-zone", Filters=[
+        {"Name": "instance-type", "Values": ["g4ad.xlarge"]}])["InstanceTypeOfferings"] == []
+    work = tmp_path / "ec2"
+    shutil.copytree(MODULE, work)
+    keys = [new_ed25519(f"g4ad-demo-node-{i}") for i in range(2)]
+    (work / "keys.auto.tfvars.json").write_text(json.dumps({
+        "ssh_cidr": "203.0.113.4/32", "host_keys": [{"private_key": k, "public_key": p} for k, p in keys]}))
+    run = [offline_terraform, f"-chdir={work}"]
+    init = subprocess.run([*run, "init", "-input=false", "-no-color", "-lockfile=readonly"], capture_output=True, text=True)
+    assert init.returncode == 0, init.stdout + init.stderr
+    plan = subprocess.run([*run, "plan", "-input=false", "-no-color", "-var-file=examples/g4ad.tfvars"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 1 and plan.stderr.count("Error:") == 1, plan.stderr
+    assert "No availability zone of us-east-1 offers g4ad.xlarge; pick another REGION or INSTANCE_TYPE" in " ".join(
+        plan.stderr.split())
