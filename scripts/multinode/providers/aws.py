@@ -1,15 +1,20 @@
 """The ``aws`` provider: an EC2 cluster from ``infra/ec2`` (Terraform), checked with boto3.
 
 ``up``: settings from ``spec.options`` (or MULTINODE_REGION, MULTINODE_SSH_CIDR, MULTINODE_TTL_HOURS,
-MULTINODE_SPOT, MULTINODE_OWNER, MULTINODE_IMAGE); a client key and one ed25519 host key per node are
-made here, so the host keys are pinned before the first connection (no trust-on-first-use; the
-trade-off: the private host key travels in user data, readable via IMDS by anyone on the node).
-Then ``terraform init/apply`` on a copy of the module in ``.multinode/<cluster>/provider/``
-(state stays there), boto3 waits for both status checks and for port 22, and the inventory is
-built from ``terraform output -json``. A failure half-way destroys what was made, then re-raises.
+MULTINODE_SPOT, MULTINODE_OWNER, MULTINODE_IMAGE); an image reference without a registry host is
+refused (the nodes could not pull it). A client key, one ed25519 host key per node and a random
+cluster id are made here, so the host keys are pinned before the first connection (no
+trust-on-first-use; the trade-off: the private host key travels in user data, readable via IMDS by
+anyone on the node). Then ``terraform init/apply`` on a copy of the module in
+``.multinode/<cluster>/provider/`` (state stays there), boto3 waits for both status checks and for
+port 22, the bootstrap wait (multinode.readiness) for every node's ready marker over SSH, and the
+inventory is built from ``terraform output -json``. A failure half-way destroys what was made, then
+re-raises.
 
-``down``: ``terraform destroy``, then boto3 verifies that no instance tagged with the cluster is
-left in a billing state (stopped counts: its EBS bills). ``reap``: list or terminate leaked ones.
+``down``: ``terraform destroy``, then a sweep by tags (aws_sweep: also what Terraform's state lacks, and
+everything when the local state is gone), then boto3 verifies that no instance tagged with the cluster
+is left in a billing state (stopped counts: its EBS bills). ``reap``: expired instances and the
+resources of clusters whose instances are gone, listed or deleted.
 
 ``AWS_ENDPOINT_URL`` sends both boto3 and Terraform's AWS provider to another endpoint (the tests:
 a moto_server on loopback). Variables of infra/ec2 that multinode does not write (``ami_id``,
