@@ -105,6 +105,7 @@ bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/
 
 image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to ECR=<registry>/TAG, else to the AWS cluster's repository as :IMAGE
 	$(if $(filter $(IMAGE),$(IMAGES)),,$(error IMAGE=$(IMAGE) is not an image; use IMAGE=cpu, IMAGE=cuda or IMAGE=rocm))
+	$(if $(PUSH),$(if $(or $(ECR),$(shell $(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE) 2>/dev/null)),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com or CLUSTER=<an AWS cluster that is up> whose repository it pushes to)))
 	@set -eo pipefail; \
 	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
 	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot"; echo "no Docker engine: using buildah"; fi; \
