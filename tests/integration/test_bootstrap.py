@@ -87,3 +87,23 @@ def test_the_ttl_timer_is_a_calendar_time_systemd_accepts(rendered):
     assert result.returncode == 0 and "Normalized form: 2026-11-22 18:00:00 UTC" in result.stdout, result.stdout
     assert re.search(r"^OnBootSec=", rendered["cpu"], re.M)  # checked again after every boot
     assert "systemctl enable --now multinode-ttl.timer" in rendered["cpu"]
+
+
+@pytest.mark.parametrize("expiry, ends", [("2026-11-22T18:00:00Z", True), ("2999-01-01T00:00:00Z", False)])
+def test_the_ttl_script_ends_the_instance_only_after_its_expiry(rendered, tmp_path, expiry, ends):
+    """The script the timer runs, as rendered, run for real with its expiry file and `shutdown` redirected."""
+    script = rendered["cpu"].split("<<'TTL'\n", 1)[1].split("\nTTL\n", 1)[0]
+    expiry_file, called = tmp_path / "expiry", tmp_path / "shutdown.args"
+    expiry_file.write_text(expiry + "\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "shutdown").write_text(f'#!/bin/sh\necho "$@" > {called}\n')
+    (bin_dir / "shutdown").chmod(0o755)
+    ttl = tmp_path / "multinode-ttl"
+    ttl.write_text(script.replace("/var/lib/multinode/expiry", str(expiry_file)))
+    result = subprocess.run(["bash", str(ttl)], capture_output=True, text=True,
+                            env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    assert called.exists() == ends
+    if ends:
+        assert called.read_text().startswith("-h now") and f"expiry {expiry} reached" in result.stdout
