@@ -3,9 +3,9 @@
 # timer, and last the ready marker that `make up` waits for).
 
 locals {
-  # The ROCm release of the g4ad kernel driver: the major.minor of docker/rocm's ROCM_VERSION, since
-  # the amdgpu driver supports the user space of its own release (AMD's ROCm/driver compatibility).
-  rocm_release = "7.2"
+  # The ROCm release of the g4ad kernel driver: docker/rocm's ROCM_VERSION, since the amdgpu driver
+  # of a release is the one AMD supports that release's user space (in the image) with.
+  rocm_release = "7.2.1"
 
   bootstrap_vars = {
     cluster_type         = var.cluster_type

@@ -226,9 +226,9 @@ variable "placement_group" {
 
 variable "amdgpu_installer_url" {
   type        = string
-  description = "amdgpu-install package that sets up the amdgpu kernel driver (DKMS) on g4ad nodes: AMD's installer of the ROCm release of the image (7.2), for Ubuntu 24.04 (noble)."
-  # https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/ (the ROCm 7.2 Linux install guide's package for noble).
-  default = "https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/amdgpu-install_7.2.70200-1_all.deb"
+  description = "amdgpu-install package that sets up the amdgpu kernel driver (DKMS) on g4ad nodes: AMD's installer of the ROCm release of the image (7.2.1), for Ubuntu 24.04 (noble)."
+  # https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/: AMD's installer package of ROCm 7.2.1 for Ubuntu 24.04, the release docker/rocm pins (ROCM_VERSION).
+  default = "https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/amdgpu-install_7.2.1.70201-1_all.deb"
 
   validation {
     condition     = can(regex("^https://repo\\.radeon\\.com/amdgpu-install/7\\.2(\\.[0-9]+)?/ubuntu/noble/amdgpu-install_[0-9.]+-[0-9]+_all\\.deb$", var.amdgpu_installer_url))

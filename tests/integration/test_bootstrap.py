@@ -74,7 +74,8 @@ def test_every_rendering_waits_for_dpkg_and_ends_with_the_ready_marker(rendered,
 
 def test_the_g4ad_driver_is_rocm_72_for_noble_with_kernel_headers(rendered):
     script = rendered["g4ad"]
-    assert "https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/amdgpu-install_7.2.70200-1_all.deb" in script
+    assert "https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/amdgpu-install_7.2.1.70201-1_all.deb" in script
+    assert "(ROCm 7.2.1)" in script
     assert 'apt_get install "linux-headers-$(uname -r)"' in script and "apt_get install amdgpu-dkms" in script
 
 

@@ -29,7 +29,8 @@ def test_the_g4ad_driver_is_the_release_of_the_image_rocm():
     found = re.fullmatch(r"https://repo\.radeon\.com/amdgpu-install/([0-9.]+)/ubuntu/noble/amdgpu-install_([0-9.]+)\.(\d{5})-1_all\.deb", url)
     assert found, url
     directory, version, build = found.groups()
-    assert directory == version == release == "7.2" and build == "70200"  # ROCm 7.2.0, Ubuntu 24.04 (noble)
+    # ROCm 7.2.1 (build 70201), Ubuntu 24.04 (noble): the release the image's ROCm user space pins.
+    assert directory == version == release == "7.2.1" and build == "70201"
     g4ad = TEMPLATE.split('%{ if cluster_type == "g4ad" ~}')[1].split("%{ endif ~}")[0]
     assert 'apt_get install "linux-headers-$(uname -r)"' in g4ad  # DKMS builds against the running kernel
     assert "apt_get install amdgpu-dkms" in g4ad and "modprobe amdgpu" in g4ad
