@@ -116,6 +116,7 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to E
 	  region=$$(echo "$$registry" | cut -d. -f4); \
 	  echo "push $(TAG) -> $$dest (region $$region)"; \
 	  aws ecr get-login-password --region "$$region" | $$engine login --username AWS --password-stdin "$$registry"; \
+	  $(if $(ECR),repo=$$(echo "$$dest" | cut -d/ -f2- | cut -d: -f1); aws ecr describe-repositories --region "$$region" --repository-names "$$repo" >/dev/null 2>&1 || aws ecr create-repository --region "$$region" --repository-name "$$repo" --image-scanning-configuration scanOnPush=true --encryption-configuration encryptionType=KMS >/dev/null;) \
 	  $$engine tag $(TAG) "$$dest"; \
 	  $$engine push "$$dest"; \
 	fi
