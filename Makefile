@@ -3,7 +3,7 @@
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
 #   make down
-#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 ECR=<acct>.dkr.ecr.<region>.amazonaws.com]
+#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
 
 SHELL := /bin/bash
@@ -87,8 +87,8 @@ up: setup ## provision the cluster (PROVIDER=aws: REGION, SSH_CIDR, YES=1 to ski
 train: setup ## run the training job on the cluster
 	$(MN) train $(if $(DRY_RUN),--dry-run)
 
-down: setup ## destroy the cluster and verify nothing is left
-	$(MN) down
+down: setup ## destroy the cluster and verify nothing is left (PROVIDER=aws YES=1: its ECR repository even with images)
+	$(MN) down $(if $(YES),--yes)
 
 status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM cluster)
 	$(MN) status
@@ -106,19 +106,22 @@ bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/
 	$(PY) -m bench $(if $(QUICK),--quick --out-dir bench/out)
 	$(PY) -m bench.drills --out docs/reliability.md
 
-image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 ECR=<registry> also pushes it
+image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to ECR=<registry>/TAG, else to the AWS cluster's repository as :IMAGE
 	$(if $(filter $(IMAGE),$(IMAGES)),,$(error IMAGE=$(IMAGE) is not an image; use IMAGE=cpu, IMAGE=cuda or IMAGE=rocm))
-	$(if $(PUSH),$(if $(ECR),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com)))
+	$(if $(PUSH),$(if $(or $(ECR),$(shell $(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE) 2>/dev/null)),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com or CLUSTER=<an AWS cluster that is up> whose repository it pushes to)))
 	@set -eo pipefail; \
 	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
 	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot"; echo "no Docker engine: using buildah"; fi; \
 	echo "$$build $(IMAGE) -> $(TAG)"; \
 	$$build $(BUILD_ARGS) -f $(IMAGE_CONTEXT)/$(IMAGE)/Dockerfile -t $(TAG) $(IMAGE_CONTEXT); \
 	if [ -n "$(PUSH)" ]; then \
-	  echo "push $(TAG) -> $(ECR)/$(TAG) (region $(word 4,$(subst ., ,$(ECR))))"; \
-	  aws ecr get-login-password --region $(word 4,$(subst ., ,$(ECR))) | $$engine login --username AWS --password-stdin $(ECR); \
-	  $$engine tag $(TAG) $(ECR)/$(TAG); \
-	  $$engine push $(ECR)/$(TAG); \
+	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$$($(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE))"); registry=$${dest%%/*}; \
+	  region=$$(echo "$$registry" | cut -d. -f4); \
+	  echo "push $(TAG) -> $$dest (region $$region)"; \
+	  aws ecr get-login-password --region "$$region" | $$engine login --username AWS --password-stdin "$$registry"; \
+	  $(if $(ECR),repo=$$(echo "$$dest" | cut -d/ -f2- | cut -d: -f1); aws ecr describe-repositories --region "$$region" --repository-names "$$repo" >/dev/null 2>&1 || aws ecr create-repository --region "$$region" --repository-name "$$repo" --image-scanning-configuration scanOnPush=true --encryption-configuration encryptionType=KMS >/dev/null;) \
+	  $$engine tag $(TAG) "$$dest"; \
+	  $$engine push "$$dest"; \
 	fi
 
 test: setup ## the whole test suite (unit + integration), as CI runs it

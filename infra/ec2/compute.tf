@@ -1,14 +1,14 @@
 # The nodes: one instance per node, same AMI, same bootstrap, pinned host keys.
 
 resource "aws_key_pair" "client" {
-  key_name   = "${var.cluster_name}-multinode"
+  key_name   = local.unique_name
   public_key = var.ssh_public_key
 }
 
 resource "aws_placement_group" "cluster" {
   count = var.placement_group ? 1 : 0
 
-  name     = "${var.cluster_name}-multinode"
+  name     = local.unique_name
   strategy = "cluster"
 }
 
@@ -20,6 +20,7 @@ resource "aws_instance" "node" {
   subnet_id              = local.subnet_id
   vpc_security_group_ids = [aws_security_group.cluster.id]
   key_name               = aws_key_pair.client.key_name
+  iam_instance_profile   = aws_iam_instance_profile.node.name # ECR read-only: pulls the image (registry.tf)
   placement_group        = var.placement_group ? aws_placement_group.cluster[0].id : null
   ebs_optimized          = true
   monitoring             = false
@@ -69,13 +70,7 @@ resource "aws_instance" "node" {
     write_files = [{
       path        = "/var/lib/multinode/bootstrap.sh"
       permissions = "0700"
-      content = templatefile("${path.module}/user_data.sh.tftpl", {
-        cluster_type       = var.cluster_type
-        image              = var.image
-        ttl_minutes        = var.ttl_hours * 60
-        ssh_user           = local.ssh_user
-        rocm_installer_url = var.rocm_installer_url
-      })
+      content     = local.bootstrap_script
     }]
     runcmd = [["/var/lib/multinode/bootstrap.sh"]]
   })])
@@ -88,5 +83,4 @@ resource "aws_instance" "node" {
 
   #checkov:skip=CKV_AWS_88:The control machine SSHes to the nodes directly; inbound is limited to ssh_cidr.
   #checkov:skip=CKV_AWS_126:Detailed monitoring costs per instance and a cluster lives hours; status checks do not need it.
-  #checkov:skip=CKV2_AWS_41:Nodes call no AWS API, so they get no instance role (least privilege).
 }

@@ -13,6 +13,7 @@ provider "aws" {
 locals {
   tags = merge(var.tags, {
     cluster    = var.cluster_name
+    cluster-id = var.cluster_id
     owner      = var.owner
     expiry     = var.expires_at
     managed-by = "multinode"
@@ -37,13 +38,19 @@ locals {
 
   # SSM public parameters: always the current image, no hard-coded AMI ids per region.
   ami_parameter = {
-    cpu  = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-    g4dn = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
-    g4ad = "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+    # Ubuntu 24.04 everywhere: the OS AWS documents the AMD driver on for g4ad, and the one the Deep
+    # Learning Base OSS Nvidia Driver AMI (driver >= 580, which CUDA 13 needs) is built on for g4dn.
+    cpu  = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
+    g4dn = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+    g4ad = "/aws/service/canonical/ubuntu/server/24.04/stable/current/amd64/hvm/ebs-gp3/ami-id"
   }[var.cluster_type]
   ami_id = coalesce(var.ami_id, one(data.aws_ssm_parameter.ami[*].insecure_value))
 
   ssh_user = "ubuntu" # both the Ubuntu and the Deep Learning AMI use it
+
+  # Account-wide names (key pair, placement group, IAM role and profile, ECR repository) carry the
+  # cluster id: two clusters of the same name in one account never collide.
+  unique_name = "multinode-${var.cluster_name}-${var.cluster_id}"
 }
 
 # Read only when no ami_id is given, so an override needs no ssm:GetParameter permission.

@@ -1,14 +1,22 @@
 # The cluster network: a VPC with one public subnet (one AZ, as a cluster placement group needs),
 # or an existing subnet given by id.
 
-# Candidates are named (a, b, c) so the choice never moves to a zone AWS adds later.
-data "aws_availability_zones" "available" {
-  state = "available"
+# The zones of the region that offer the instance type (GPU types are not offered in every zone);
+# read only when the subnet is created here and no zone is given.
+data "aws_ec2_instance_type_offerings" "zones" {
+  count = var.subnet_id == null && var.availability_zone == null ? 1 : 0
 
+  location_type = "availability-zone"
   filter {
-    name   = "zone-name"
-    values = [for suffix in ["a", "b", "c"] : "${var.region}${suffix}"]
+    name   = "instance-type"
+    values = [local.instance_type]
   }
+}
+
+locals {
+  # The first offering zone by name, so the choice is stable between plans.
+  offered_zones = sort(flatten(data.aws_ec2_instance_type_offerings.zones[*].locations))
+  zone          = coalesce(var.availability_zone, try(local.offered_zones[0], "none"))
 }
 
 resource "aws_vpc" "this" {
@@ -43,11 +51,18 @@ resource "aws_subnet" "this" {
 
   vpc_id            = aws_vpc.this[0].id
   cidr_block        = cidrsubnet(var.vpc_cidr, 8, 1)
-  availability_zone = coalesce(var.availability_zone, data.aws_availability_zones.available.names[0])
+  availability_zone = local.zone
   # Public addresses are requested per instance (compute.tf), not handed to everything in the subnet.
   map_public_ip_on_launch = false
 
   tags = { Name = "${var.cluster_name}-subnet" }
+
+  lifecycle {
+    precondition {
+      condition     = local.zone != "none"
+      error_message = "No availability zone of ${var.region} offers ${local.instance_type}; pick another REGION or INSTANCE_TYPE, or give availability_zone."
+    }
+  }
 }
 
 resource "aws_route_table" "this" {

@@ -2,11 +2,11 @@
 # (rendezvous, gloo/NCCL/RCCL, MPI use random high ports), nothing else inbound.
 
 resource "aws_security_group" "cluster" {
-  name        = "${var.cluster_name}-multinode"
+  name        = local.unique_name
   description = "multinode cluster ${var.cluster_name}: SSH from ssh_cidr, all traffic within the cluster"
   vpc_id      = local.vpc_id
 
-  tags = { Name = "${var.cluster_name}-multinode" }
+  tags = { Name = local.unique_name }
 }
 
 resource "aws_vpc_security_group_ingress_rule" "ssh" {

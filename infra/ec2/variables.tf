@@ -11,6 +11,16 @@ variable "cluster_name" {
   }
 }
 
+variable "cluster_id" {
+  type        = string
+  description = "Random id of this cluster (6 hex digits, made by 'make up'): suffix of every account-wide name (key pair, placement group, IAM role, ECR repository) and the value of the 'cluster-id' tag, so two clusters of the same name never collide."
+
+  validation {
+    condition     = can(regex("^[0-9a-f]{6}$", var.cluster_id))
+    error_message = "cluster_id must be 6 lowercase hex digits, e.g. \"1a2b3c\" (python3 -c 'import secrets; print(secrets.token_hex(3))')."
+  }
+}
+
 variable "region" {
   type        = string
   description = "AWS region to create the cluster in, e.g. us-east-1."
@@ -138,7 +148,7 @@ variable "image" {
 
 variable "ami_id" {
   type        = string
-  description = "AMI override; null uses the SSM public parameter of cluster_type (Deep Learning AMI for g4dn, Ubuntu 22.04 otherwise)."
+  description = "AMI override; null uses the SSM public parameter of cluster_type (Deep Learning Base OSS Nvidia Driver AMI, Ubuntu 24.04, for g4dn; Ubuntu 24.04 otherwise)."
   default     = null
 
   validation {
@@ -188,8 +198,24 @@ variable "vpc_cidr" {
 
 variable "availability_zone" {
   type        = string
-  description = "Availability zone of the created subnet; null takes the first one of the region. Pick one that offers the instance type."
+  description = "Availability zone of the created subnet; null takes the first zone (by name) that offers the instance type (aws_ec2_instance_type_offerings)."
   default     = null
+
+  validation {
+    condition     = var.availability_zone == null || can(regex("^[a-z]{2}(-[a-z]+)+-[0-9][a-z]$", coalesce(var.availability_zone, "-")))
+    error_message = "availability_zone must be a zone name such as us-east-1b, or null to pick one that offers the instance type."
+  }
+}
+
+variable "ecr_repository" {
+  type        = string
+  description = "Name of an existing ECR repository (in region) the nodes pull from; null creates one for the cluster (multinode-<cluster_name>-<cluster_id>). Every node may pull from any repository of the account (AmazonEC2ContainerRegistryReadOnly)."
+  default     = null
+
+  validation {
+    condition     = var.ecr_repository == null || can(regex("^[a-z0-9]+([._/-][a-z0-9]+)*$", coalesce(var.ecr_repository, "-")))
+    error_message = "ecr_repository must be an ECR repository name such as multinode-cuda (lowercase letters, digits, . _ - /), or null to create one."
+  }
 }
 
 variable "placement_group" {
@@ -198,10 +224,16 @@ variable "placement_group" {
   default     = true
 }
 
-variable "rocm_installer_url" {
+variable "amdgpu_installer_url" {
   type        = string
-  description = "amdgpu-install package that sets up the amdgpu kernel driver on g4ad nodes (pinned ROCm release for Ubuntu 22.04)."
-  default     = "https://repo.radeon.com/amdgpu-install/6.1.3/ubuntu/jammy/amdgpu-install_6.1.60103-1_all.deb"
+  description = "amdgpu-install package that sets up the amdgpu kernel driver (DKMS) on g4ad nodes: AMD's installer of the ROCm release of the image (7.2.1), for Ubuntu 24.04 (noble)."
+  # https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/: AMD's installer package of ROCm 7.2.1 for Ubuntu 24.04, the release docker/rocm pins (ROCM_VERSION).
+  default = "https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/amdgpu-install_7.2.1.70201-1_all.deb"
+
+  validation {
+    condition     = can(regex("^https://repo\\.radeon\\.com/amdgpu-install/7\\.2(\\.[0-9]+)?/ubuntu/noble/amdgpu-install_[0-9.]+-[0-9]+_all\\.deb$", var.amdgpu_installer_url))
+    error_message = "amdgpu_installer_url must be AMD's amdgpu-install .deb of ROCm 7.2.x for Ubuntu noble (https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/...), the release of the image's ROCm."
+  }
 }
 
 variable "tags" {

@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--yes", action="store_true", help="do not ask before creating billable resources")
 
     down = sub.add_parser("down", help="destroy the cluster and verify nothing is left")
+    down.add_argument("--yes", action="store_true", help="also delete the cluster's image repository when it holds images")
     down.add_argument("--provider", default=env_default("PROVIDER"), help="only needed when the inventory is gone")
 
     sub.add_parser("status", help="show the nodes and whether each answers SSH")
@@ -132,7 +133,7 @@ def dispatch(args: argparse.Namespace) -> int:
         )
         orchestrator.up(spec, assume_yes=args.yes)
     elif args.command == "down":
-        orchestrator.down(args.cluster, provider=args.provider)
+        orchestrator.down(args.cluster, provider=args.provider, yes=args.yes)
     elif args.command == "status":
         return orchestrator.status(args.cluster)
     elif args.command == "train":

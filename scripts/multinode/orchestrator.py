@@ -73,13 +73,13 @@ def up(spec: ClusterSpec, assume_yes: bool = False) -> Inventory:
     return inventory
 
 
-def down(cluster: str, provider: str | None = None) -> list[str]:
+def down(cluster: str, provider: str | None = None, yes: bool = False) -> list[str]:
     state = ClusterState.for_cluster(cluster)
     if state.exists():
         name = state.load_inventory().provider
     else:
         name = provider or "local"
-    lines = get_provider(name).down(state)
+    lines = get_provider(name).down(state, yes=yes)
     for line in lines:
         print(line)
     return lines

@@ -32,7 +32,7 @@ import yaml
 from multinode.config import ClusterSpec
 from multinode.errors import NodeError, UserError
 from multinode.inventory import Inventory
-from multinode.providers import aws_ec2
+from multinode.providers import aws_ec2, aws_sweep
 from multinode.providers.aws import AwsProvider, inventory_from_outputs, new_ed25519, reap, verify_gone
 from multinode.state import ClusterState
 from terraform_offline import MODULE, require_terraform, terraform_env
@@ -42,6 +42,8 @@ pytestmark = pytest.mark.integration
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # one of moto's built-in images: no image look-up
 MOTO = Path(sys.executable).with_name("moto_server")
+# An image in a registry that is not this region's ECR: Terraform makes a repository for the cluster.
+IMAGE = "ghcr.io/example/multinode-cpu:1"
 
 
 def _free_port() -> int:
@@ -53,8 +55,10 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def moto_url():
     port = _free_port()
+    # AWS-managed IAM policies (AmazonEC2ContainerRegistryReadOnly) exist in moto only when loaded.
     proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true"})
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -78,8 +82,13 @@ def ec2(moto_url, monkeypatch):
                        "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": REGION}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)  # any client made by the code under test goes to moto too
-    urllib.request.urlopen(urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST"), timeout=5).close()
+    urllib.request.urlopen(urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST"), timeout=60).close()
     return boto3.client("ec2", region_name=REGION, endpoint_url=moto_url)
+
+
+def moto_clients(region: str) -> aws_sweep.Clients:
+    """EC2, IAM and ECR clients for moto (AWS_ENDPOINT_URL); moto 5.2.5 has no placement group API."""
+    return aws_sweep.Clients.for_region(region, placement_groups=False)
 
 
 def _subnet(ec2) -> str:
@@ -87,10 +96,13 @@ def _subnet(ec2) -> str:
     return ec2.create_subnet(VpcId=vpc, CidrBlock="10.42.1.0/24")["Subnet"]["SubnetId"]
 
 
-def _launch(ec2, count: int, cluster: str | None, subnet: str | None = None) -> list[str]:
-    tags = [{"Key": "owner", "Value": "alice"}, {"Key": "expiry", "Value": "2026-11-22T18:00:00Z"}]
+def _launch(ec2, count: int, cluster: str | None, subnet: str | None = None, cluster_id: str | None = None,
+            expiry: str = "2026-11-22T18:00:00Z") -> list[str]:
+    tags = [{"Key": "owner", "Value": "alice"}, {"Key": "expiry", "Value": expiry}]
     if cluster:
         tags += [{"Key": "cluster", "Value": cluster}, {"Key": "managed-by", "Value": "multinode"}]
+    if cluster_id:
+        tags.append({"Key": "cluster-id", "Value": cluster_id})
     extra = {"SubnetId": subnet} if subnet else {}
     reply = ec2.run_instances(ImageId=AMI, InstanceType="c6i.xlarge", MinCount=count, MaxCount=count,
                               TagSpecifications=[{"ResourceType": "instance", "Tags": tags}], **extra)
@@ -131,15 +143,18 @@ def test_leak_verification_counts_stopped_and_clears_after_terminate(ec2):
 
 
 def test_reap_lists_without_yes_and_terminates_with_yes(ec2):
-    ids = _launch(ec2, 2, "alpha")
-    dry = reap(REGION, None, yes=False, ec2=ec2)
+    ids = _launch(ec2, 2, "alpha")  # past their expiry: their TTL timer did not end them
+    fresh = _launch(ec2, 1, "beta", expiry="2999-01-01T00:00:00Z")  # within its TTL: never reaped
+    dry = reap(REGION, None, yes=False, ec2=ec2, clients=moto_clients(REGION))
     assert [line.split()[0] for line in dry[:-1]] == sorted(ids) and "YES=1" in dry[-1]
     assert len(aws_ec2.tagged_instances(ec2, "alpha")) == 2  # nothing touched
-    done = reap(REGION, "alpha", yes=True, ec2=ec2)
+    done = reap(REGION, "alpha", yes=True, ec2=ec2, clients=moto_clients(REGION))
     assert done[-1] == f"terminated 2 instances in {REGION}"
     assert aws_ec2.tagged_instances(ec2, "alpha") == []
-    assert reap(REGION, "alpha", yes=False, ec2=ec2) == [
-        f"no instance tagged cluster=alpha, managed-by=multinode is billing in {REGION}"]
+    assert reap(REGION, "alpha", yes=False, ec2=ec2, clients=moto_clients(REGION)) == [
+        f"no expired instance or other leftover tagged cluster=alpha, managed-by=multinode in {REGION}"]
+    reap(REGION, None, yes=True, ec2=ec2, clients=moto_clients(REGION))
+    assert [i.instance_id for i in aws_ec2.tagged_instances(ec2)] == fresh
 
 
 class FakeTerraform:
@@ -169,8 +184,13 @@ class FakeTerraform:
                       "instance_id": iid, "instance_type": "c6i.xlarge", "accelerator": "none",
                       "accelerator_count": 0} for n, iid in enumerate(self.ids)]
             return json.dumps({"inventory": {"sensitive": False, "value": {
-                "cluster": tfvars["cluster_name"], "region": tfvars["region"], "subnet_cidr": "10.42.1.0/24",
+                "cluster": tfvars["cluster_name"], "cluster_id": tfvars["cluster_id"], "zone": "us-east-1a",
+                "ecr": {"repository_url": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/multinode-x",
+                        "created_by_us": True, "instance_role": "multinode-x"},
+                "region": tfvars["region"], "subnet_cidr": "10.42.1.0/24",
                 "ssh_user": "ubuntu", "nodes": nodes}}})
+        elif command == "state":
+            return ""  # nothing of the stand-in's lives in Terraform state
         elif command == "destroy":
             aws_ec2.terminate(self.ec2, self.ids, timeout=60)
         return ""
@@ -187,32 +207,36 @@ def ssh_listener():
 
 def _spec(name: str, nodes: int = 2) -> ClusterSpec:
     return ClusterSpec(name=name, provider="aws", nodes=nodes,
-                       options={"region": REGION, "ssh_cidr": "203.0.113.4/32", "owner": "alice"})
+                       options={"region": REGION, "ssh_cidr": "203.0.113.4/32", "owner": "alice", "image": IMAGE})
 
 
 def test_failed_up_destroys_what_it_made_and_reraises(ec2, tmp_path, ssh_listener):
     state = ClusterState.for_cluster("beta", root=tmp_path)
     terraform = FakeTerraform(ec2, "127.0.0.1", break_after_apply=True)
-    provider = AwsProvider(terraform=terraform, ec2_client=lambda region: ec2, ssh_port=ssh_listener)
+    provider = AwsProvider(terraform=terraform, ec2_client=lambda region: ec2, ssh_port=ssh_listener,
+                           clients=moto_clients)
     with pytest.raises(NodeError, match="stopp"):
         provider.up(_spec("beta"), state)
     assert terraform.calls[-1] == "destroy"
     assert aws_ec2.tagged_instances(ec2, "beta") == [] and not state.inventory_path.exists()
 
 
-def test_down_refuses_to_forget_a_leaked_instance(ec2, tmp_path):
+def test_down_terminates_what_terraform_forgot_and_spares_a_twin(ec2, tmp_path):
+    """down sweeps by tags: an instance of this cluster that Terraform's state lacks ends too; one of
+    another cluster of the same name (another cluster-id) is left alone and does not fail the check."""
     state = ClusterState.for_cluster("gamma", root=tmp_path)
     (state.provider_dir / "terraform").mkdir(parents=True)
-    (state.provider_dir / "aws.json").write_text(json.dumps({"region": REGION, "cluster": "gamma"}))
+    (state.provider_dir / "aws.json").write_text(json.dumps({"region": REGION, "cluster": "gamma", "cluster_id": "aaaaaa"}))
     (state.provider_dir / "terraform" / "terraform.tfstate").write_text("{}")
     calls = []
-    provider = AwsProvider(terraform=lambda tf_dir, *args: calls.append(args[0]) or "", ec2_client=lambda region: ec2)
-    leaked = _launch(ec2, 1, "gamma")  # e.g. created outside Terraform's state, or a destroy that lied
-    with pytest.raises(UserError, match=f"{leaked[0]}.*make reap REGION={REGION}"):
-        provider.down(state)
-    assert calls == ["destroy"] and (state.provider_dir / "aws.json").exists()  # state kept for another try
-    reap(REGION, "gamma", yes=True, ec2=ec2)
-    assert provider.down(state)[-1].startswith("verified")
+    provider = AwsProvider(terraform=lambda tf_dir, *args: calls.append(args[0]) or "", ec2_client=lambda region: ec2,
+                           clients=moto_clients)
+    leaked = _launch(ec2, 1, "gamma", cluster_id="aaaaaa")  # e.g. created outside Terraform's state
+    twin = _launch(ec2, 1, "gamma", cluster_id="bbbbbb")
+    lines = provider.down(state)
+    assert calls == ["state", "destroy"] and f"terminated instance {leaked[0]}" in lines
+    assert lines[-1].startswith("verified: no instance tagged cluster=gamma, cluster-id=aaaaaa")
+    assert [i.instance_id for i in aws_ec2.tagged_instances(ec2, "gamma")] == twin
     assert not state.provider_dir.exists()
 
 
@@ -248,7 +272,13 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
         probed.extend(hosts)  # the public addresses moto made up: recorded, never connected to
         aws_ec2.wait_tcp(["127.0.0.1"] * len(hosts), port, timeout=timeout, poll=0.2)
 
-    provider = AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh)  # real run_terraform and boto3 client
+    waited: list[tuple[str, ...]] = []
+
+    def wait_ready(inventory, image):  # the bootstrap wait itself runs against real SSH nodes: test_readiness.py
+        waited.append((image, *(n.public_ip for n in inventory.nodes)))
+
+    # real run_terraform and boto3 client
+    provider = AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh, wait_ready=wait_ready, clients=moto_clients)
     inv = provider.up(_spec("tfreal"), state)
     tf_dir = state.provider_dir / "terraform"
     tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
@@ -266,14 +296,16 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
         assert (node.private_ip, node.public_ip) == (found["PrivateIpAddress"], found["PublicIpAddress"])
         assert node.hostname == f"tfreal-{node.name}" and node.accelerator == "none"
     assert probed == [n.public_ip for n in inv.nodes]
+    assert waited == [(inv.image, *probed)]
 
     # What Terraform made, read back with boto3: tags, IMDSv2, encrypted root, TTL terminate, pinned host keys.
-    sg = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["tfreal-multinode"]}])
+    unique = f"multinode-tfreal-{tfvars['cluster_id']}"
+    sg = ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [unique]}])
     sg = sg["SecurityGroups"][0]
     for node, key in zip(inv.nodes, tfvars["host_keys"]):
         found = by_id[node.instance_id]
         tags = {t["Key"]: t["Value"] for t in found["Tags"]}
-        assert tags == {"cluster": "tfreal", "owner": "alice", "expiry": tfvars["expires_at"],
+        assert tags == {"cluster": "tfreal", "cluster-id": tfvars["cluster_id"], "owner": "alice", "expiry": tfvars["expires_at"],
                         "managed-by": "multinode", "Name": f"tfreal-{node.name}", "node": node.name}
         assert found["InstanceType"] == "c6i.xlarge" and found["ImageId"] == AMI
         assert found["MetadataOptions"]["HttpTokens"] == "required"
@@ -304,7 +336,11 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
     # The tags Terraform set are the ones the leak check and reap look for.
     with pytest.raises(UserError, match="still has instances in a billing state"):
         verify_gone(ec2, "tfreal", REGION)
-    assert [line.split()[0] for line in reap(REGION, "tfreal", yes=False, ec2=ec2)[:-1]] == sorted(by_id)
+    assert [i.instance_id for i in aws_ec2.tagged_instances(ec2, "tfreal")] == sorted(by_id)
+    # Within their TTL: reap leaves them alone.
+    assert reap(REGION, "tfreal", yes=False, ec2=ec2, clients=moto_clients(REGION)) == [
+        f"no expired instance or other leftover tagged cluster=tfreal, managed-by=multinode in {REGION} "
+        "(2 instances within their TTL left alone)"]
 
     # down: the real terraform destroy, then the provider's own leak check; nothing of the cluster is left.
     lines = provider.down(state)
@@ -312,7 +348,7 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
         "verified: no instance tagged cluster=tfreal")
     assert {i["State"]["Name"] for i in _instances(ec2, "tfreal")} == {"terminated"}
     assert ec2.describe_vpcs(Filters=[{"Name": "tag:cluster", "Values": ["tfreal"]}])["Vpcs"] == []
-    assert ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": ["tfreal-multinode"]}])[
+    assert ec2.describe_security_groups(Filters=[{"Name": "group-name", "Values": [unique]}])[
         "SecurityGroups"] == []
     assert ec2.describe_key_pairs()["KeyPairs"] == []
     assert not state.provider_dir.exists() and not state.inventory_path.exists()
@@ -350,5 +386,38 @@ def test_plan_of_the_g4dn_example_with_the_production_defaults(ec2, offline_terr
         assert node["tags_all"]["cluster"] == "g4dn-demo" and node["tags_all"]["managed-by"] == "multinode"
         assert node["associate_public_ip_address"] and node["ami"] == AMI
     # With ami_id given, the SSM parameter is not read (no ssm:GetParameter needed): only the zones are.
-    read = [r["address"] for r in plan["prior_state"]["values"]["root_module"]["resources"] if r["mode"] == "data"]
-    assert read == ["data.aws_availability_zones.available"]
+    read = {r["address"]: r["values"] for r in plan["prior_state"]["values"]["root_module"]["resources"]
+            if r["mode"] == "data"}
+    assert set(read) == {"data.aws_ec2_instance_type_offerings.zones[0]", "data.aws_iam_policy_document.assume_ec2",
+                         "data.aws_partition.current"}
+    # The subnet goes to the first zone (by name) that offers g4dn.xlarge, as moto's offerings say.
+    offerings = ec2.describe_instance_type_offerings(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.xlarge"]}])
+    offered = sorted(o["Location"] for o in offerings["InstanceTypeOfferings"])
+    assert sorted(read["data.aws_ec2_instance_type_offerings.zones[0]"]["locations"]) == offered
+    assert planned["aws_subnet.this[0]"]["availability_zone"] == offered[0]
+    assert planned["aws_key_pair.client"]["key_name"] == planned["aws_placement_group.cluster[0]"]["name"] == (
+        "multinode-g4dn-demo-0a1b2c")
+    assert planned["aws_ecr_repository.cluster[0]"]["name"] == "multinode-g4dn-demo-0a1b2c"
+    assert planned["aws_iam_role_policy_attachment.ecr_read"]["policy_arn"] == (
+        "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly")
+
+
+def test_a_type_no_zone_offers_is_refused_at_plan(ec2, offline_terraform, tmp_path):
+    """moto's offerings list no zone of us-east-1 for g4ad.xlarge: the plan stops with the precondition's
+    message instead of creating a subnet where the instances could never start."""
+    assert ec2.describe_instance_type_offerings(LocationType="availability-zone", Filters=[
+        {"Name": "instance-type", "Values": ["g4ad.xlarge"]}])["InstanceTypeOfferings"] == []
+    work = tmp_path / "ec2"
+    shutil.copytree(MODULE, work)
+    keys = [new_ed25519(f"g4ad-demo-node-{i}") for i in range(2)]
+    (work / "keys.auto.tfvars.json").write_text(json.dumps({
+        "ssh_cidr": "203.0.113.4/32", "host_keys": [{"private_key": k, "public_key": p} for k, p in keys]}))
+    run = [offline_terraform, f"-chdir={work}"]
+    init = subprocess.run([*run, "init", "-input=false", "-no-color", "-lockfile=readonly"], capture_output=True, text=True)
+    assert init.returncode == 0, init.stdout + init.stderr
+    plan = subprocess.run([*run, "plan", "-input=false", "-no-color", "-var-file=examples/g4ad.tfvars"],
+                          capture_output=True, text=True, timeout=300)
+    assert plan.returncode == 1 and plan.stderr.count("Error:") == 1, plan.stderr
+    assert "No availability zone of us-east-1 offers g4ad.xlarge; pick another REGION or INSTANCE_TYPE" in " ".join(
+        plan.stderr.split())

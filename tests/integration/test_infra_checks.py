@@ -120,7 +120,7 @@ def test_instances_are_hardened_and_end_themselves():
     assert node["root_block_device"][0]["encrypted"] is True
     assert node["instance_initiated_shutdown_behavior"] == "terminate"
     template = (MODULE / "user_data.sh.tftpl").read_text()
-    assert re.search(r"^shutdown -h \+\$\{ttl_minutes\}", template, re.M)
+    assert re.search(r"^OnCalendar=\$\{expiry_calendar\}$", template, re.M)  # the TTL timer (test_bootstrap.py)
     ingress = {name: rule for name, rule in resources["aws_vpc_security_group_ingress_rule"].items()}
     assert ingress["ssh"]["cidr_ipv4"] == "${var.ssh_cidr}" and ingress["ssh"]["from_port"] == 22
     assert set(ingress) == {"ssh", "cluster"} and "cidr_ipv4" not in ingress["cluster"]
@@ -167,7 +167,7 @@ def test_checkov_finds_no_unexplained_failures():
 
 
 GOOD_VARS = {
-    "cluster_name": "dev", "region": "us-east-1", "cluster_type": "g4dn", "instance_type": "g4dn.xlarge",
+    "cluster_name": "dev", "cluster_id": "1a2b3c", "region": "us-east-1", "cluster_type": "g4dn", "instance_type": "g4dn.xlarge",
     "nodes": 1, "ssh_cidr": "203.0.113.4/32", "ssh_public_key": "ssh-ed25519 AAAAC3Nza alice",
     "host_keys": [{"private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n",
                    "public_key": "ssh-ed25519 AAAAC3Nza dev-node-0"}],
@@ -208,6 +208,11 @@ def _variable_errors(tmp_path: Path, overrides: dict) -> str:
     ({"ttl_hours": 73}, "ttl_hours must be a whole number from 1 to 72"),
     ({"nodes": 2}, "host_keys needs exactly one key pair per node"),
     ({"vpc_id": "vpc-0123"}, "vpc_id and subnet_id go together"),
+    ({"cluster_id": "dev"}, "cluster_id must be 6 lowercase hex digits"),
+    ({"availability_zone": "us-east-1"}, "availability_zone must be a zone name such as us-east-1b"),
+    ({"ecr_repository": "Multinode CUDA"}, "ecr_repository must be an ECR repository name"),
+    ({"amdgpu_installer_url": "https://repo.radeon.com/amdgpu-install/6.1.3/ubuntu/jammy/amdgpu-install_6.1.60103-1_all.deb"},
+     "amdgpu_installer_url must be AMD's amdgpu-install .deb of ROCm 7.2.x for Ubuntu noble"),
 ])
 def test_validation_rules_accept_good_and_reject_bad_values(tmp_path, overrides, message):
     errors = _variable_errors(tmp_path, overrides)

@@ -9,8 +9,8 @@ import pytest
 from multinode.config import ClusterSpec
 from multinode.errors import UserError
 from multinode.inventory import Inventory
-from multinode.providers.aws import (PRICES, AwsSettings, cost_line, inventory_from_outputs, known_hosts_lines,
-                                     new_ed25519)
+from multinode.providers.aws import (PRICES, AwsSettings, cost_line, ecr_repository_of, inventory_from_outputs,
+                                     known_hosts_lines, new_ed25519, registry_of)
 from multinode.state import ClusterState
 
 # What `terraform output -json` prints for infra/ec2 (2 x g4dn.xlarge), trimmed of nothing.
@@ -21,7 +21,11 @@ OUTPUTS = {
                             "nodes": ["tuple", [["object", {}], ["object", {}]]]}],
         "value": {
             "cluster": "gpu",
+            "cluster_id": "1a2b3c",
             "region": "us-east-1",
+            "zone": "us-east-1b",
+            "ecr": {"repository_url": "123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-gpu-1a2b3c",
+                    "created_by_us": True, "instance_role": "multinode-gpu-1a2b3c"},
             "subnet_cidr": "10.42.1.0/24",
             "ssh_user": "ubuntu",
             "nodes": [
@@ -53,6 +57,8 @@ def test_outputs_round_trip_into_inventory(state, tmp_path):
     assert (inv.provider, inv.runtime, inv.image, inv.workdir) == ("aws", "docker", "multinode-cuda:1", "/opt/multinode")
     assert inv.interpreter == "python3" and inv.extra["region"] == "us-east-1"
     assert inv.extra["mpi_ssh_key"] == "/opt/multinode/.ssh/id_ed25519"
+    assert inv.extra["ecr_repository_url"] == "123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-gpu-1a2b3c"
+    assert (inv.extra["cluster_id"], inv.extra["zone"], inv.extra["ecr_created"]) == ("1a2b3c", "us-east-1b", True)
     assert inv.extra["mpi_ssh_port"] == 2222  # the image's sshd: remote ranks must start inside the image
     assert inv.ssh_key == str(state.ssh_key) and inv.known_hosts == str(state.known_hosts)
     inv.save(tmp_path / "inv.json")
@@ -76,6 +82,9 @@ def test_private_ip_outside_subnet_is_refused(state):
     broken["inventory"]["value"]["subnet_cidr"] = "10.99.0.0/24"
     with pytest.raises(UserError, match="outside subnet"):
         inventory_from_outputs(broken, state, KEYS, "img")
+
+
+ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-cuda:latest"
 
 
 @pytest.fixture
@@ -102,6 +111,7 @@ def test_settings_fall_back_to_environment(clean_env):
     clean_env.setenv("MULTINODE_SSH_CIDR", "198.51.100.7/32")
     clean_env.setenv("MULTINODE_SPOT", "1")
     clean_env.setenv("MULTINODE_OWNER", "alice")
+    clean_env.setenv("MULTINODE_IMAGE", ECR_IMAGE)
     settings = AwsSettings.from_spec(ClusterSpec(name="gpu", provider="aws", cluster_type="g4ad"))
     assert (settings.region, settings.ssh_cidr, settings.spot, settings.owner, settings.ttl_hours) == (
         "eu-west-1", "198.51.100.7/32", True, "alice", 8)
@@ -111,7 +121,7 @@ def test_cost_line_uses_price_table(clean_env):
     prices = json.loads(PRICES.read_text())
     assert prices["date"] and prices["source"]
     spec = ClusterSpec(name="gpu", provider="aws", nodes=2, cluster_type="g4dn",
-                       options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32"})
+                       options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32", "image": ECR_IMAGE})
     line = cost_line(spec, AwsSettings.from_spec(spec), prices)
     expected = 2 * prices["on_demand_usd_per_hour"]["us-east-1"]["g4dn.xlarge"]
     assert line.startswith(f"2 x g4dn.xlarge on-demand = ${expected:.2f}/h (prices of {prices['date']}, us-east-1")
@@ -120,3 +130,34 @@ def test_cost_line_uses_price_table(clean_env):
 def test_generated_host_key_is_openssh_ed25519():
     private, public = new_ed25519("c-node-0")
     assert "BEGIN OPENSSH PRIVATE KEY" in private and public.startswith("ssh-ed25519 ") and public.endswith(" c-node-0")
+
+
+@pytest.mark.parametrize("image", ["multinode-cuda:latest", "library/ubuntu:24.04", "multinode-cuda"])
+def test_a_local_only_image_is_refused_with_how_to_push(clean_env, image):
+    spec = ClusterSpec(name="gpu", provider="aws", cluster_type="g4dn",
+                       options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32", "image": image})
+    with pytest.raises(UserError) as err:
+        AwsSettings.from_spec(spec)
+    message = str(err.value)
+    assert "\n" not in message and message.startswith(f"IMAGE_REF={image} is a local tag the nodes cannot pull")
+    assert "'make image IMAGE=cuda PUSH=1 ECR=<account>.dkr.ecr.us-east-1.amazonaws.com'" in message
+
+
+def test_no_image_given_means_the_local_default_which_is_refused(clean_env):
+    spec = ClusterSpec(name="gpu", provider="aws", options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32"})
+    with pytest.raises(UserError, match="IMAGE_REF=multinode-cpu:latest is a local tag"):
+        AwsSettings.from_spec(spec)
+
+
+@pytest.mark.parametrize("image, registry, repository", [
+    (ECR_IMAGE, "123456789012.dkr.ecr.us-east-1.amazonaws.com", "multinode-cuda"),
+    ("123456789012.dkr.ecr.us-east-1.amazonaws.com/team/multinode@sha256:" + "a" * 64,
+     "123456789012.dkr.ecr.us-east-1.amazonaws.com", "team/multinode"),
+    ("123456789012.dkr.ecr.eu-west-1.amazonaws.com/multinode-cuda:1", "123456789012.dkr.ecr.eu-west-1.amazonaws.com", None),
+    ("ghcr.io/example/multinode-cuda:1", "ghcr.io", None),
+    ("localhost:5000/multinode-cpu", "localhost:5000", None),
+    ("multinode-cpu:latest", None, None),
+])
+def test_registry_and_ecr_repository_of_an_image(image, registry, repository):
+    assert registry_of(image) == registry
+    assert ecr_repository_of(image, "us-east-1") == repository

@@ -1,6 +1,7 @@
 # Manual use: terraform -chdir=infra/ec2 apply -var-file=examples/g4dn.tfvars -var ssh_cidr=203.0.113.4/32
 # (make up PROVIDER=aws CLUSTER_TYPE=g4dn writes these, plus the generated keys, for you.)
 cluster_name   = "g4dn-demo"
+cluster_id     = "0a1b2c" # make up draws a random one per cluster
 region         = "us-east-1"
 cluster_type   = "g4dn"
 instance_type  = "g4dn.xlarge"

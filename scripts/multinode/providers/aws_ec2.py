@@ -32,6 +32,7 @@ class TaggedInstance:
     owner: str
     expiry: str
     instance_type: str
+    cluster_id: str | None = None  # the cluster-id tag: tells apart two clusters of one name
 
     def describe(self) -> str:
         return (f"{self.instance_id} {self.state:13} cluster={self.cluster} owner={self.owner} "
@@ -59,7 +60,8 @@ def tagged_instances(ec2, cluster: str | None = None, states: Sequence[str] = BI
                 found.append(TaggedInstance(
                     instance_id=inst["InstanceId"], state=inst["State"]["Name"],
                     cluster=tags.get("cluster", "?"), owner=tags.get("owner", "?"),
-                    expiry=tags.get("expiry", "?"), instance_type=inst["InstanceType"]))
+                    expiry=tags.get("expiry", "?"), instance_type=inst["InstanceType"],
+                    cluster_id=tags.get("cluster-id")))
     return sorted(found, key=lambda i: (i.cluster, i.instance_id))
 
 

@@ -22,8 +22,9 @@ class Provider(Protocol):
         On a failure half-way, cleans up what it created before raising.
         """
 
-    def down(self, state: ClusterState) -> list[str]:
+    def down(self, state: ClusterState, yes: bool = False) -> list[str]:
         """Destroy everything the cluster owns; idempotent; works after a crashed ``up``.
+        ``yes`` also deletes what holds the user's data (an image repository that is not empty).
 
         Returns human-readable lines describing what was removed / verified.
         """

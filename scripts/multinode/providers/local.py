@@ -268,7 +268,7 @@ class LocalProvider:
         inventory.save(state.inventory_path)
         return inventory
 
-    def down(self, state: ClusterState) -> list[str]:
+    def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: nothing local holds user data
         meta = _load_meta(state)
         lines = []
         if meta is not None and not meta.get("isolated", True):

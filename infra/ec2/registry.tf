@@ -1,0 +1,63 @@
+# Image delivery: an ECR repository (made for the cluster, or an existing one taken by name) and an
+# instance profile with AmazonEC2ContainerRegistryReadOnly, so nodes pull through the ECR credential
+# helper (user data) with the instance's own short-lived credentials; no password is stored anywhere.
+
+data "aws_partition" "current" {}
+
+resource "aws_ecr_repository" "cluster" {
+  count = var.ecr_repository == null ? 1 : 0
+
+  name = local.unique_name
+  # `make image PUSH=1` pushes the same tag again after a rebuild.
+  image_tag_mutability = "MUTABLE"
+  # `make down` keeps a repository that still holds images unless told otherwise (YES=1).
+  force_delete = false
+
+  image_scanning_configuration {
+    scan_on_push = true
+  }
+
+  encryption_configuration {
+    encryption_type = "KMS"
+  }
+
+  #checkov:skip=CKV_AWS_51:Tags are rebuilt and pushed again under the same name (make image PUSH=1); the node pulls what was pushed last.
+}
+
+data "aws_ecr_repository" "given" {
+  count = var.ecr_repository == null ? 0 : 1
+
+  name = var.ecr_repository
+}
+
+locals {
+  ecr_repository_url = var.ecr_repository == null ? aws_ecr_repository.cluster[0].repository_url : data.aws_ecr_repository.given[0].repository_url
+}
+
+data "aws_iam_policy_document" "assume_ec2" {
+  statement {
+    actions = ["sts:AssumeRole"]
+    principals {
+      type        = "Service"
+      identifiers = ["ec2.amazonaws.com"]
+    }
+  }
+}
+
+resource "aws_iam_role" "node" {
+  name               = local.unique_name
+  path               = "/multinode/"
+  description        = "multinode cluster ${var.cluster_name} (${var.cluster_id}): nodes pull container images from ECR"
+  assume_role_policy = data.aws_iam_policy_document.assume_ec2.json
+}
+
+resource "aws_iam_role_policy_attachment" "ecr_read" {
+  role       = aws_iam_role.node.name
+  policy_arn = "arn:${data.aws_partition.current.partition}:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"
+}
+
+resource "aws_iam_instance_profile" "node" {
+  name = local.unique_name
+  path = "/multinode/"
+  role = aws_iam_role.node.name
+}
