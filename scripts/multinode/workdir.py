@@ -124,8 +124,8 @@ def _git_files(root: Path) -> list[str] | None:
     return [p for p in listed.stdout.decode().split("\0") if p]
 
 
-def _walk_files(root: Path) -> list[str]:
-    spec = exclude_spec(_ignore_patterns(root))
+def _walk_files(root: Path, patterns: list[str]) -> list[str]:
+    spec = exclude_spec(patterns)
     found = []
     for directory, dirs, files in os.walk(root):
         rel_dir = Path(directory).relative_to(root)
@@ -140,10 +140,11 @@ def _ignore_patterns(root: Path) -> list[str]:
     return ignore.read_text().splitlines() if ignore.is_file() else []
 
 
-def select_files(root: Path) -> dict[str, int]:
+def select_files(root: Path, extra_excludes: Iterable[str] = ()) -> dict[str, int]:
     """{relative path: size} of the regular files that would be sent (see the module's contract)."""
+    patterns = [*_ignore_patterns(root), *extra_excludes]
     listed = _git_files(root)
-    paths = filter_paths(listed if listed is not None else _walk_files(root), _ignore_patterns(root))
+    paths = filter_paths(listed if listed is not None else _walk_files(root, patterns), patterns)
     sizes = {}
     for rel in paths:
         try:
@@ -177,12 +178,12 @@ class Project:
     manifest: Manifest
 
 
-def load_project(workdir: str, limit_mb: int = DEFAULT_LIMIT_MB) -> Project:
+def load_project(workdir: str, limit_mb: int = DEFAULT_LIMIT_MB, extra_excludes: Iterable[str] = ()) -> Project:
     """Select, size-check and hash WORKDIR (one-line UserError when it is missing or too large)."""
     root = Path(workdir).expanduser()
     if not root.is_dir():
         raise UserError(f"WORKDIR={workdir} does not exist or is not a directory; pass your project's directory")
     root = root.resolve()
-    sizes = select_files(root)
+    sizes = select_files(root, extra_excludes)
     check_size(sizes, limit_mb, workdir)
     return Project(root, build_manifest(root, sizes))
