@@ -6,7 +6,7 @@ Contract:
   (``git ls-files --cached --others --exclude-standard``, run in WORKDIR, so only its subtree);
   otherwise every file under WORKDIR. In both cases the default excludes (:data:`DEFAULT_EXCLUDES`)
   and the gitignore-style patterns of WORKDIR's ``.multinodeignore`` are left out (pathspec's
-  ``gitwildmatch``). Symbolic links are followed to files; directories are never followed.
+  ``GitIgnoreSpec``). Symbolic links are followed to files; directories are never followed.
 * A WORKDIR larger than the limit (``WORKDIR_LIMIT_MB``, default :data:`DEFAULT_LIMIT_MB`) is refused
   in one line naming its largest paths, before anything is hashed or sent.
 * :class:`Manifest`: every sent file's path, size, mode (the executable bit) and SHA-256. The node keeps
@@ -87,8 +87,9 @@ def plan_sync(local: Manifest, remote: Manifest) -> SyncPlan:
 
 
 def exclude_spec(patterns: Iterable[str]) -> pathspec.PathSpec:
-    """The default excludes plus ``patterns`` (gitignore syntax; ``#`` comments and blank lines ignored)."""
-    return pathspec.PathSpec.from_lines("gitwildmatch", [*DEFAULT_EXCLUDES, *patterns])
+    """The default excludes plus ``patterns`` (gitignore syntax and precedence: the last match wins, so
+    ``!keep.log`` after ``*.log`` keeps it; ``#`` comments and blank lines ignored)."""
+    return pathspec.GitIgnoreSpec.from_lines([*DEFAULT_EXCLUDES, *patterns])
 
 
 def filter_paths(paths: Iterable[str], patterns: Iterable[str] = ()) -> list[str]:
