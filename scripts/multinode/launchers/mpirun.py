@@ -96,6 +96,8 @@ class MpirunLauncher:
             "--mca", "orte_abort_on_non_zero_status", "1",
             "--tag-output",
         ]
+        for name in FORWARDED:
+            argv += ["-x", name]
         contexts = []
         for node in inv.nodes:
             count = nproc_of(spec, node)
@@ -105,10 +107,10 @@ class MpirunLauncher:
                 "-np", str(count),
                 "--host", f"{node.private_ip}:{count}",
                 "--wdir", entry_dir(inv, node.name, entry),
-                # -x in every app context: one before the first context reaches only that context's ranks
-                # (measured: the other nodes' ranks saw no OMP_NUM_THREADS). ENV: the head sources the values
-                # from its env file; mpirun carries them by name.
-                *(arg for name in (*FORWARDED, *(var.name for var in spec.env)) for arg in ("-x", name)),
+                # ENV: the head sources the values from its env file; mpirun carries them by name. In every app
+                # context: a -x before the first one reaches only that context's ranks (measured here: the
+                # other nodes' ranks see none of FORWARDED either).
+                *(arg for var in spec.env for arg in ("-x", var.name)),
                 *(["env", *own] if own else []),
                 node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
