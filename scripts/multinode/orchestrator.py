@@ -6,7 +6,8 @@ runtime -> remote runner -> logs/results -- and owns nothing else. ``train`` in 
 1. load the inventory and restrict it to NODES (user errors first, nothing started);
 2. plan with the mode's launcher (pure; ``--dry-run`` stops here and prints it);
 3. pre-flight every node in parallel (SSH, runtime, GPU, MPI SSH mesh, rendezvous port);
-4. sync the code (training package, or the user's script) to every node's own directory;
+4. sync the code to every node's own directory: our training package, or the user's project (WORKDIR,
+   incremental; then SETUP and a -m module check, before any run directory exists: project_prepare.py);
 5. run every node's command at once, streaming ``[node-i]`` lines and saving per-node logs; the
    first failure stops every node of the job (by run id) and is reported with node, rank and tail;
 6. sweep: stop anything still tagged with the run id on every node, even after success;

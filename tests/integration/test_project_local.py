@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 FIXTURE = Path(__file__).parent / "project"
 REPO = Path(__file__).resolve().parents[2]
 SECRET = "hf_project-secret-8f3a1c"
-SETUP = "pip install -r requirements.txt"
+SETUP = 'pip install -r requirements.txt && test "$PROJECT_MODE" = fast'  # ENV reaches SETUP too
 ENV = "PROJECT_TOKEN PROJECT_MODE=fast"
 # termcolor 3.3.0: a 7.7 kB pure-Python wheel, not in the cluster's environment (pip index versions, 2026-11-23).
 PACKAGE = "termcolor==3.3.0"
@@ -155,3 +155,35 @@ def test_bad_projects_are_refused_in_one_line_before_any_rank_starts(cluster3: C
     (big / "blob.bin").write_bytes(b"\0" * (2 * 2**20))
     res = cluster3.cli("train", "--workdir", str(big), "--script", "train.py", "--workdir-limit-mb", "1")
     assert_refused(cluster3, res, before, f"WORKDIR={big} holds 2.0 MB", "over the 1 MB limit", "blob.bin (2.0 MB)")
+
+
+def test_an_installed_module_runs_though_it_is_not_in_workdir(cluster3: Cluster, project: Path):
+    res = cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--workdir", str(project),
+                       "--script", "-m mpi4py.bench ringtest")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert re.search(r"^\[node-0\] \[rank0\]: time for 1 loops = \S+ seconds \(3 processes", res.stdout, re.M), res.stdout
+
+
+def test_what_is_sent_from_a_plain_directory_and_from_a_git_work_tree(tmp_path: Path):
+    """The selection behind every sync (git runs here for real, so this lives with the integration tests)."""
+    from multinode.workdir import select_files
+
+    def make(root: Path) -> Path:
+        for rel in ("train.py", "pkg/m.py", "pkg/__pycache__/m.cpython-311.pyc", ".venv/bin/python", "data/big.bin",
+                    "notes.tmp", "ignored-by-git.log"):
+            (root / rel).parent.mkdir(parents=True, exist_ok=True)
+            (root / rel).write_text(rel)
+        (root / ".multinodeignore").write_text("/data/\n*.tmp\n")
+        (root / ".gitignore").write_text("*.log\n")
+        (root / "link.py").symlink_to(root / "train.py")
+        (root / "linked-dir").symlink_to(root / "pkg")
+        return root
+
+    plain = make(tmp_path / "plain")
+    assert sorted(select_files(plain)) == [".gitignore", ".multinodeignore", "ignored-by-git.log", "link.py",
+                                           "pkg/m.py", "train.py"]
+    repo = make(tmp_path / "repo")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "add", "train.py"], check=True)  # the rest is untracked
+    assert sorted(select_files(repo)) == [".gitignore", ".multinodeignore", "link.py", "pkg/m.py", "train.py"]
+    assert select_files(repo)["link.py"] == len("train.py")  # a link to a file travels as its content

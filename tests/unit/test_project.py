@@ -217,3 +217,33 @@ def test_nproc_auto_is_one_per_gpu_and_one_on_cpu_nodes():
     assert relabel("node-0", "[1,4]<stdout>: hi") == ("node-1", "[rank4]: hi")
     cpu = get_launcher("static").plan(make_inventory(3), LaunchSpec(nodes=3, nproc="auto", run_id="r"), entry)
     assert cpu.world_size == 3 and cpu.procs == (1, 1, 1)
+
+
+def test_setup_runs_in_the_jobs_runtime_in_the_project_directory():
+    files = Manifest({"requirements.txt": FileEntry(10, 0o644, "r1")})
+    spec = LaunchSpec(nodes=2, run_id="r3", script="x.py", setup="pip install -r requirements.txt",
+                      env=(EnvVar("HF_TOKEN", SECRET),))
+    from multinode.node_setup import plan_setup
+
+    for runtime in ("host", "docker"):
+        inv = make_inventory(2, runtime=runtime, image="img:1" if runtime == "docker" else None)
+        commands = plan_setup(inv, spec, files, lambda node: f"/state/dev/nodes/{node}/code/project")
+        line = to_shell(commands["node-1"], inv, "r3")
+        assert "/state/dev/nodes/node-1/env" in line and "pip install -r requirements.txt" in line
+        assert "/state/dev/nodes/node-1/runs/r3/env" in line and SECRET not in line  # the file's path, not values
+        if runtime == "docker":
+            assert " run --rm " in f" {line} " and "img:1" in line and "-w /state/dev/nodes/node-1/code/project" in line
+        else:
+            assert line.startswith("cd /state/dev/nodes/node-1/code/project && ")
+
+
+def test_the_cli_reads_env_names_from_the_callers_environment(monkeypatch):
+    from multinode.cli import _launch_spec, build_parser
+
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    args = build_parser().parse_args(["train", "--script", "-m pkg.train", "--workdir", "proj", "--nproc", "auto",
+                                      "--env", "HF_TOKEN EPOCHS=3", "--setup", "pip install -r requirements.txt"])
+    spec = _launch_spec(args)
+    assert [(v.name, v.value) for v in spec.env] == [("HF_TOKEN", SECRET), ("EPOCHS", "3")]
+    assert spec.nproc == "auto" and spec.workdir == "proj" and spec.module == "pkg.train" and spec.args == ()
+    assert SECRET not in repr(spec)
