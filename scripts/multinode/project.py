@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,8 +77,3 @@ def _locate(script: str, workdir: str | None) -> Path:
         return Path(workdir).expanduser() / path
     return path
 
-
-def module_check_command(python: str, module: str) -> str:
-    """Exit 0 when ``module`` can be found by ``python`` (run in the project's directory on a node)."""
-    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
-    return f"{shlex.quote(python)} -c {shlex.quote(code)} >/dev/null 2>&1"

@@ -20,7 +20,6 @@ from multinode.launchers.base import (
     EntryPoint,
     LaunchPlan,
     NodeCommand,
-    code_dir,
     entry_dir,
     env_file,
     iface_for_subnet,
