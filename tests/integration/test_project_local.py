@@ -85,6 +85,8 @@ def test_project_runs_under_every_launcher_and_resyncs_only_what_changed(cluster
     assert synced(first.stdout) == {f"node-{i}": (files, 0) for i in range(3)}, first.stdout[:2000]
     assert len(re.findall(r"^\[node-\d\] SETUP: pip install", first.stdout, re.M)) == 3
     assert '"PROJECT_TOKEN"' in (cluster3.runs()[-1] / "plan.json").read_text()  # the name only
+    # The nodes' SETUP did not touch the cluster's own environment (the one this test runs in).
+    assert subprocess.run([sys.executable, "-c", "import termcolor"], capture_output=True).returncode != 0
 
     # 2. Edit one file, delete another; torchrun, a script path: one file sent to each node, SETUP skipped.
     config = project / "config.yaml"
