@@ -1,7 +1,8 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
-#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
+#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
+#              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
@@ -43,6 +44,12 @@ export MULTINODE_MTU := $(MTU)
 export MULTINODE_SCHEDULER := $(SCHEDULER)
 export MULTINODE_NODE := $(NODE)
 export MULTINODE_LAUNCHER := $(LAUNCHER)
+# Your own project (README, "Run your own project"): ENV holds names (values come from your environment) or NAME=value.
+export MULTINODE_WORKDIR := $(WORKDIR)
+export MULTINODE_WORKDIR_LIMIT_MB := $(WORKDIR_LIMIT_MB)
+export MULTINODE_SETUP := $(SETUP)
+# Only ENV given to make: a shell's own $$ENV (its startup file, in some setups) is not a variable list.
+export MULTINODE_ENV := $(if $(filter command line,$(origin ENV)),$(ENV))
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)
@@ -56,7 +63,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC LAUNCHER DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 

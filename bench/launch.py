@@ -63,7 +63,7 @@ class Launch:
         """The static-rendezvous torchrun line of every baseline (env as the orchestrator sets it)."""
         argv = [self.python, "-m", "torch.distributed.run", f"--nnodes={n}", "--nproc-per-node=1",
                 f"--node-rank={node_rank}", f"--master-addr={self.cluster.ip(0)}", f"--master-port={port}",
-                f"--local-addr={local_addr}", "user/hello_rdzv.py"]
+                f"--local-addr={local_addr}", "project/hello_rdzv.py"]
         return (f"cd {workdir} && export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 GLOO_SOCKET_IFNAME=\"{self.iface}\" "
                 f"&& exec {shlex.join(argv)}")
 
@@ -94,7 +94,7 @@ class Launch:
 
     def standalone(self, n: int) -> list[str]:
         workdir = str(self.code).replace("{node}", "node-0")
-        argv = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "user/hello_rdzv.py"]
+        argv = [self.python, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", "project/hello_rdzv.py"]
         line = f"cd {workdir} && export OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 && exec {shlex.join(argv)}"
         return ["ssh", *self.ssh_opts.split(), f"{self.user}@{self.cluster.ip(0)}", line]
 

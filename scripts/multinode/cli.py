@@ -1,7 +1,8 @@
 """Command line: parsing only. Everything it does is a call into :mod:`multinode.orchestrator`.
 
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
-    multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P] [--script PATH] [--args "..."] [--launcher auto|torchrun|static] [--dry-run]
+    multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto] [--script PATH|"-m pkg.mod"] [--args "..."]
+                     [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"] [--launcher auto|torchrun|static] [--dry-run]
     multinode down | status | logs [--run ID] [--node I] | ssh NODE [CMD...] | reap --region R [--yes]
 
 Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -28,6 +30,7 @@ from multinode.config import (
     env_default,
     new_run_id,
 )
+from multinode.envvars import parse_env
 from multinode.errors import JobFailed, MultinodeError, UserError
 
 log = logging.getLogger("multinode")
@@ -68,8 +71,18 @@ def build_parser() -> argparse.ArgumentParser:
     train = sub.add_parser("train", help="run the training job on the cluster")
     train.add_argument("--mode", default=env_default("MODE", "cpu"), help=f"one of {', '.join(MODES)}")
     train.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
-    train.add_argument("--nproc", type=int, default=env_default("NPROC", "1"), help="processes per node")
-    train.add_argument("--script", default=env_default("SCRIPT"), help="run this script instead of our trainer")
+    train.add_argument("--nproc", default=env_default("NPROC", "1"),
+                       help="processes per node, or auto (one per GPU on GPU nodes, 1 on CPU nodes)")
+    train.add_argument("--script", default=env_default("SCRIPT"),
+                       help="run this script (a path in WORKDIR) or '-m package.module' instead of our trainer")
+    train.add_argument("--workdir", default=env_default("WORKDIR"),
+                       help="project directory synced to every node (default: SCRIPT's directory; '.' for -m)")
+    train.add_argument("--workdir-limit-mb", type=int, default=env_default("WORKDIR_LIMIT_MB", "200"),
+                       help="refuse a WORKDIR larger than this (default %(default)s)")
+    train.add_argument("--setup", default=env_default("SETUP"),
+                       help="command run once per node in WORKDIR before the job, again when it or its files change")
+    train.add_argument("--env", default=env_default("ENV"), metavar='"NAME OTHER=value"',
+                       help="variables for every rank; NAME alone takes your environment's value; values are never shown")
     train.add_argument("--args", default=env_default("ARGS"),
                        help=f"arguments for the script, one string (default: {' '.join(DEFAULT_TRAIN_ARGS)})")
     train.add_argument("--rdzv-port", type=int, default=env_default("RDZV_PORT", "29500"))
@@ -98,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _nproc(value: str) -> int | str:
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise UserError(f"NPROC={value!r} must be a number or auto (one process per GPU, 1 on CPU nodes)") from None
+
+
 def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     if args.args is None:
         script_args = DEFAULT_TRAIN_ARGS if not args.script else ()
@@ -109,7 +131,7 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
     return LaunchSpec(
         mode=args.mode,
         nodes=args.nodes,
-        nproc=args.nproc,
+        nproc=_nproc(str(args.nproc)),
         script=args.script,
         args=script_args,
         rdzv_port=args.rdzv_port,
@@ -121,6 +143,10 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
         run_id=args.run_id or new_run_id(),
         dry_run=args.dry_run,
         launcher=args.launcher,
+        workdir=args.workdir,
+        workdir_limit_mb=args.workdir_limit_mb,
+        setup=args.setup,
+        env=parse_env(args.env, os.environ),
     )
 
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from multinode.envvars import EnvVar
 from multinode.errors import UserError
 from multinode.state import check_cluster_name
 
@@ -72,6 +74,7 @@ class ClusterSpec:
 
 
 ELASTIC = re.compile(r"^(\d+):(\d+)$")
+MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
 @dataclass(frozen=True)
@@ -80,8 +83,8 @@ class LaunchSpec:
 
     mode: str = "cpu"
     nodes: int = 2
-    nproc: int = 1  # processes per node
-    script: str | None = None  # None: our trainer (training/train.py)
+    nproc: int | str = 1  # processes per node, or "auto": one per GPU on GPU nodes, 1 on CPU nodes
+    script: str | None = None  # None: our trainer (training/train.py); a path in WORKDIR, or "-m pkg.module [args]"
     args: tuple[str, ...] = DEFAULT_TRAIN_ARGS
     rdzv_port: int = 29500
     max_restarts: int = 0
@@ -93,6 +96,10 @@ class LaunchSpec:
     run_id: str = field(default_factory=new_run_id)
     dry_run: bool = False
     launcher: str = "auto"  # torchrun modes: one of TORCH_LAUNCHERS
+    workdir: str | None = None  # the project directory synced to every node (default: SCRIPT's directory)
+    workdir_limit_mb: int = 200  # a WORKDIR larger than this is refused
+    setup: str | None = None  # shell command run once per node in WORKDIR before the job (e.g. pip install -r ...)
+    env: tuple[EnvVar, ...] = ()  # variables for every rank (values never shown)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -103,7 +110,23 @@ class LaunchSpec:
             raise UserError("LAUNCHER=static starts a fixed set of ranks without agents; "
                             "use LAUNCHER=torchrun with ELASTIC or MAX_RESTARTS")
         _positive("NODES", self.nodes, "run on at least one node.")
-        _positive("NPROC", self.nproc, "start at least one process per node.")
+        if isinstance(self.nproc, str):
+            if self.nproc != "auto":
+                raise UserError(f"NPROC={self.nproc!r} must be a number or auto (one process per GPU, 1 on CPU nodes)")
+        else:
+            _positive("NPROC", self.nproc, "start at least one process per node.")
+        if self.script is not None and self.script.lstrip().startswith("-m"):
+            try:
+                words = shlex.split(self.script)
+            except ValueError as err:
+                raise UserError(f"SCRIPT={self.script!r} cannot be split like a shell line ({err}); check its quotes") from None
+            if words[0] != "-m" or len(words) < 2 or not MODULE.match(words[1]):
+                raise UserError(f"SCRIPT={self.script!r} must look like '-m package.module [args]', e.g. SCRIPT=\"-m pkg.train\"")
+        if self.workdir is not None and self.script is None:
+            raise UserError(f"WORKDIR={self.workdir} needs SCRIPT: a path inside it or '-m package.module'")
+        if self.setup is not None and self.script is None:
+            raise UserError("SETUP prepares a project's environment and needs SCRIPT (and WORKDIR); our trainer needs none")
+        _positive("WORKDIR_LIMIT_MB", self.workdir_limit_mb, "raise it to sync a larger WORKDIR.")
         if not 1024 <= self.rdzv_port <= 65535:
             raise UserError(f"RDZV_PORT={self.rdzv_port} must be in 1024..65535")
         if self.max_restarts < 0:
@@ -121,6 +144,16 @@ class LaunchSpec:
         for name in ("rdzv_timeout", "pg_timeout"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")
+
+    @property
+    def module(self) -> str | None:
+        """``pkg.train`` for SCRIPT="-m pkg.train ..."; None for a script path."""
+        return shlex.split(self.script)[1] if self.script and self.script.lstrip().startswith("-m") else None
+
+    @property
+    def entry_args(self) -> tuple[str, ...]:
+        """What follows the module in SCRIPT="-m pkg.train a b", then ARGS."""
+        return (tuple(shlex.split(self.script)[2:]) if self.module else ()) + self.args
 
     @property
     def agents(self) -> bool:

@@ -23,7 +23,8 @@ import re
 
 from multinode.errors import UserError
 from multinode.inventory import Inventory
-from multinode.launchers.base import NodeCommand
+from multinode.config import LaunchSpec
+from multinode.launchers.base import NodeCommand, nproc_of
 
 SMOKE_TIMEOUT = 120  # seconds: a cold container start plus importing torch and initialising CUDA
 
@@ -74,23 +75,26 @@ NO_TOOLKIT = re.compile(r"could not select device driver|nvidia-container-cli|un
 NO_DEVICE = re.compile(r"error gathering device information while adding custom device \"?/dev/(kfd|dri)|no such file or directory.*?/dev/(kfd|dri)", re.I)
 
 
-def smoke_commands(inventory: Inventory, nproc: int, run_id: str) -> dict[str, NodeCommand]:
-    """Per GPU node, the command that runs the smoke test (the runtime wraps it like the job)."""
+def smoke_commands(inventory: Inventory, spec: LaunchSpec) -> dict[str, NodeCommand]:
+    """Per GPU node, the command that runs the smoke test for the node's process count (the runtime wraps
+    it like the job)."""
     commands = {}
     for node in inventory.nodes:
         if node.accelerator == "none":
             continue
         commands[node.name] = NodeCommand(
             node=node.name,
-            argv=("timeout", str(SMOKE_TIMEOUT - 5), inventory.interpreter, "-c", SMOKE_SCRIPT, str(nproc)),
+            argv=("timeout", str(SMOKE_TIMEOUT - 5), inventory.interpreter, "-c", SMOKE_SCRIPT, str(nproc_of(spec, node))),
             cwd="/tmp",  # runs before the code is synced: nothing of ours is needed
         )
     return commands
 
 
-def plan_nproc(inventory: Inventory, nproc: int) -> None:
-    """Refuse, before anything runs, more processes per node than the inventory says a GPU node has."""
+def plan_nproc(inventory: Inventory, spec: LaunchSpec) -> None:
+    """Refuse, before anything runs, more processes per node than the inventory says a GPU node has
+    (NPROC=auto is one per GPU by construction)."""
     for node in inventory.nodes:
+        nproc = nproc_of(spec, node)
         if node.accelerator != "none" and node.accelerator_count and nproc > node.accelerator_count:
             raise UserError(
                 f"NPROC={nproc} but {node.name} has {node.accelerator_count} GPU(s): one process per GPU; "
@@ -144,15 +148,15 @@ def failure_line(node: str, image: str | None, exit_code: int | None, stdout: st
     return f"{node}: GPU {answer.get('device')} ({answer.get('name')}) failed the smoke test: {answer.get('detail')}"
 
 
-def gpu_smoke(runner, inventory: Inventory, nproc: int, run_id: str) -> None:
+def gpu_smoke(runner, inventory: Inventory, spec: LaunchSpec) -> None:
     """Run the smoke test on every GPU node at once; raise PreflightFailed with the first node's line."""
     from multinode.preflight import PreflightFailed
     from multinode.runtimes import to_shell
 
-    commands = smoke_commands(inventory, nproc, run_id)
+    commands = smoke_commands(inventory, spec)
     if not commands:
         return
-    smoke_run = f"{run_id}-gpucheck"  # its own container names: nothing to clash with the job's
+    smoke_run = f"{spec.run_id}-gpucheck"  # its own container names: nothing to clash with the job's
     shells = {name: to_shell(cmd, inventory, smoke_run) for name, cmd in commands.items()}
     results = runner.run_each(shells, timeout=SMOKE_TIMEOUT)
     for name in shells:

@@ -5,9 +5,10 @@ runtime -> remote runner -> logs/results -- and owns nothing else. ``train`` in 
 
 1. load the inventory and restrict it to NODES (user errors first, nothing started);
 2. plan with the mode's launcher (pure; ``--dry-run`` stops here and prints it);
-3. pre-flight every node in parallel (SSH, runtime, GPU, MPI SSH mesh, rendezvous port), then the GPU
+3. pre-flight every node in parallel (SSH, runtime, MPI SSH mesh, rendezvous port), then the GPU
    smoke test on GPU nodes (device visible, kernels for its architecture, a matmul and a reduction);
-4. sync the code (training package, or the user's script) to every node's own directory;
+4. sync the code to every node's own directory: our training package, or the user's project (WORKDIR,
+   incremental; then SETUP and a -m module check, before any run directory exists: project_prepare.py);
 5. run every node's command at once, streaming ``[node-i]`` lines and saving per-node logs; the
    first failure stops every node of the job (by run id) and is reported with node, rank and tail;
 6. sweep: stop anything still tagged with the run id on every node, even after success;
@@ -32,6 +33,7 @@ from multinode.errors import JobFailed, NodeError, UserError
 from multinode.gpucheck import gpu_smoke, plan_nproc
 from multinode.inventory import Inventory
 from multinode.launchers import EntryPoint, LaunchPlan, launcher_for
+from multinode.project import ResolvedProject, resolve_project
 from multinode.providers import get_provider
 from multinode.runtimes import runtime_checks, stop_containers, to_shell
 from multinode.state import ClusterState
@@ -133,18 +135,17 @@ class RunSummary:
     failed_rank: int | None = None
 
 
-def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]]]:
-    """The entry point and what to sync: [(local path, path under the node's code dir)]."""
+def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]] | ResolvedProject]:
+    """The entry point and what to sync: our trainer as [(local path, path under the node's code dir)],
+    or the user's project (SCRIPT in WORKDIR, or a -m module), synced incrementally."""
     if spec.script is None:
         return EntryPoint(OUR_ENTRY, spec.args, ours=True), [(TRAINING_DIR, "training")]
-    script = Path(spec.script)
-    if not script.is_file():
-        raise UserError(f"SCRIPT={spec.script} does not exist or is not a file; pass the path of a Python script")
-    return EntryPoint(f"user/{script.name}", spec.args, ours=False), [(script.resolve(), f"user/{script.name}")]
+    resolved = resolve_project(spec)
+    return resolved.entry, resolved
 
 
-def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[tuple[Path, str]]]:
-    """Validate the job against the cluster and plan it. Pure: no I/O beyond checking SCRIPT exists."""
+def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[tuple[Path, str]] | ResolvedProject]:
+    """Validate the job against the cluster and plan it. No I/O beyond reading SCRIPT/WORKDIR locally."""
     inv = inventory.first(spec.nodes)
     if spec.uses_gpu and inv.accelerator == "none":
         raise UserError(
@@ -152,7 +153,7 @@ def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[t
             f"use MODE=cpu or MODE=mpi, or bring up a GPU cluster (make up PROVIDER=aws CLUSTER_TYPE=g4dn)"
         )
     if spec.uses_gpu:
-        plan_nproc(inv, spec.nproc)
+        plan_nproc(inv, spec)
     entry, sync = resolve_entry(spec)
     return launcher_for(spec).plan(inv, spec, entry), sync
 
@@ -169,13 +170,21 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     plan, sync = plan_job(inventory, spec)
     inv = inventory.first(spec.nodes)
     shells = {cmd.node: to_shell(cmd, inv, spec.run_id) for cmd in plan.commands}
+    project = sync if isinstance(sync, ResolvedProject) else None
     if spec.dry_run:
         print(plan.describe(), file=out)
         for node, line in shells.items():
             print(f"[{node}] shell: {line}", file=out)
+        if project is not None:
+            manifest = project.project.manifest
+            print(f"sync {project.project.root}: {len(manifest.files)} files, {manifest.total_bytes} bytes "
+                  f"to every node (only what changed since its last sync)", file=out)
+        if spec.setup:
+            print(f"setup (once per node, again when it or the files it names change): {spec.setup}", file=out)
         return None
 
     from multinode.preflight import preflight, start_mpi_sshds
+    from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
     from multinode.remote import RemoteRunner, Rejoin
     from multinode.sync import sync_code, sync_mpi_credentials
 
@@ -192,13 +201,18 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             timeout=spec.preflight_timeout,
         )
         if spec.uses_gpu:
-            gpu_smoke(runner, inv, spec.nproc, spec.run_id)
+            gpu_smoke(runner, inv, spec)
+        if project is not None:
+            # The project, its SETUP and its module are ready on every node before the run directory exists:
+            # a refused job leaves no trace (the nodes keep the synced files and environments for next time).
+            prepare_project(runner, spec, project, out)
         # Nothing is written before pre-flight passed: a refused job leaves no trace.
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plan.json").write_text(plan.to_json())
-        print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es), "
+        print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s), world size {plan.world_size}, "
               f"logs in {run_dir}", file=out)
-        sync_code(runner, sync, subdir="code")
+        if project is None:
+            sync_code(runner, sync, subdir="code")
         if spec.uses_mpi:
             sync_mpi_credentials(runner)
         for cmd in plan.commands:
@@ -207,7 +221,11 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
 
         def prepare_again(node: str) -> None:
             """A node that comes back (rebooted or replaced) gets the code and the plan's files again."""
-            sync_code(runner, sync, subdir="code", names=[node])
+            if project is not None:
+                prepare_project(runner, spec, project, out, names=[node])
+                write_env_files(runner, spec, names=[node])
+            else:
+                sync_code(runner, sync, subdir="code", names=[node])
             for path, content in plan.command_for(node).files.items():
                 runner.write_file(node, path, content)
 
@@ -216,16 +234,18 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         rejoin = Rejoin(budget=spec.max_restarts, wait=spec.rdzv_timeout, prepare=prepare_again,
                         exclude=(inv.head.name,)) if spec.max_restarts else None
         try:
+            write_env_files(runner, spec)
             if spec.uses_mpi and inv.runtime == "docker":
                 start_mpi_sshds(runner, spec.run_id)
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
-                                 relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin)
+                                 relabel=launcher.relabel(plan, plan.procs[0] if plan.procs else 1), rejoin=rejoin)
         except JobFailed as err:
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
         finally:
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
+            remove_env_files(runner, spec)
         metrics = _fetch_metrics(runner, inv, spec, run_dir)
     head_log = run_dir / f"{inv.head.name}.log"
     summary = RunSummary(
@@ -248,6 +268,9 @@ def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
     if spec.max_restarts or spec.elastic:
         raise UserError("MAX_RESTARTS/ELASTIC are not planned for SLURM clusters; requeue with sbatch --requeue instead, "
                         "or leave them unset")
+    if spec.nproc == "auto" or spec.setup or spec.env:
+        raise UserError("NPROC=auto, SETUP and ENV are not planned for SLURM clusters yet; give NPROC a number, "
+                        "install the project's requirements on the cluster and export variables in ARGS or the script")
     # A cluster on a shared filesystem is described by its login node alone: the scheduler has the nodes.
     shared = bool(inventory.extra.get("shared_fs"))
     if not shared:
@@ -275,7 +298,12 @@ def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
         print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es) through "
               f"SLURM ({'srun --mpi=' + plugin if plugin else 'mpirun' if spec.uses_mpi else 'srun + torchrun'}), "
               f"logs in {run_dir}", file=out)
-        sync_code(runner, sync, subdir="code")
+        if isinstance(sync, ResolvedProject):
+            from multinode.project_prepare import prepare_project
+
+            prepare_project(runner, spec, sync, out)  # WORKDIR synced incrementally, the -m module checked
+        else:
+            sync_code(runner, sync, subdir="code")
         outcome = slurm_run.run(runner, job, out, run_dir)
         metrics = _fetch_metrics(runner, inv, spec, run_dir) if outcome.exit_code == 0 and not shared else None
     failed = {node: code for node, code, _ in outcome.failed_nodes}

@@ -16,7 +16,8 @@ authorized key mounted; ``stop_containers`` removes it with the run. The paths c
 ``extra["container_sshd"]`` (``host_key`` may hold ``{node}``); defaults suit a cloud node.
 
 Node-evaluated environment (``NodeCommand.node_env``) is computed on the host shell first and
-passed into the container by name, so ``ip`` need not exist in the image.
+passed into the container by name, so ``ip`` need not exist in the image; ENV values are sourced
+from the node's env file by the host shell and passed the same way, never on the command line.
 """
 
 from __future__ import annotations
@@ -76,13 +77,13 @@ def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id:
     argv += inventory.extra.get("container_args", [])
     for key, value in command.env.items():
         argv += ["-e", f"{key}={value}"]
-    for key in command.node_env:
+    for key in (*command.node_env, *command.secret_env):  # by name: the values come from the host shell
         argv += ["-e", key]
     argv += ACCELERATOR_FLAGS[node.accelerator]
     argv.append(inventory.image or "")
     argv += command.argv
     exports = [f'export {k}="{expr}"' for k, expr in command.node_env.items()]
-    return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *exports, "exec " + shlex.join(argv)])
+    return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *command.sourced(), *exports, "exec " + shlex.join(argv)])
 
 
 def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:

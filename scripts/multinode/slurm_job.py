@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from multinode.config import LaunchSpec
 from multinode.inventory import Inventory
-from multinode.launchers.base import BASE_ENV, EntryPoint, code_dir, iface_for_subnet, run_dir, trainer_args
+from multinode.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, run_dir, trainer_args
 from multinode.launchers.torchrun import RDZV_READ_TIMEOUT
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
@@ -76,19 +76,22 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         where = [
             "node=node-$SLURM_NODEID",
             f"rundir={shlex.quote(inv.workdir_for(inv.head.name) + '/runs/' + spec.run_id)}/$node",
-            f"cd {shlex.quote(code_dir(inv, inv.head.name))}",
+            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}",
         ]
     else:
         cases = [f"  {node.hostname}) node={node.name}; rundir={shlex.quote(run_dir(inv, node.name, spec.run_id))}; "
-                 f"cd {shlex.quote(code_dir(inv, node.name))} ;;" for node in inv.nodes]
+                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))} ;;" for node in inv.nodes]
         where = [
             'case "$SLURMD_NODENAME" in',
             *cases,
             '  *) echo "multinode: $SLURMD_NODENAME is not a node of cluster ' + inv.cluster + '" >&2; exit 2 ;;',
             "esac",
         ]
+    # A user's project (WORKDIR) is the ranks' cwd and on their PYTHONPATH, as under the other launchers.
+    project = ['export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"'] if entry.subdir else []
     body = [
         *where,
+        *project,
         'mkdir -p "$rundir"',
         f"set -- {args}",
         f'export GLOO_SOCKET_IFNAME="{iface_for_subnet(inv.subnet)}"',
@@ -116,7 +119,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
             launcher = "mpirun"
             steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
         # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
-        launch_line = f'{py} -u {entry.script} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"'
+        launch_line = f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"'
         tasks = f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}"
         per_task = "one task per rank" if mpi_plugin else "mpirun in the allocation"
         env_lines = [f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
@@ -128,7 +131,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
                        f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
                        f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
                        f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
-                       f'{entry.script} "$@"')
+                       f'{shlex.join(entry.program())} "$@"')
         tasks = f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
         per_task = "one task per node running torchrun"
         env_lines = ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '"]

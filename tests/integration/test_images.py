@@ -272,3 +272,25 @@ def test_train_runs_inside_the_containers_of_two_nodes(cpu_image, docker_cluster
     left = run(store.podman + ["ps", "-a", "--format", "{{.Names}}"]).stdout.split()
     assert not [name for name in left if summary["run_id"] in name], left
     assert docker_cluster.job_processes() == {"node-0": [], "node-1": []}
+
+
+def test_a_project_with_setup_and_env_runs_in_the_containers(cpu_image, docker_cluster, tmp_path):
+    """SETUP builds each node's environment inside the image, and ENV reaches the ranks in their containers."""
+    project = tmp_path / "proj"
+    shutil.copytree(REPO / "tests/integration/project", project, ignore=shutil.ignore_patterns("__pycache__"))
+    res = run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "termcolor==3.3.0", "-d", str(project / "wheels")])
+    assert res.returncode == 0, res.stderr
+    secret = "container-secret-5e1d"
+    res = docker_cluster.cli("train", "--nodes", "2", "--workdir", str(project), "--script", "-m pkg.train",
+                             "--setup", "pip install -r requirements.txt", "--env", "PROJECT_TOKEN PROJECT_MODE=fast",
+                             PROJECT_TOKEN=secret, timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert len(re.findall(r"PROJECT rank=\d world=2 .* sum=3 expected=3 ", res.stdout)) == 2, res.stdout[-3000:]
+    deps = re.findall(r"DEP rank=(\d) termcolor=3\.3\.0 at=(\S+?/termcolor/__init__\.py)", res.stdout)
+    assert len(deps) == 2 and all(f"/nodes/node-{rank}/env/" in path for rank, path in deps), deps
+    token = hashlib.sha256(secret.encode()).hexdigest()[:16]
+    assert len(re.findall(rf"ENVCHECK rank=\d token={token} ", res.stdout)) == 2, res.stdout[-3000:]
+    assert secret not in res.stdout + res.stderr
+    for path in docker_cluster.runs()[-1].rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+    assert docker_cluster.job_processes() == {"node-0": [], "node-1": []}

@@ -50,7 +50,7 @@ def test_static_killed_rank_stops_every_node_and_names_it(cluster3: Cluster):
     for i in range(3):
         watcher.wait_for(rf"^\[node-{i}\] \[rank\d\]: USER step 2 ")
     victim = next(pid for pid in cluster3.job_processes()["node-1"]
-                  if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"user/user_allreduce.py"])
+                  if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"user_allreduce.py"])  # SCRIPT, relative to its WORKDIR
     os.kill(victim, signal.SIGKILL)
     proc.wait(timeout=90)
     stderr = proc.stderr.read()

@@ -25,20 +25,22 @@ V520 = dict(torch="2.13.0+rocm7.2", cuda=None, hip="7.2", archs=["gfx90a", "gfx9
 
 def test_smoke_is_planned_on_gpu_nodes_only_inside_the_runs_image(make_inv):
     inv = make_inv(2, runtime="docker", accelerator="nvidia", image="123.dkr.ecr.us-east-1.amazonaws.com/mn:cuda")
-    commands = smoke_commands(inv, nproc=1, run_id="r1")
+    commands = smoke_commands(inv, LaunchSpec(mode="gpu", nodes=2, run_id="r1"))
     assert sorted(commands) == ["node-0", "node-1"]
     line = to_shell(commands["node-1"], inv, "r1-gpucheck")
     assert "--gpus all" in line and "123.dkr.ecr.us-east-1.amazonaws.com/mn:cuda" in line
     assert "--name mn-r1-gpucheck-node-1" in line  # never the job's container name
     assert commands["node-1"].argv[-1] == "1" and SMOKE_SCRIPT in commands["node-1"].argv
-    assert smoke_commands(make_inv(2), nproc=1, run_id="r1") == {}  # CPU nodes: nothing runs
+    assert smoke_commands(make_inv(2), LaunchSpec(mode="gpu", nodes=2, run_id="r1")) == {}  # CPU nodes: nothing runs
 
 
 def test_nproc_above_the_gpu_count_is_refused_before_anything_runs(make_inv):
     inv = make_inv(2, runtime="docker", accelerator="nvidia", image="x/cuda:1")
     with pytest.raises(UserError, match=r"^NPROC=2 but node-0 has 1 GPU\(s\).*NPROC=1 or fewer"):
         plan_job(inv, LaunchSpec(mode="gpu", nodes=2, nproc=2))
-    plan_nproc(inv, 1)
+    plan_nproc(inv, LaunchSpec(mode="gpu", nodes=2, nproc=1))
+    plan_nproc(inv, LaunchSpec(mode="gpu", nodes=2, nproc="auto"))
+    assert smoke_commands(inv, LaunchSpec(mode="gpu", nodes=2, nproc="auto"))["node-0"].argv[-1] == "1"
 
 
 @pytest.mark.parametrize("stdout, stderr, code, expected", [

@@ -20,8 +20,8 @@ def test_static_plan_gives_every_node_the_env_contract(inventory):
     assert plan.launcher == "static" and plan.world_size == 6
     for i, cmd in enumerate(plan.commands):
         assert cmd.argv[:2] == ("sh", "-c")
-        node_rank, nproc, status_dir = cmd.argv[4:7]
-        assert (node_rank, nproc) == (str(i), "2")
+        first_rank, nproc, status_dir = cmd.argv[4:7]
+        assert (first_rank, nproc) == (str(2 * i), "2")
         assert status_dir == f"/state/dev/nodes/node-{i}/runs/r1/ranks"
         assert cmd.argv[7:9] == ("/repo/.venv/bin/python", "training/train.py")
         assert cmd.argv[-4:] == ("--workload", "digits", "4", "2")

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Protocol
 
 from multinode.config import LaunchSpec
+from multinode.envvars import MASK
 from multinode.inventory import Inventory, Node
 
 
@@ -31,11 +32,17 @@ def iface_for_subnet(subnet: str) -> str:
 
 @dataclass(frozen=True)
 class EntryPoint:
-    """The program every rank runs, as a path relative to the synced code directory."""
+    """The program every rank runs: a path relative to its directory, or a module (``python -m``)."""
 
-    script: str  # e.g. "training/train.py" or "user/my_script.py"
+    script: str  # e.g. "training/train.py", "pkg/train.py", or the module "pkg.train"
     args: tuple[str, ...] = ()
     ours: bool = True  # our trainer: the launcher may add --snapshot-dir/--metrics-dir/--timeout
+    module: bool = False  # run as ``python -m script`` (torchrun: ``-m script``)
+    subdir: str = ""  # the project (WORKDIR) under the node's code dir: the ranks' cwd and PYTHONPATH
+
+    def program(self) -> tuple[str, ...]:
+        """What follows the interpreter (or torchrun's options): ``-m mod`` or the script path."""
+        return ("-m", self.script) if self.module else (self.script,)
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,16 @@ class NodeCommand:
     env: dict[str, str] = field(default_factory=dict)
     node_env: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # absolute path on the node -> content (hostfile, ...)
+    env_file: str | None = None  # ENV: a 0600 file of export lines on the node, sourced before the launch
+    secret_env: tuple[str, ...] = ()  # the names it sets (their values are never in a plan)
+    nproc: int = 1  # processes this node runs
+
+    def sourced(self) -> list[str]:
+        return [f". {shlex.quote(self.env_file)}"] if self.env_file else []
 
     def shell(self) -> str:
         """One POSIX-sh line: cd, exports, exec. What the runner sends over SSH (before tagging)."""
-        parts = [f"cd {shlex.quote(self.cwd)}"]
+        parts = [f"cd {shlex.quote(self.cwd)}", *self.sourced()]
         parts += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
         parts += [f'export {k}="{expr}"' for k, expr in self.node_env.items()]
         parts.append("exec " + shlex.join(self.argv))
@@ -67,6 +80,7 @@ class LaunchPlan:
     commands: tuple[NodeCommand, ...]
     participants: tuple[str, ...]
     world_size: int
+    procs: tuple[int, ...] = ()  # processes per participant (NPROC, or NPROC=auto's count per node)
 
     def command_for(self, node: str) -> NodeCommand:
         for cmd in self.commands:
@@ -80,10 +94,15 @@ class LaunchPlan:
     def describe(self) -> str:
         """Human-readable dry-run output."""
         lines = [f"run {self.run_id}: {self.launcher}, world size {self.world_size}, nodes {', '.join(self.participants)}"]
+        if self.procs:
+            lines.append("processes per node: " + ", ".join(f"{n}={p}" for n, p in zip(self.participants, self.procs)))
         for cmd in self.commands:
             lines.append(f"[{cmd.node}] cwd: {cmd.cwd}")
+            lines.append(f"[{cmd.node}] processes: {cmd.nproc}")
             for k, v in {**cmd.env, **cmd.node_env}.items():
                 lines.append(f"[{cmd.node}] env: {k}={v}")
+            for k in cmd.secret_env:
+                lines.append(f"[{cmd.node}] env: {k}={MASK}")
             for path in cmd.files:
                 lines.append(f"[{cmd.node}] file: {path}")
             lines.append(f"[{cmd.node}] argv: {shlex.join(cmd.argv)}")
@@ -111,6 +130,35 @@ def code_dir(inventory: Inventory, node_name: str) -> str:
 def run_dir(inventory: Inventory, node_name: str, run_id: str) -> str:
     """Where a run writes on a node (snapshots, metrics)."""
     return f"{inventory.workdir_for(node_name)}/runs/{run_id}"
+
+
+def nproc_of(spec: LaunchSpec, node: Node) -> int:
+    """Processes on ``node``: NPROC, or for NPROC=auto one per GPU on a GPU node and 1 on a CPU node
+    (torchrun's ``--nproc-per-node=gpu``, from the inventory rather than the node's own count)."""
+    if spec.nproc == "auto":
+        return node.accelerator_count if node.accelerator != "none" and node.accelerator_count > 0 else 1
+    return int(spec.nproc)
+
+
+def entry_dir(inventory: Inventory, node_name: str, entry: EntryPoint) -> str:
+    """The ranks' working directory: the code dir, or the project (WORKDIR) inside it."""
+    base = code_dir(inventory, node_name)
+    return f"{base}/{entry.subdir}" if entry.subdir else base
+
+
+def node_python(inventory: Inventory, spec: LaunchSpec, node_name: str) -> str:
+    """The interpreter of the ranks: the node's own SETUP environment (layered on the cluster's), if any."""
+    return f"{inventory.workdir_for(node_name)}/env/bin/python" if spec.setup else inventory.interpreter
+
+
+def env_file(inventory: Inventory, node_name: str, run_id: str) -> str:
+    """Where the run's ENV values lie on a node (0600, removed when the run ends)."""
+    return f"{run_dir(inventory, node_name, run_id)}/env"
+
+
+def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:
+    """A project's ranks import its packages from WORKDIR whichever way they start."""
+    return {"PYTHONPATH": entry_dir(inventory, node_name, entry)} if entry.subdir else {}
 
 
 def trainer_args(entry: EntryPoint, run_directory: str, spec: LaunchSpec) -> tuple[str, ...]:
@@ -146,14 +194,22 @@ def collective_env(inventory: Inventory, spec: LaunchSpec) -> tuple[dict[str, st
 
 
 def per_node_plan(name: str, inv: Inventory, spec: LaunchSpec,
-                  node_command: Callable[[int, Node], tuple[tuple[str, ...], dict[str, str]]]) -> LaunchPlan:
+                  node_command: Callable[[int, Node], tuple[tuple[str, ...], dict[str, str]]],
+                  entry: EntryPoint | None = None) -> LaunchPlan:
     """The plan of a launcher that runs one command on every node (torchrun, static): ``node_command``
-    gives each node's argv and own environment; every node also gets BASE_ENV and the collective env."""
+    gives each node's argv and own environment; every node also gets BASE_ENV and the collective env,
+    and for a project its directory as cwd and PYTHONPATH, and the ENV file."""
+    entry = entry or EntryPoint("")
     network, node_env = collective_env(inv, spec)
     commands = []
     for node_rank, node in enumerate(inv.nodes):
         argv, own_env = node_command(node_rank, node)
-        commands.append(NodeCommand(node=node.name, argv=argv, cwd=code_dir(inv, node.name),
-                                    env={**BASE_ENV, **own_env, **network}, node_env=dict(node_env)))
+        commands.append(NodeCommand(node=node.name, argv=argv, cwd=entry_dir(inv, node.name, entry),
+                                    env={**BASE_ENV, **project_env(inv, node.name, entry), **own_env, **network},
+                                    node_env=dict(node_env), nproc=nproc_of(spec, node),
+                                    env_file=env_file(inv, node.name, spec.run_id) if spec.env else None,
+                                    secret_env=tuple(var.name for var in spec.env)))
     return LaunchPlan(run_id=spec.run_id, launcher=name, commands=tuple(commands),
-                      participants=tuple(n.name for n in inv.nodes), world_size=spec.nodes * spec.nproc)
+                      participants=tuple(n.name for n in inv.nodes),
+                      world_size=sum(nproc_of(spec, node) for node in inv.nodes),
+                      procs=tuple(nproc_of(spec, node) for node in inv.nodes))

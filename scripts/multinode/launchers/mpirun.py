@@ -20,8 +20,12 @@ from multinode.launchers.base import (
     EntryPoint,
     LaunchPlan,
     NodeCommand,
-    code_dir,
+    entry_dir,
+    env_file,
     iface_for_subnet,
+    node_python,
+    nproc_of,
+    project_env,
     run_dir,
     trainer_args,
 )
@@ -95,11 +99,19 @@ class MpirunLauncher:
             argv += ["-x", name]
         contexts = []
         for node in inv.nodes:
+            count = nproc_of(spec, node)
+            # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context.
+            own = [f"{k}={v}" for k, v in project_env(inv, node.name, entry).items()]
             ctx = [
-                "-np", str(spec.nproc),
-                "--host", f"{node.private_ip}:{spec.nproc}",
-                "--wdir", code_dir(inv, node.name),
-                inv.interpreter, entry.script,
+                "-np", str(count),
+                "--host", f"{node.private_ip}:{count}",
+                "--wdir", entry_dir(inv, node.name, entry),
+                # ENV: the head sources the values from its env file; mpirun carries them by name. In every app
+                # context: a -x before the first one reaches only that context's ranks (measured here: the
+                # other nodes' ranks see none of FORWARDED either).
+                *(arg for var in spec.env for arg in ("-x", var.name)),
+                *(["env", *own] if own else []),
+                node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
             ]
             contexts.append(ctx)
@@ -111,25 +123,31 @@ class MpirunLauncher:
         if head.ssh_user == "root":
             # Without these Open MPI refuses to run as root -- and still exits 0.
             env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
-        content = "".join(f"{n.private_ip} slots={spec.nproc}\n" for n in inv.nodes)
+        counts = tuple(nproc_of(spec, node) for node in inv.nodes)
+        content = "".join(f"{n.private_ip} slots={c}\n" for n, c in zip(inv.nodes, counts))
         command = NodeCommand(
             node=head.name,
             argv=tuple(argv),
-            cwd=code_dir(inv, head.name),
+            cwd=entry_dir(inv, head.name, entry),
             env=env,
             node_env={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},
             files={hostfile: content},
+            env_file=env_file(inv, head.name, spec.run_id) if spec.env else None,
+            secret_env=tuple(var.name for var in spec.env),
+            nproc=counts[0],
         )
         return LaunchPlan(
             run_id=spec.run_id,
             launcher=self.name,
             commands=(command,),
             participants=tuple(n.name for n in inv.nodes),
-            world_size=spec.nodes * spec.nproc,
+            world_size=sum(counts),
+            procs=counts,
         )
 
     def relabel(self, plan: LaunchPlan, nproc: int):
-        return relabel_by_rank([node for node in plan.participants for _ in range(nproc)])
+        counts = plan.procs or tuple(nproc for _ in plan.participants)
+        return relabel_by_rank([node for node, count in zip(plan.participants, counts) for _ in range(count)])
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
         for line in log_lines:

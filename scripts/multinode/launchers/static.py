@@ -21,18 +21,26 @@ from collections.abc import Sequence
 
 from multinode.config import LaunchSpec
 from multinode.inventory import Inventory, Node
-from multinode.launchers.base import EntryPoint, LaunchPlan, per_node_plan, run_dir, trainer_args
+from multinode.launchers.base import (
+    EntryPoint,
+    LaunchPlan,
+    node_python,
+    nproc_of,
+    per_node_plan,
+    run_dir,
+    trainer_args,
+)
 from multinode.launchers.torchrun import root_cause_rank
 
-# $1 = this node's group rank, $2 = processes per node, $3 = directory for per-rank exit files;
+# $1 = this node's first global rank, $2 = processes on this node, $3 = directory for per-rank exit files;
 # the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
 # exit code and finish time into a file (a pipeline's status is sed's in POSIX sh). Then the
 # earliest failure is reported the way torchrun does, and is the node's exit code.
 # One line (statements joined with spaces), so the plan prints as one shell line.
 STARTER = " ".join(part.strip() for part in [
-    'node=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; i=0;',
+    'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; i=0;',
     'while [ "$i" -lt "$nproc" ]; do',
-    '  rank=$((node * nproc + i));',
+    '  rank=$((base + i));',
     '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; echo "$? $(date +%s%N)" > "$status_dir/rank$rank"; }',
     '    | sed -u "s/^/[rank$rank]: /" &',
     '  i=$((i + 1));',
@@ -43,7 +51,7 @@ STARTER = " ".join(part.strip() for part in [
     'done;',
     'if [ -n "$first" ]; then',
     '  echo "Root Cause (first observed failure):" >&2;',
-    '  echo "  rank      : $first (local_rank: $((first - node * nproc)))" >&2;',
+    '  echo "  rank      : $first (local_rank: $((first - base)))" >&2;',
     '  echo "  exitcode  : $code" >&2;',
     'fi; exit "$code"',
 ])
@@ -54,22 +62,24 @@ class StaticLauncher:
 
     def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
         inv = inventory.first(spec.nodes)
+        counts = [nproc_of(spec, node) for node in inv.nodes]
 
         def node_command(node_rank: int, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
-                "sh", "-c", STARTER, "multinode-static", str(node_rank), str(spec.nproc), f"{directory}/ranks",
-                inv.interpreter, entry.script, *trainer_args(entry, directory, spec),
+                "sh", "-c", STARTER, "multinode-static", str(sum(counts[:node_rank])), str(counts[node_rank]),
+                f"{directory}/ranks", node_python(inv, spec, node.name), *entry.program(),
+                *trainer_args(entry, directory, spec),
             )
             return argv, {
-                "WORLD_SIZE": str(spec.nodes * spec.nproc),
-                "LOCAL_WORLD_SIZE": str(spec.nproc),
+                "WORLD_SIZE": str(sum(counts)),
+                "LOCAL_WORLD_SIZE": str(counts[node_rank]),
                 "GROUP_RANK": str(node_rank),
                 "MASTER_ADDR": inv.head.private_ip,
                 "MASTER_PORT": str(spec.rdzv_port),
             }
 
-        return per_node_plan(self.name, inv, spec, node_command)
+        return per_node_plan(self.name, inv, spec, node_command, entry)
 
     def relabel(self, plan: LaunchPlan, nproc: int):
         return None  # every node streams its own ranks' lines

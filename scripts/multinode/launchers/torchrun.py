@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from multinode.config import LaunchSpec
 from multinode.inventory import Inventory, Node
-from multinode.launchers.base import EntryPoint, LaunchPlan, per_node_plan, run_dir, trainer_args
+from multinode.launchers.base import EntryPoint, LaunchPlan, node_python, nproc_of, per_node_plan, run_dir, trainer_args
 
 # Seconds a store operation -- connecting to the rendezvous endpoint included -- may take. torch's
 # default is 60, the same as the join timeout, so a node that cannot reach the endpoint was outlived by
@@ -47,9 +47,9 @@ class TorchrunLauncher:
             rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={read_timeout},is_host={int(is_host)}"
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
-                inv.interpreter, "-m", "torch.distributed.run",
+                node_python(inv, spec, node.name), "-m", "torch.distributed.run",
                 f"--nnodes={nnodes}",
-                f"--nproc-per-node={spec.nproc}",
+                f"--nproc-per-node={nproc_of(spec, node)}",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint={head.private_ip}:{spec.rdzv_port}",
                 f"--rdzv-id={spec.run_id}",
@@ -61,7 +61,7 @@ class TorchrunLauncher:
                 # per-rank copies stay in the node's run directory.
                 "--tee=3",
                 f"--log-dir={directory}/torchrun",
-                entry.script,
+                *entry.program(),  # torchrun's -m runs a module as python -m does
                 *trainer_args(entry, directory, spec),
             )
             # Every worker line starts with its global rank: "[node-1] [rank1]: ...".
@@ -71,7 +71,7 @@ class TorchrunLauncher:
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             return argv, env
 
-        return per_node_plan(self.name, inv, spec, node_command)
+        return per_node_plan(self.name, inv, spec, node_command, entry)
 
     def relabel(self, plan: LaunchPlan, nproc: int):
         return None  # every node streams its own ranks' lines

@@ -1,0 +1,102 @@
+"""Incremental WORKDIR sync: each node gets only what changed, in one stream.
+
+Per node: one short read of the manifest the node keeps (``<code>/.project-manifest.json``), then
+:func:`multinode.workdir.plan_sync` (pure), then ONE exec channel carrying one gzipped tar: the changed
+files, a NUL-separated deletion list, the directories to prune and the new manifest. The node drops its
+manifest first and writes the new one last, so a sync cut half-way makes the next one send everything
+it cannot vouch for. The node side is POSIX sh, tar and xargs only (on a docker-runtime node the host
+need not have Python). One line reports how many files and bytes went to each node.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+from typing import TextIO
+
+from multinode.errors import NodeError
+from multinode.inventory import Inventory
+from multinode.launchers.base import code_dir
+from multinode.project import PROJECT_SUBDIR
+from multinode.remote import RemoteRunner
+from multinode.workdir import Manifest, Project, SyncPlan, plan_sync
+
+CONTROL = ".multinode-sync"  # inside the stream only; removed on the node once applied
+
+
+def project_dir(inventory: Inventory, node: str) -> str:
+    return f"{code_dir(inventory, node)}/{PROJECT_SUBDIR}"
+
+
+def manifest_path(inventory: Inventory, node: str) -> str:
+    return f"{code_dir(inventory, node)}/.project-manifest.json"
+
+
+def stream(project: Project, plan: SyncPlan) -> bytes:
+    """The .tar.gz for one node: changed files (mode from the manifest) + control files."""
+    buffer = io.BytesIO()
+
+    def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o600
+        tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for rel in plan.send:
+            info = tar.gettarinfo(str(project.root / rel), arcname=rel)
+            info.mode = project.manifest.files[rel].mode
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(project.root / rel, "rb") as fh:
+                tar.addfile(info, fh)
+        add_bytes(tar, f"{CONTROL}/delete", b"".join(p.encode() + b"\0" for p in plan.delete))
+        add_bytes(tar, f"{CONTROL}/prune", b"".join(p.encode() + b"\0" for p in plan.prune))
+        add_bytes(tar, f"{CONTROL}/manifest.json", project.manifest.to_json().encode())
+    return buffer.getvalue()
+
+
+def apply_command(target: str, manifest: str) -> str:
+    """The node side of one stream (stdin: the tar.gz)."""
+    t, m, c = shlex.quote(target), shlex.quote(manifest), CONTROL
+    return (
+        f"mkdir -p {t} && cd {t} && rm -f {m} && tar -xzf - && "
+        f"xargs -0 -r rm -f -- < {c}/delete && {{ xargs -0 -r rmdir -- < {c}/prune 2>/dev/null || true; }} && "
+        f"mv -f {c}/manifest.json {m} && rm -rf {c}"
+    )
+
+
+def _human(size: int) -> str:
+    return f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB" if size < 1 << 20 else f"{size / 2**20:.1f} MiB"
+
+
+def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None = None,
+                 out: TextIO | None = None) -> dict[str, SyncPlan]:
+    """Bring every node's copy of WORKDIR (or ``names``') up to ``project``; print one line; the plans."""
+    inv = runner.inventory
+    names = names or [n.name for n in inv.nodes]
+    manifests = runner.run_each({name: f"cat {shlex.quote(manifest_path(inv, name))} 2>/dev/null || true"
+                                 for name in names})
+    plans: dict[str, SyncPlan] = {}
+    for name, res in manifests.items():
+        if not res.ok:
+            raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
+        plans[name] = plan_sync(project.manifest, Manifest.from_json(res.stdout))
+
+    def push(name: str) -> None:
+        command = apply_command(project_dir(inv, name), manifest_path(inv, name))
+        try:
+            runner.run_with_input(name, command, stream(project, plans[name]), timeout=300)
+        except NodeError as err:
+            raise NodeError(name, command, err.returncode, f"code sync failed: {err.message}") from None
+
+    errors = runner.parallel(push, names, timeout=330)
+    for name, err in errors.items():
+        if err is not None:
+            raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")
+    parts = [f"{name} sent {len(p.send)} file{'s' * (len(p.send) != 1)} ({p.send_bytes} bytes), "
+             f"deleted {len(p.delete)}" for name, p in plans.items()]
+    files = project.manifest.files
+    print(f"sync {project.root} ({len(files)} files, {_human(project.manifest.total_bytes)}): " + "; ".join(parts),
+          file=out or runner.out, flush=True)
+    return plans
