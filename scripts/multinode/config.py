@@ -99,6 +99,9 @@ class LaunchSpec:
             raise UserError(f"unknown MODE {self.mode!r}; valid modes: {', '.join(MODES)}")
         if self.launcher not in TORCH_LAUNCHERS:
             raise UserError(f"unknown LAUNCHER {self.launcher!r}; valid launchers: {', '.join(TORCH_LAUNCHERS)}")
+        if self.mode.startswith("mpi") and self.launcher != "auto":
+            raise UserError(f"LAUNCHER={self.launcher} is for torchrun modes; MODE={self.mode} always starts ranks "
+                            f"with mpirun: drop LAUNCHER")
         if self.launcher == "static" and (self.elastic or self.max_restarts):
             raise UserError("LAUNCHER=static starts a fixed set of ranks without agents; "
                             "use LAUNCHER=torchrun with ELASTIC or MAX_RESTARTS")

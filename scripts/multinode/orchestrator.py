@@ -73,14 +73,26 @@ def up(spec: ClusterSpec, assume_yes: bool = False) -> Inventory:
 
 def down(cluster: str, provider: str | None = None) -> list[str]:
     state = ClusterState.for_cluster(cluster)
-    if state.exists():
-        name = state.load_inventory().provider
-    else:
-        name = provider or "local"
+    name = _provider_of(state, provider)
     lines = get_provider(name).down(state)
     for line in lines:
         print(line)
     return lines
+
+
+def _provider_of(state: ClusterState, provider: str | None) -> str:
+    """Which provider made the cluster: the inventory says; without a readable one, the provider's own
+    state file does (local.json / aws.json under provider/), else --provider, else local. `down` of a
+    cluster whose inventory is damaged or gone still removes everything the provider made."""
+    if state.exists():
+        try:
+            return state.load_inventory().provider
+        except UserError:
+            log.warning("%s is damaged: taking cluster %r down by its name", state.inventory_path, state.name)
+    for name in ("aws", "local"):
+        if (state.provider_dir / f"{name}.json").exists():
+            return name
+    return provider or "local"
 
 
 def status(cluster: str) -> int:

@@ -285,7 +285,11 @@ class AwsProvider:
         meta_path = state.provider_dir / "aws.json"
         if not meta_path.exists():
             return [f"cluster {state.name!r}: no AWS state here; if instances leaked, run 'make reap REGION=<region>'"]
-        region = json.loads(meta_path.read_text())["region"]
+        try:
+            region = json.loads(meta_path.read_text())["region"]
+        except (OSError, ValueError, KeyError, TypeError):
+            raise UserError(f"{meta_path} is damaged; find and terminate the cluster's instances by their tags: "
+                            f"make reap REGION=<region> CLUSTER={state.name} YES=1, then delete {state.root}") from None
         tf_dir = state.provider_dir / "terraform"
         lines = []
         if (tf_dir / "terraform.tfstate").exists() or (tf_dir / ".terraform").exists():
