@@ -49,7 +49,7 @@ export MULTINODE_OWNER := $(OWNER)
 export MULTINODE_IMAGE := $(IMAGE_REF)
 export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
-.PHONY: help setup demo up train down status logs ssh test lint bench reap clean image
+.PHONY: help setup demo up train down status logs stacks ssh test lint bench reap clean image
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -92,6 +92,9 @@ status: setup ## show nodes and whether each answers SSH
 
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)
 	$(MN) logs $(if $(RUN),--run $(RUN)) $(if $(NODE),--node $(NODE))
+
+stacks: setup ## Python stacks of every rank of a running job, grouped (RUN=id to pick one); the job goes on
+	$(MN) stacks $(if $(RUN),--run $(RUN))
 
 ssh: setup ## open a shell on node NODE (default 0)
 	$(MN) ssh $(or $(NODE),0)

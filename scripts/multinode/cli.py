@@ -2,7 +2,7 @@
 
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
     multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P] [--script PATH] [--args "..."] [--launcher auto|torchrun|static] [--dry-run]
-    multinode down | status | logs [--run ID] [--node I] | ssh NODE [CMD...] | reap --region R [--yes]
+    multinode down | status | logs [--run ID] [--node I] | stacks [--run ID] | ssh NODE [CMD...] | reap --region R [--yes]
 
 Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default.
 User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--run", default=None, help="run id")
     logs.add_argument("--node", default=None, help="node index or name")
 
+    stacks = sub.add_parser("stacks", help="Python stacks of every rank of a running job, identical ones grouped")
+    stacks.add_argument("--run", default=env_default("RUN"), help="run id (default: every run with live ranks)")
+
     ssh = sub.add_parser("ssh", help="open a shell on a node (pinned host key)")
     ssh.add_argument("node", nargs="?", default=env_default("NODE", "0"))
     ssh.add_argument("remote_command", nargs=argparse.REMAINDER)
@@ -137,6 +140,8 @@ def dispatch(args: argparse.Namespace) -> int:
         orchestrator.train(args.cluster, _launch_spec(args))
     elif args.command == "logs":
         orchestrator.logs(args.cluster, run_id=args.run, node=args.node)
+    elif args.command == "stacks":
+        return orchestrator.stacks(args.cluster, run_id=args.run)
     elif args.command == "ssh":
         return orchestrator.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":

@@ -126,6 +126,8 @@ class RunSummary:
     metrics: str | None
     failed_node: str | None = None
     failed_rank: int | None = None
+    cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
+    stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
 
 
 def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]]]:
@@ -201,14 +203,23 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         # its peers' torchrun agents keep open for RDZV_TIMEOUT; the head hosts it, so its loss is final.
         rejoin = Rejoin(budget=spec.max_restarts, wait=spec.rdzv_timeout, prepare=prepare_again,
                         exclude=(inv.head.name,)) if spec.max_restarts else None
+        captured: list = []  # the ranks still alive when the job failed, looked at before the gang-stop
+
+        def capture_live_ranks() -> None:
+            from multinode.diagnose import capture
+
+            captured.append(capture(runner, spec.run_id, samples=2))
+            runner.say(f"captured the stacks of {len(captured[0].dumps)} live rank(s) in {captured[0].seconds:.1f} s")
         try:
             if spec.uses_mpi and inv.runtime == "docker":
                 start_mpi_sshds(runner, spec.run_id)
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
-                                 relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin)
+                                 relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin,
+                                 before_stop=capture_live_ranks)
         except JobFailed as err:
-            summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
+            summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start,
+                                       captured[0] if captured else None)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
         finally:
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
@@ -269,18 +280,30 @@ def _log_lines(failure: NodeError) -> list[str]:
     return failure.tail
 
 
-def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float):
+def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float,
+                     captured=None):
+    """The root cause: a live rank that was not waiting on its peers when the job failed (multinode.diagnose),
+    else the first node whose log does not read like a reaction to another node's failure."""
+    from multinode.diagnose import pick_culprit, save
+
     results = getattr(err, "results", {}) or {}
     failures = [r.error for r in sorted(results.values(), key=lambda r: r.finished or 0) if getattr(r, "error", None)]
     first = pick_root_cause(failures, err.first) if failures else err.first
     log_path = Path(first.log_path) if first.log_path else run_dir / f"{first.node}.log"
     lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else first.tail
     rank = launcher.failed_rank(lines)
+    stacks = str(save(run_dir / "stacks", captured.per_node, captured.errors)) if captured else None
+    culprit = pick_culprit(captured.dumps) if captured else None
+    if culprit is not None:
+        log_path = run_dir / f"{culprit.node}.log"
+        tail = log_path.read_text(errors="replace").splitlines()[-10:] if log_path.exists() else []
+        first = NodeError(culprit.node, "job", None, f"hung: {culprit.describe()}", tail=tail, log_path=str(log_path))
+        rank = culprit.rank
     summary = RunSummary(
         run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=plan.world_size,
         exit_codes={name: r.exit_code for name, r in results.items()},
         wall_seconds=round(wall, 2), result=None, log_dir=str(run_dir), metrics=None,
-        failed_node=first.node, failed_rank=rank,
+        failed_node=first.node, failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks,
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return first, summary
@@ -309,6 +332,10 @@ def _describe(summary: RunSummary) -> str:
     if summary.failed_node:
         rank = "unknown" if summary.failed_rank is None else summary.failed_rank
         lines.append(f"  first failure: {summary.failed_node}, rank {rank}")
+        if summary.cause:
+            lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
+        if summary.stacks:
+            lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
     if summary.result:
         acc = summary.result.get("test_accuracy")
         if acc is not None:
@@ -319,6 +346,34 @@ def _describe(summary: RunSummary) -> str:
     if summary.metrics:
         lines.append(f"  metrics: {summary.metrics}")
     return "\n".join(lines)
+
+
+# --- stacks -------------------------------------------------------------------------
+
+
+def stacks(cluster: str, run_id: str | None = None, out: TextIO | None = None) -> int:
+    """The Python stacks of every live rank on every node (of ``run_id``, or of every run found), identical
+    stacks printed once with the ranks that share them. Read-only: the job keeps running."""
+    from multinode.diagnose import capture, group_stacks
+    from multinode.remote import RemoteRunner
+
+    out = out or sys.stdout
+    inventory = ClusterState.for_cluster(cluster).load_inventory()
+    with RemoteRunner(inventory, out=out) as runner:
+        found = capture(runner, run_id, samples=1)
+    for node, why in found.errors.items():
+        print(f"{node}: no stacks ({why})", file=out)
+    runs = sorted({d.run_id for d in found.dumps})
+    if not runs:
+        what = f"run {run_id!r}" if run_id else "any run"
+        raise UserError(f"no live rank of {what} on cluster {cluster!r}; 'make stacks' reads a running job (make train)")
+    for rid in runs:
+        dumps = [d for d in found.dumps if d.run_id == rid]
+        ranks = [d for d in dumps if not d.parent_is_rank]
+        print(f"run {rid}: {len(ranks)} live rank(s) on {len({d.node for d in dumps})} node(s), "
+              f"captured in {found.seconds:.1f} s", file=out)
+        print(group_stacks(dumps), file=out)
+    return 0
 
 
 # --- logs / ssh / reap --------------------------------------------------------------

@@ -1,0 +1,54 @@
+"""Naming the culprit on a real 3-node local cluster: a hung rank (SIGSTOPped, spinning, blocked on a
+lock) is named with its node, rank, why and the top of its stack -- not the ranks that timed out waiting
+for it -- and nothing is left on any node. `multinode stacks` shows a running job's grouped stacks and
+the job goes on. Timings are printed (docs/reliability.md), the outcome is asserted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from bench.drills import Watcher
+from bench.hang_drills import HANG_DRILLS, PG_TIMEOUT, run_hang_drill
+
+pytestmark = pytest.mark.integration
+JOBS = Path(__file__).parent / "jobs"
+
+
+@pytest.mark.parametrize("name", list(HANG_DRILLS))
+def test_hung_rank_is_named(cluster3, name: str):
+    result = run_hang_drill(cluster3, name)
+    print(f"{name}: {result}")
+    _, _, evidence = HANG_DRILLS[name]
+    assert result.exit_code == 1, result
+    assert (result.named_node, result.named_rank) == ("node-2", 2), result
+    assert result.root_cause.startswith("node-2 rank 2 ") and "top of its stack: " in result.root_cause, result
+    assert all(fragment in result.root_cause for fragment in evidence), result
+    assert result.stacks and (Path(result.stacks) / "node-2.json").exists(), result
+    assert "rank 2" in (Path(result.stacks) / "node-2.txt").read_text()
+    assert result.seconds_to_exit <= PG_TIMEOUT + 10, result
+    assert not any(result.left_at_exit.values()), result
+
+
+def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
+    proc = cluster3.popen("train", "--nodes", "3", "--script", str(JOBS / "user_allreduce.py"),
+                          "--args=--steps 40 --sleep 0.1")
+    out = Watcher(proc.stdout)
+    try:
+        out.wait_for(r"^\[node-2\] \[rank2\]: USER step 3 ")
+        run_id = re.search(r"run (\S+): MODE=", "".join(out.lines))[1]
+        res = cluster3.cli("stacks", timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"run {run_id}: 3 live rank(s) on 3 node(s)" in res.stdout, res.stdout
+        # Every rank appears once, in a group that names it and its node; the groups hold our script's frames.
+        for rank in range(3):
+            assert len(re.findall(rf"\b{rank} on node-{rank}\b", res.stdout)) == 1, res.stdout
+        assert "user_allreduce.py" in res.stdout, res.stdout
+        assert proc.wait(timeout=120) == 0, "".join(out.lines)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "run " in "".join(out.lines) and not any(cluster3.job_processes().values())
