@@ -61,21 +61,38 @@ def sigstop(state) -> None:
     os.kill(rank_pid(state, "node-2", 2), signal.SIGSTOP)
 
 
-# name -> (how rank 2 hangs in the job, what the drill does from outside once rank 2 did HANG_AFTER steps),
-# and what its root-cause line must say.
-HANG_DRILLS: dict[str, tuple[str, Callable | None, tuple[str, ...]]] = {
-    "hang: rank 2 on node-2 SIGSTOPped mid-training": ("none", sigstop, ("is stopped (state T", "user_hang.py")),
+@dataclass(frozen=True)
+class HangDrill:
+    how: str  # how rank 2 hangs in the job (user_hang.py --how)
+    fault: Callable | None  # what the drill does from outside once rank 2 did HANG_AFTER steps
+    evidence: tuple[str, ...]  # what the root-cause line must say
+    pg_timeout: int = PG_TIMEOUT
+    stall_timeout: int = 0  # STALL_TIMEOUT (0: off, the process-group timeout ends the job)
+
+    @property
+    def bound(self) -> int:
+        """The requirement: the job ends within the timeout that detects the hang + 10 s."""
+        return (self.stall_timeout or self.pg_timeout) + 10
+
+
+STALL_TIMEOUT = 8
+HANG_DRILLS: dict[str, HangDrill] = {
+    "hang: rank 2 on node-2 SIGSTOPped mid-training": HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py")),
     "hang: rank 2 on node-2 spins in a Python loop, the others wait in all_reduce":
-        ("spin", None, ("is running outside any collective", "(state R)", "spin_forever (user/user_hang.py:")),
+        HangDrill("spin", None, ("is running outside any collective", "(state R)", "spin_forever (user/user_hang.py:")),
     "hang: rank 2 on node-2 blocked on a lock before a collective":
-        ("lock", None, ("is blocked outside any collective", "(state S", "wait_for_the_lock (user/user_hang.py:")),
+        HangDrill("lock", None, ("is blocked outside any collective", "(state S", "wait_for_the_lock (user/user_hang.py:")),
+    f"hang: rank 2 on node-2 SIGSTOPped, process-group timeout 600 s, STALL_TIMEOUT={STALL_TIMEOUT}":
+        HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py"), pg_timeout=600, stall_timeout=STALL_TIMEOUT),
 }
 
 
 def run_hang_drill(cluster, name: str) -> HangResult:
-    how, fault, _ = HANG_DRILLS[name]
-    args = f"--hang-rank 2 --how {how} --after {HANG_AFTER} --timeout {PG_TIMEOUT}"
-    proc = cluster.popen("train", "--nodes", "3", "--script", str(HANG_JOB), f"--args={args}", PYTHONFAULTHANDLER="1")
+    drill = HANG_DRILLS[name]
+    fault = drill.fault
+    args = f"--hang-rank 2 --how {drill.how} --after {HANG_AFTER} --timeout {drill.pg_timeout}"
+    proc = cluster.popen("train", "--nodes", "3", "--script", str(HANG_JOB), f"--args={args}",
+                         f"--stall-timeout={drill.stall_timeout}", PYTHONFAULTHANDLER="1")
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     try:
         if fault is not None:
@@ -115,10 +132,12 @@ def markdown(results: list[HangResult]) -> str:
         "## Hangs: naming the rank that stopped making progress",
         "",
         f"`tests/integration/jobs/user_hang.py` on 3 nodes (LAUNCHER=auto: static), process-group timeout "
-        f"{PG_TIMEOUT} s; rank 2 on node-2 hangs after {HANG_AFTER} steps. When the first waiting rank times out, "
-        "the orchestrator captures every live rank (process state from /proc, py-spy stack, two looks one second "
-        "apart) before the gang-stop, and names the rank that is not waiting on its peers. Seconds run from the "
-        f"hang to the orchestrator's exit; the requirement is at most the timeout + 10 s = {PG_TIMEOUT + 10} s.",
+        f"{PG_TIMEOUT} s unless the drill says otherwise, stall watchdog off unless it says STALL_TIMEOUT; rank 2 on "
+        f"node-2 hangs after {HANG_AFTER} steps. When the first waiting rank times out (or the watchdog sees no output "
+        "and no CPU time on any rank for STALL_TIMEOUT), the orchestrator captures every live rank (process state "
+        "from /proc, py-spy stack, two looks half a second apart) before the gang-stop, and names the rank that is not "
+        "waiting on its peers. Seconds run from the hang to the orchestrator's exit; the requirement is at most the "
+        "detecting timeout + 10 s (20 s; 18 s with STALL_TIMEOUT=8).",
         "",
         "| drill | exit | seconds to exit | node, rank named | capture (s) | processes left | root cause line |",
         "|---|---:|---:|---|---:|---:|---|",

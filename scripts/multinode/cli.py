@@ -21,6 +21,7 @@ from multinode.config import (
     CLUSTER_TYPES,
     DEFAULT_CLUSTER,
     DEFAULT_MTU,
+    DEFAULT_STALL_TIMEOUT,
     DEFAULT_TRAIN_ARGS,
     MODES,
     ClusterSpec,
@@ -76,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-timeout", type=int, default=env_default("RDZV_TIMEOUT", "60"))
     train.add_argument("--pg-timeout", type=int, default=env_default("PG_TIMEOUT", "30"))
     train.add_argument("--deadline", type=float, default=env_default("DEADLINE"), help="seconds the job may take")
+    train.add_argument("--stall-timeout", type=float, default=env_default("STALL_TIMEOUT", str(DEFAULT_STALL_TIMEOUT)),
+                       help="seconds without progress (step heartbeat, output, CPU) before the job is ended "
+                            "naming the culprit; 0: off (default %(default)s)")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
     train.add_argument("--launcher", default=env_default("LAUNCHER", "auto"),
@@ -122,6 +126,7 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
         run_id=args.run_id or new_run_id(),
         dry_run=args.dry_run,
         launcher=args.launcher,
+        stall_timeout=args.stall_timeout,
     )
 
 

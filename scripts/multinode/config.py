@@ -28,6 +28,9 @@ DEFAULT_CLUSTER = "dev"
 # namespaces reach ~0.7x the busbw of one (loopback's MTU is 65536); at 65000 they reach ~0.99x
 # (docs/benchmarks.md, MTU sweep). MTU=1500 remains available for trying Ethernet-sized packets.
 DEFAULT_MTU = 65000
+# Seconds without progress (step heartbeat, output or CPU time) before the stall watchdog ends a job; 0: off.
+# See multinode.watchdog for why 300.
+DEFAULT_STALL_TIMEOUT = 300
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
 
 
@@ -93,6 +96,7 @@ class LaunchSpec:
     run_id: str = field(default_factory=new_run_id)
     dry_run: bool = False
     launcher: str = "auto"  # torchrun modes: one of TORCH_LAUNCHERS
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before the job is ended; 0 = off
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -121,6 +125,9 @@ class LaunchSpec:
                 raise UserError(f"ELASTIC is for torchrun modes; MODE={self.mode} runs a fixed mpirun world")
         if self.mode.startswith("mpi") and self.max_restarts:
             raise UserError(f"MAX_RESTARTS is for torchrun modes; MODE={self.mode} cannot restart ranks")
+        if self.stall_timeout < 0:
+            raise UserError(f"STALL_TIMEOUT={self.stall_timeout:g} must be 0 (off) or a number of seconds, "
+                            f"e.g. {DEFAULT_STALL_TIMEOUT}")
         for name in ("rdzv_timeout", "pg_timeout"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")

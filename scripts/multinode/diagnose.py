@@ -9,7 +9,7 @@ A hung rank does not fail: its peers do, when their collective times out, and th
   ``PMIX_RANK``), reads each one's state from ``/proc`` (R running, S sleeping, D uninterruptible,
   T stopped) and CPU time, and dumps its Python stack with ``py-spy dump --json`` (``--nonblocking``
   for stopped and uninterruptible ones, which ptrace would wait for). ``samples=2`` takes a second
-  look one second later, so a rank that is merely passing through (printing its own timeout, exiting)
+  look half a second later, so a rank that is merely passing through (printing its own timeout, exiting)
   is not mistaken for one that is stuck. Every py-spy call is time-bounded.
 * :func:`pick_culprit` (pure) names the rank that is not waiting on its peers: stopped, then
   uninterruptible, then stuck in the same place outside any collective or store wait in every sample.
@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 PYSPY_TIMEOUT = 5.0  # seconds one py-spy dump may take before it is killed
-SECOND_LOOK = 1.0  # seconds between the two samples taken at failure time
+SECOND_LOOK = 0.5  # seconds between the two samples taken at failure time
 
 # Runs on the node with its own Python: argv = run id ("" = every run), samples, interval, py-spy timeout.
 # Prints one JSON object: {"py_spy": path or null, "ranks": [{pid, run_id, rank, local_rank, ppid,

@@ -166,8 +166,10 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         return None
 
     from multinode.preflight import preflight, start_mpi_sshds
+    from multinode.launchers.base import run_dir as node_run_dir
     from multinode.remote import RemoteRunner, Rejoin
     from multinode.sync import sync_code, sync_mpi_credentials
+    from multinode.watchdog import StallWatchdog
 
     run_dir = state.run_dir(spec.run_id)
     launcher = launcher_for(spec)
@@ -210,18 +212,25 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
 
             captured.append(capture(runner, spec.run_id, samples=2))
             runner.say(f"captured the stacks of {len(captured[0].dumps)} live rank(s) in {captured[0].seconds:.1f} s")
+        watchdog = StallWatchdog(runner, spec.run_id, run_dir, spec.stall_timeout,
+                                 {n.name: node_run_dir(inv, n.name, spec.run_id) for n in inv.nodes}) \
+            if spec.stall_timeout else None
         try:
             if spec.uses_mpi and inv.runtime == "docker":
                 start_mpi_sshds(runner, spec.run_id)
+            if watchdog is not None:
+                watchdog.__enter__()
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
                                  relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin,
-                                 before_stop=capture_live_ranks)
+                                 before_stop=capture_live_ranks, stalled=watchdog.stalled if watchdog else None)
         except JobFailed as err:
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start,
                                        captured[0] if captured else None)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
         finally:
+            if watchdog is not None:
+                watchdog.__exit__()
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
         metrics = _fetch_metrics(runner, inv, spec, run_dir)
     head_log = run_dir / f"{inv.head.name}.log"

@@ -434,11 +434,13 @@ class RemoteRunner:
         relabel: Relabel | None = None,
         rejoin: Rejoin | None = None,
         before_stop: Callable[[], None] | None = None,
+        stalled: Callable[[], str | None] | None = None,
     ) -> dict[str, NodeResult]:
         """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure
         (with ``rejoin``, a lost or killed node is first started again while its budget lasts).
         ``before_stop`` runs when the job failed (or hit its deadline), before the gang-stop: e.g. a
-        capture of the ranks still alive (multinode.diagnose); it must bound its own time."""
+        capture of the ranks still alive (multinode.diagnose); it must bound its own time. ``stalled``
+        (e.g. multinode.watchdog) says why the job stopped making progress, or None; a reason ends it as a failure."""
         log_dir.mkdir(parents=True, exist_ok=True)
         results = {name: NodeResult(name) for name in shells}
         events: queue.Queue[str] = queue.Queue()
@@ -472,7 +474,7 @@ class RemoteRunner:
                 start(name)
             try:
                 failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, stop,
-                                      before_stop)
+                                      before_stop, stalled)
             except StopRequested:
                 signum = stop.signum
                 what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
@@ -493,7 +495,8 @@ class RemoteRunner:
     def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
                deadline: float | None, extra_stop: Callable[[str], str | None] | None,
                rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None,
-               stop: StopSignals | None = None, before_stop: Callable[[], None] | None = None) -> NodeError | None:
+               stop: StopSignals | None = None, before_stop: Callable[[], None] | None = None,
+               stalled: Callable[[], str | None] | None = None) -> NodeError | None:
         pending = set(results)
         end = None if deadline is None else time.monotonic() + deadline
         while pending:
@@ -506,6 +509,13 @@ class RemoteRunner:
                     head = next(iter(results))
                     failure = NodeError(head, "job", None, f"deadline of {deadline:.0f} s passed; the job was stopped")
                     self.say(f"deadline of {deadline:.0f} s passed: stopping the job on every node")
+                    self._before_stop(before_stop)
+                    self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
+                    return failure
+                why = stalled() if stalled is not None else None
+                if why is not None:
+                    failure = NodeError(next(iter(results)), "job", None, f"{why}; the job was stopped")
+                    self.say(f"{why}: stopping the job on every node")
                     self._before_stop(before_stop)
                     self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                     return failure

@@ -115,7 +115,7 @@ def test_save_writes_raw_readable_and_grouped_files(tmp_path):
 def test_capture_command_runs_the_snippet_with_the_node_python():
     argv = shlex.split(capture_command("/venv/bin/python", "r-1", samples=2))
     assert argv[:2] == ["/venv/bin/python", "-c"] and argv[2] == CAPTURE
-    assert argv[3:] == ["r-1", "2", "1.0", "5.0"]
+    assert argv[3:] == ["r-1", "2", "0.5", "5.0"]
     assert shlex.split(capture_command("python3", None))[3] == ""  # every run
 
 
