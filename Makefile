@@ -41,6 +41,7 @@ export MULTINODE_MTU := $(MTU)
 export MULTINODE_NODE := $(NODE)
 export MULTINODE_LAUNCHER := $(LAUNCHER)
 export MULTINODE_STALL_TIMEOUT := $(STALL_TIMEOUT)
+export MULTINODE_SKEW := $(SKEW)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)

@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--stall-timeout", type=float, default=env_default("STALL_TIMEOUT", str(DEFAULT_STALL_TIMEOUT)),
                        help="seconds without progress (step heartbeat, output, CPU) before the job is ended "
                             "naming the culprit; 0: off (default %(default)s)")
+    train.add_argument("--skew", default=env_default("SKEW", "refuse"),
+                       help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
     train.add_argument("--launcher", default=env_default("LAUNCHER", "auto"),
@@ -127,6 +129,7 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
         dry_run=args.dry_run,
         launcher=args.launcher,
         stall_timeout=args.stall_timeout,
+        skew=args.skew,
     )
 
 

@@ -31,6 +31,7 @@ DEFAULT_MTU = 65000
 # Seconds without progress (step heartbeat, output or CPU time) before the stall watchdog ends a job; 0: off.
 # See multinode.watchdog for why 300.
 DEFAULT_STALL_TIMEOUT = 300
+SKEW_MODES = ("refuse", "warn")  # nodes whose software differs: refuse the job at pre-flight, or warn and run
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
 
 
@@ -97,6 +98,7 @@ class LaunchSpec:
     dry_run: bool = False
     launcher: str = "auto"  # torchrun modes: one of TORCH_LAUNCHERS
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before the job is ended; 0 = off
+    skew: str = "refuse"  # one of SKEW_MODES (multinode.skew)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -125,6 +127,9 @@ class LaunchSpec:
                 raise UserError(f"ELASTIC is for torchrun modes; MODE={self.mode} runs a fixed mpirun world")
         if self.mode.startswith("mpi") and self.max_restarts:
             raise UserError(f"MAX_RESTARTS is for torchrun modes; MODE={self.mode} cannot restart ranks")
+        if self.skew not in SKEW_MODES:
+            raise UserError(f"SKEW={self.skew!r} is not one of {', '.join(SKEW_MODES)}; "
+                            f"SKEW=warn runs on nodes whose software differs")
         if self.stall_timeout < 0:
             raise UserError(f"STALL_TIMEOUT={self.stall_timeout:g} must be 0 (off) or a number of seconds, "
                             f"e.g. {DEFAULT_STALL_TIMEOUT}")

@@ -12,7 +12,8 @@ A hung rank does not fail: its peers do, when their collective times out, and th
   look half a second later, so a rank that is merely passing through (printing its own timeout, exiting)
   is not mistaken for one that is stuck. Every py-spy call is time-bounded.
 * :func:`pick_culprit` (pure) names the rank that is not waiting on its peers: stopped, then
-  uninterruptible, then stuck in the same place outside any collective or store wait in every sample.
+  uninterruptible, then stuck in the same place outside any collective or store wait in every sample
+  (running: state R or busy; blocked: on the very same line in every look).
   A rank inside a collective is never the culprit: it is waiting for the culprit. When no live rank
   qualifies, the caller falls back to the logs (the rank that exited on its own first).
 * :func:`group_stacks` (pure) prints identical stacks once with the ranks that share them
@@ -34,7 +35,7 @@ SECOND_LOOK = 0.5  # seconds between the two samples taken at failure time
 # Runs on the node with its own Python: argv = run id ("" = every run), samples, interval, py-spy timeout.
 # Prints one JSON object: {"py_spy": path or null, "ranks": [{pid, run_id, rank, local_rank, ppid,
 # samples: [null (gone) | {state, cpu_ticks, threads: [{name, active, frames: [{name, file, line, code}]}]
-# | {state, cpu_ticks, error}]}]}.
+# | {state, cpu_ticks, error}]}]} -- state and CPU ticks of the main thread.
 CAPTURE = r'''
 import json, linecache, os, shutil, subprocess, sys, time
 run_id, samples, interval, limit = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
@@ -249,19 +250,66 @@ def verdict(dump: RankDump) -> tuple[int, str] | None:
     busy = len(alive) > 1 and alive[-1].cpu_ticks - alive[0].cpu_ticks >= BUSY_TICKS
     if all(s.state == "R" for s in alive) or busy:
         return 2, "is running outside any collective or store wait (state R) while its peers wait for it"
+    if len({s.frames[0].line for s in alive}) != 1:
+        return None  # a blocked thread cannot move from its line: this one is moving (a loop with a sleep)
     return 3, (f"is blocked outside any collective or store wait (state {state}: a lock, a queue, I/O) "
                f"while its peers wait for it")
 
 
-def pick_culprit(dumps: Iterable[RankDump]) -> Culprit | None:
+STRONG = 1  # verdicts up to this priority (stopped, uninterruptible) outrank what the logs say
+
+
+def pick_culprit(dumps: Iterable[RankDump], strong_only: bool = False) -> Culprit | None:
     """The live rank that is not waiting on its peers (stopped first, then uninterruptible, then stuck
-    running, then stuck blocked; the lowest rank among equals). None when every live rank waits."""
-    ranked = sorted(((v[0], d.rank, d, v[1]) for d in dumps if (v := verdict(d))), key=lambda x: x[:2])
+    running, then stuck blocked; the lowest rank among equals). None when every live rank waits.
+    ``strong_only``: only a stopped or uninterruptible rank -- the caller weighs a rank merely stuck outside a
+    collective against a node that failed on its own (which a healthy rank busy computing must not outrank)."""
+    ranked = sorted(((v[0], d.rank, d, v[1]) for d in dumps if (v := verdict(d)) and (not strong_only or v[0] <= STRONG)),
+                    key=lambda x: x[:2])
     if not ranked:
         return None
     _, _, dump, why = ranked[0]
     frames = dump.last.frames
     return Culprit(dump.node, dump.rank, dump.pid, why, frames[0] if frames else None)
+
+
+# Failures that are consequences of another node's failure, not root causes.
+PEER_FAILURE = re.compile(
+    r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
+    r"DistNetworkError|Socket Timeout|timed out|SIGTERM|Signals\.SIGTERM",
+    re.IGNORECASE,
+)
+
+
+def _log_lines(failure) -> list[str]:
+    """The node's whole log when we have it (the tail alone often shows only torchrun's summary)."""
+    if failure.log_path and Path(failure.log_path).exists():
+        return Path(failure.log_path).read_text(errors="replace").splitlines()
+    return failure.tail
+
+
+def own_failure(failures: list):
+    """The first node (NodeError) that failed on its own: its log does not read like a reaction to another's failure."""
+    for failure in failures:
+        if not any(PEER_FAILURE.search(line) for line in _log_lines(failure)):
+            return failure
+    return None
+
+
+def pick_root_cause(failures: list, first):
+    """The first failure whose log does not read like a reaction to another node's failure."""
+    return own_failure(failures) or first
+
+
+def root_cause(dumps: Iterable[RankDump], failures: list) -> Culprit | None:
+    """The rank to name from the live ranks and the nodes' failures (NodeErrors, in the order they ended):
+    a stopped or uninterruptible rank; else none when a node failed on its own (the caller names it from its
+    log: a rank busy computing when a peer crashed is not the cause); else a rank stuck outside any collective."""
+    dumps = list(dumps)
+    strong = pick_culprit(dumps, strong_only=True)
+    if strong is not None or own_failure(failures) is not None:
+        return strong
+    return pick_culprit(dumps)
 
 
 # --- output -----------------------------------------------------------------------------------------
@@ -357,5 +405,6 @@ def capture(runner, run_id: str | None, samples: int = 1, names: Iterable[str] |
     return Capture(per_node, errors, round(time.monotonic() - start, 2))
 
 
-__all__ = ["CAPTURE", "Capture", "Culprit", "Frame", "RankDump", "Sample", "capture", "capture_command",
-           "group_stacks", "parse_capture", "pick_culprit", "save", "waiting"]
+__all__ = ["CAPTURE", "PEER_FAILURE", "Capture", "Culprit", "Frame", "RankDump", "Sample", "capture", "capture_command",
+           "group_stacks", "own_failure", "parse_capture", "pick_culprit", "pick_root_cause", "root_cause", "save",
+           "waiting"]

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from multinode.config import ClusterSpec, LaunchSpec
+from multinode.diagnose import PEER_FAILURE, own_failure, pick_root_cause  # noqa: F401  (failure analysis lives there)
 from multinode.errors import JobFailed, NodeError, UserError
 from multinode.inventory import Inventory
 from multinode.launchers import EntryPoint, LaunchPlan, launcher_for
@@ -42,12 +43,6 @@ OUR_ENTRY = "training/train.py"
 # mpirun --tag-output can glue the next chunk's tag ("[1,0]<stdout>:") to a line that an
 # unbuffered print() wrote in two pieces (text, then the newline).
 RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
-# Failures that are consequences of another node's failure, not root causes.
-PEER_FAILURE = re.compile(
-    r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
-    r"DistNetworkError|Socket Timeout|timed out|SIGTERM|Signals\.SIGTERM",
-    re.IGNORECASE,
-)
 
 
 # --- up / down / status ------------------------------------------------------------
@@ -168,6 +163,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     from multinode.preflight import preflight, start_mpi_sshds
     from multinode.launchers.base import run_dir as node_run_dir
     from multinode.remote import RemoteRunner, Rejoin
+    from multinode.skew import check_code, check_versions
     from multinode.sync import sync_code, sync_mpi_credentials
     from multinode.watchdog import StallWatchdog
 
@@ -183,12 +179,15 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
         )
+        if inv.runtime == "host":  # in containers every node runs the one image
+            check_versions(runner, spec.skew, mpi=spec.uses_mpi)
         # Nothing is written before pre-flight passed: a refused job leaves no trace.
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plan.json").write_text(plan.to_json())
         print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es), "
               f"logs in {run_dir}", file=out)
         sync_code(runner, sync, subdir="code")
+        check_code(runner, sync, spec.skew)
         if spec.uses_mpi:
             sync_mpi_credentials(runner)
         for cmd in plan.commands:
@@ -274,26 +273,12 @@ def _result_from_metrics(metrics: str | None) -> dict | None:
     return None
 
 
-def pick_root_cause(failures: list[NodeError], first: NodeError) -> NodeError:
-    """The first failure whose log does not read like a reaction to another node's failure."""
-    for failure in failures:
-        if not any(PEER_FAILURE.search(line) for line in _log_lines(failure)):
-            return failure
-    return first
-
-
-def _log_lines(failure: NodeError) -> list[str]:
-    """The node's whole log when we have it (the tail alone often shows only torchrun's summary)."""
-    if failure.log_path and Path(failure.log_path).exists():
-        return Path(failure.log_path).read_text(errors="replace").splitlines()
-    return failure.tail
-
-
 def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float,
                      captured=None):
-    """The root cause: a live rank that was not waiting on its peers when the job failed (multinode.diagnose),
-    else the first node whose log does not read like a reaction to another node's failure."""
-    from multinode.diagnose import pick_culprit, save
+    """The root cause, from the ranks alive when the job failed (multinode.diagnose) and the nodes' logs:
+    a stopped or uninterruptible rank; else the first node that failed on its own (its log does not read like a
+    reaction to another's failure); else a rank stuck outside any collective; else the first failure."""
+    from multinode.diagnose import root_cause, save
 
     results = getattr(err, "results", {}) or {}
     failures = [r.error for r in sorted(results.values(), key=lambda r: r.finished or 0) if getattr(r, "error", None)]
@@ -302,7 +287,7 @@ def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPla
     lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else first.tail
     rank = launcher.failed_rank(lines)
     stacks = str(save(run_dir / "stacks", captured.per_node, captured.errors)) if captured else None
-    culprit = pick_culprit(captured.dumps) if captured else None
+    culprit = root_cause(captured.dumps, failures) if captured else None
     if culprit is not None:
         log_path = run_dir / f"{culprit.node}.log"
         tail = log_path.read_text(errors="replace").splitlines()[-10:] if log_path.exists() else []

@@ -128,3 +128,22 @@ def test_summary_names_node_rank_why_and_where_the_stacks_are():
     assert "first failure: node-2, rank 2" in text
     assert "root cause: node-2 rank 2 (pid 7) is stopped" in text
     assert "stacks at failure: /runs/r1/stacks/" in text
+
+
+def node_error(node: str, *lines: str):
+    from multinode.errors import NodeError
+
+    return NodeError(node, "job", 1, "exited with code 1", tail=list(lines))
+
+
+def test_a_node_that_failed_on_its_own_outranks_a_rank_merely_outside_a_collective():
+    """A worker killed on node-1 (its log shows no peer's failure): ranks busy computing elsewhere are not blamed."""
+    from multinode.diagnose import root_cause
+
+    busy = recorded("spin")  # rank 2 spinning outside a collective
+    killed = node_error("node-1", "worker pid 7 died: Signals.SIGKILL")
+    reacted = node_error("node-0", "RuntimeError: ... Timed out waiting 10000ms for recv operation to complete")
+    assert root_cause(busy, [killed, reacted]) is None  # the caller names node-1 from its log
+    assert root_cause(busy, [reacted]).rank == 2  # every failure reacted to the hang: the stuck rank is the cause
+    stopped = recorded("sigstop")
+    assert root_cause(stopped, [killed]).rank == 2  # a stopped rank outranks everything
