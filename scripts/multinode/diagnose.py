@@ -393,13 +393,21 @@ def capture(runner, run_id: str | None, samples: int = 1, names: Iterable[str] |
     names = list(names or (n.name for n in inv.nodes))
     command = capture_command(inv.python, run_id, samples)
     timeout = samples * (PYSPY_TIMEOUT + SECOND_LOOK) + 5
-    results = runner.run_each({name: command for name in names}, timeout=timeout)
+    outputs: dict[str, str] = {}
+
+    def one(name: str) -> None:
+        # A short channel-open timeout, as for the stop: a node that cannot open a channel in 3 s is gone
+        # (crashed, cut off), and the capture must not hold the gang-stop back for it.
+        outputs[name] = runner._exec_raw(name, command, timeout=timeout, open_timeout=3).decode(errors="replace")
+
+    failed = runner.parallel(one, names, timeout=timeout + 2)
     per_node, errors = {}, {}
-    for name, res in results.items():
+    for name in names:
         try:
-            if not res.ok:
-                raise ValueError(res.error or (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1])
-            per_node[name] = parse_capture(name, res.stdout)
+            if failed.get(name) is not None:
+                raise ValueError(str(failed[name]).strip().splitlines()[0] if str(failed[name]).strip()
+                                 else type(failed[name]).__name__)
+            per_node[name] = parse_capture(name, outputs[name])
         except (ValueError, KeyError, IndexError) as err:
             errors[name] = str(err)
     return Capture(per_node, errors, round(time.monotonic() - start, 2))
