@@ -2,6 +2,7 @@
 #   make demo                                   set up, up, train across 2 local nodes, down
 #   make up [PROVIDER=local|aws] [NODES=2] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1] [SCRIPT=path] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
+#   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 ECR=<acct>.dkr.ecr.<region>.amazonaws.com]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
@@ -55,7 +56,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC LAUNCHER DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 

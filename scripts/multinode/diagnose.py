@@ -240,8 +240,8 @@ def verdict(dump: RankDump) -> tuple[int, str] | None:
         return 0, "is stopped (state T: SIGSTOP, a debugger or job control); its peers wait for it in their collectives"
     if all(s.state == "D" for s in alive):
         return 1, "is in uninterruptible sleep (state D: blocked in the kernel -- I/O, a device or its driver)"
-    if len(alive) < len(dump.samples) or any(not s.frames or s.error for s in alive):
-        return None  # gone before the last look, or no stack to judge by
+    if len(dump.samples) < 2 or len(alive) < len(dump.samples) or any(not s.frames or s.error for s in alive):
+        return None  # one look cannot tell stuck from passing through; gone before the last look; no stack
     if any(waiting(s.frames) or any(EXITING.match(f.name) for f in s.frames) for s in alive):
         return None
     if len({(s.frames[0].name, s.frames[0].file) for s in alive}) != 1:

@@ -206,10 +206,16 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
                         exclude=(inv.head.name,)) if spec.max_restarts else None
         captured: list = []  # the ranks still alive when the job failed, looked at before the gang-stop
 
-        def capture_live_ranks() -> None:
-            from multinode.diagnose import capture
+        def capture_live_ranks(failure: NodeError) -> None:
+            """One look suffices when a node crashed on its own (only a stopped or stuck-in-the-kernel rank
+            outranks it); a second look, half a second later, tells a stuck rank from a passing one. A node
+            whose session was lost is not asked (it would cost the 3 s channel timeout)."""
+            from multinode.diagnose import capture, own_failure
 
-            captured.append(capture(runner, spec.run_id, samples=2))
+            lost = failure.returncode is None and "lost its SSH session" in failure.message
+            crashed = lost or (failure.returncode is not None and own_failure([failure]) is not None)
+            names = [n.name for n in inv.nodes if not (lost and n.name == failure.node)]
+            captured.append(capture(runner, spec.run_id, samples=1 if crashed else 2, names=names))
             runner.say(f"captured the stacks of {len(captured[0].dumps)} live rank(s) in {captured[0].seconds:.1f} s")
         watchdog = StallWatchdog(runner, spec.run_id, run_dir, spec.stall_timeout,
                                  {n.name: node_run_dir(inv, n.name, spec.run_id) for n in inv.nodes}) \

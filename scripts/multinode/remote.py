@@ -433,12 +433,12 @@ class RemoteRunner:
         extra_stop: Callable[[str], str | None] | None = None,
         relabel: Relabel | None = None,
         rejoin: Rejoin | None = None,
-        before_stop: Callable[[], None] | None = None,
+        before_stop: Callable[[NodeError], None] | None = None,
         stalled: Callable[[], str | None] | None = None,
     ) -> dict[str, NodeResult]:
         """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure
         (with ``rejoin``, a lost or killed node is first started again while its budget lasts).
-        ``before_stop`` runs when the job failed (or hit its deadline), before the gang-stop: e.g. a
+        ``before_stop(failure)`` runs when the job failed (or hit its deadline), before the gang-stop: e.g. a
         capture of the ranks still alive (multinode.diagnose); it must bound its own time. ``stalled``
         (e.g. multinode.watchdog) says why the job stopped making progress, or None; a reason ends it as a failure."""
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -495,7 +495,7 @@ class RemoteRunner:
     def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
                deadline: float | None, extra_stop: Callable[[str], str | None] | None,
                rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None,
-               stop: StopSignals | None = None, before_stop: Callable[[], None] | None = None,
+               stop: StopSignals | None = None, before_stop: Callable[[NodeError], None] | None = None,
                stalled: Callable[[], str | None] | None = None) -> NodeError | None:
         pending = set(results)
         end = None if deadline is None else time.monotonic() + deadline
@@ -509,14 +509,14 @@ class RemoteRunner:
                     head = next(iter(results))
                     failure = NodeError(head, "job", None, f"deadline of {deadline:.0f} s passed; the job was stopped")
                     self.say(f"deadline of {deadline:.0f} s passed: stopping the job on every node")
-                    self._before_stop(before_stop)
+                    self._before_stop(before_stop, failure)
                     self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                     return failure
                 why = stalled() if stalled is not None else None
                 if why is not None:
                     failure = NodeError(next(iter(results)), "job", None, f"{why}; the job was stopped")
                     self.say(f"{why}: stopping the job on every node")
-                    self._before_stop(before_stop)
+                    self._before_stop(before_stop, failure)
                     self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                     return failure
                 continue
@@ -535,18 +535,18 @@ class RemoteRunner:
             pending.discard(name)
             if result.error is not None:
                 self.say(f"{name} failed ({result.error.message}): stopping the job on every node")
-                self._before_stop(before_stop)
+                self._before_stop(before_stop, result.error)
                 self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                 return result.error
         return None
 
     @staticmethod
-    def _before_stop(hook: Callable[[], None] | None) -> None:
+    def _before_stop(hook: Callable[[NodeError], None] | None, failure: NodeError) -> None:
         """The caller's last look at the job before it is stopped; its failure never keeps the stop from happening."""
         if hook is None:
             return
         try:
-            hook()
+            hook(failure)
         except Exception as err:  # a diagnosis that fails must not leave the job running
             log.warning("before the stop: %s: %s", type(err).__name__, err)
 
