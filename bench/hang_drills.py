@@ -137,14 +137,16 @@ def markdown(results: list[HangResult]) -> str:
         "and no CPU time on any rank for STALL_TIMEOUT), the orchestrator captures every live rank (process state "
         "from /proc, py-spy stack, two looks half a second apart) before the gang-stop, and names the rank that is not "
         "waiting on its peers. Seconds run from the hang to the orchestrator's exit; the requirement is at most the "
-        "detecting timeout + 10 s (20 s; 18 s with STALL_TIMEOUT=8).",
+        "detecting timeout + 10 s (20 s; 18 s with STALL_TIMEOUT=8). The failure drills above pay for the same "
+        "capture before their gang-stop (one look when a node failed on its own, two otherwise): their seconds to "
+        "exit include it.",
         "",
         "| drill | exit | seconds to exit | node, rank named | capture (s) | processes left | root cause line |",
         "|---|---:|---:|---|---:|---:|---|",
     ]
     for r in results:
         left = sum(len(v) for v in r.left_at_exit.values())
-        cause = r.root_cause.replace("|", "\\|")[:160]
+        cause = r.root_cause.replace("|", "\\|")
         lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.named_node}, rank {r.named_rank} | "
                      f"{'-' if r.capture_seconds is None else r.capture_seconds} | {left} | {cause} |")
     return "\n".join(lines) + "\n"

@@ -14,7 +14,8 @@ Contract:
   or loses its SSH session makes the runner stop the job on every node (processes whose
   environment carries ``MULTINODE_RUN_ID=<run id>``: torchrun starts workers in their own
   session, so a process-tree or process-group kill would miss them) and raise
-  :class:`~multinode.errors.JobFailed`. A deadline and Ctrl-C do the same.
+  :class:`~multinode.errors.JobFailed`. A deadline, a stall (``stalled``) and Ctrl-C do the same; before
+  the stop of a failure, deadline or stall, the caller's ``before_stop`` hook may look at the live ranks.
 * Elastic jobs (``rejoin``): a node whose session is lost or whose launcher is killed by a signal
   is not a failure while it has restarts left. The runner stops what is left of the run on it,
   waits for it to answer SSH again (a rebooted or replaced node), lets the caller prepare it
