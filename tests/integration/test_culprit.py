@@ -5,13 +5,16 @@ the job goes on. Timings are printed (docs/reliability.md), the outcome is asser
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.drills import Watcher
-from bench.hang_drills import HANG_DRILLS, run_hang_drill
+from bench.hang_drills import HANG_DRILLS, rank_pid, run_hang_drill
 
 pytestmark = pytest.mark.integration
 JOBS = Path(__file__).parent / "jobs"
@@ -52,3 +55,30 @@ def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
             proc.kill()
             proc.wait()
     assert "run " in "".join(out.lines) and not any(cluster3.job_processes().values())
+
+
+def test_our_trainer_stalls_on_a_stopped_rank_and_its_heartbeat_names_it(cluster3):
+    """Our trainer touches a step heartbeat; with one rank SIGSTOPped the others wait in DDP's all-reduce,
+    no heartbeat moves, and STALL_TIMEOUT=8 ends the job well before the 60 s process-group timeout."""
+
+    proc = cluster3.popen("train", "--nodes", "3", "--stall-timeout", "8", "--pg-timeout", "60",
+                          "--args=--workload digits 200 50")
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=180)
+        start = time.monotonic()
+        os.kill(rank_pid(cluster3.state, "node-2", 2), signal.SIGSTOP)
+        assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.3)
+    stderr, stdout = "".join(err.lines), "".join(out.lines)
+    print(f"trainer stall: {seconds:.1f} s from SIGSTOP to exit")
+    assert re.search(r"no rank made progress \(step heartbeat\) for \d+ s \(STALL_TIMEOUT=8\)", stdout), stdout[-3000:]
+    assert "job failed first on node-2 (rank 2)" in stderr, stderr
+    assert re.search(r"root cause: node-2 rank 2 \(pid \d+\) is stopped \(state T", stderr), stderr
+    assert seconds <= 8 + 10
+    assert not any(cluster3.job_processes().values())
