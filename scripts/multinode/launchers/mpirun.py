@@ -99,6 +99,9 @@ class MpirunLauncher:
                 "-np", str(spec.nproc),
                 "--host", f"{node.private_ip}:{spec.nproc}",
                 "--wdir", code_dir(inv, node.name),
+                # -x sets the run id only once MPI starts inside the rank: put it in the environment the rank
+                # starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
+                "env", f"MULTINODE_RUN_ID={spec.run_id}",
                 inv.interpreter, entry.script,
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
             ]
