@@ -43,7 +43,8 @@ class HangResult:
 
 
 def rank_pid(state, node: str, rank: int) -> int:
-    """The Python process of ``rank`` on ``node`` (its environment says RANK=<rank>)."""
+    """The Python process of ``rank`` on ``node`` (its environment says RANK=<rank>, or under mpirun
+    OMPI_COMM_WORLD_RANK=<rank>)."""
     from multinode.providers.local import job_pids
 
     for pid in job_pids(state, node):
@@ -52,7 +53,7 @@ def rank_pid(state, node: str, rank: int) -> int:
             exe = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
         except OSError:
             continue
-        if f"RANK={rank}".encode() in env and b"python" in exe:
+        if {f"RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()} & set(env) and b"python" in exe:
             return pid
     raise RuntimeError(f"no rank {rank} on {node}")
 
