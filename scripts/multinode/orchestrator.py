@@ -224,7 +224,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             if spec.uses_mpi and inv.runtime == "docker":
                 start_mpi_sshds(runner, spec.run_id)
             if watchdog is not None:
-                watchdog.__enter__()
+                watchdog.start()
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
                                  relabel=launcher.relabel(plan, spec.nproc), rejoin=rejoin,
@@ -235,7 +235,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
         finally:
             if watchdog is not None:
-                watchdog.__exit__()
+                watchdog.stop()
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
         metrics = _fetch_metrics(runner, inv, spec, run_dir)
     head_log = run_dir / f"{inv.head.name}.log"

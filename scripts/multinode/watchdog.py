@@ -107,11 +107,13 @@ class StallWatchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mn-stall-watchdog", daemon=True)
 
-    def __enter__(self) -> "StallWatchdog":
+    def start(self) -> None:
+        """Poll from now on (the job is about to start: its startup counts as time without progress only if
+        it prints nothing and uses no CPU)."""
+        self.tracker.since = time.monotonic()
         self._thread.start()
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self._stop.set()
 
     def stalled(self) -> str | None:
