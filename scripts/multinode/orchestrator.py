@@ -163,7 +163,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     from multinode.preflight import preflight, start_mpi_sshds
     from multinode.launchers.base import run_dir as node_run_dir
     from multinode.remote import RemoteRunner, Rejoin
-    from multinode.skew import check_code, check_versions
+    from multinode.skew import check_skew
     from multinode.sync import sync_code, sync_mpi_credentials
     from multinode.watchdog import StallWatchdog
 
@@ -179,15 +179,15 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
         )
-        if inv.runtime == "host":  # in containers every node runs the one image
-            check_versions(runner, spec.skew, mpi=spec.uses_mpi)
-        # Nothing is written before pre-flight passed: a refused job leaves no trace.
+        sync_code(runner, sync, subdir="code")
+        # One round: the synced code's hash, and (host runtime; in containers every node runs the one image)
+        # the software versions, compared across nodes.
+        check_skew(runner, sync, spec.skew, versions=inv.runtime == "host", mpi=spec.uses_mpi)
+        # Nothing is written here before pre-flight passed: a refused job leaves no run directory.
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plan.json").write_text(plan.to_json())
         print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es), "
               f"logs in {run_dir}", file=out)
-        sync_code(runner, sync, subdir="code")
-        check_code(runner, sync, spec.skew)
         if spec.uses_mpi:
             sync_mpi_credentials(runner)
         for cmd in plan.commands:

@@ -1,13 +1,13 @@
 """Software skew across nodes: refuse a job whose nodes do not run the same software, before it starts.
 
 A node with another torch, NCCL or MPI fails mid-training with errors that do not say so (pytorch/pytorch
-issue 108212). Two cheap checks, each one SSH round on every node at once:
+issue 108212). :func:`check_skew` runs right after the code sync, before the job starts or anything is written
+locally: one Python run per node, all at once, one SSH round, reports
 
-* :func:`check_versions` (pre-flight): Python, torch with its CUDA / ROCm (HIP) build, NCCL (the
-  ``nvidia-nccl-*`` wheel), mpi4py and -- in MPI modes -- the MPI library (``mpirun --version``). torch
-  is not imported: its ``torch/version.py`` is read as text (importing torch costs 1-4 s per node).
-* :func:`check_code` (after the sync): a SHA-256 of the synced code on every node, against the
-  control machine's own.
+* Python, torch with its CUDA / ROCm (HIP) build, NCCL (the ``nvidia-nccl-*`` wheel), mpi4py and -- in MPI
+  modes -- the MPI library (``mpirun --version``), compared with the head's. torch is not imported: its
+  ``torch/version.py`` is read as text (importing torch costs 1-4 s per node);
+* a SHA-256 of the synced code, compared with the control machine's own.
 
 A difference is refused (:class:`~multinode.preflight.PreflightFailed`, exit 2) with one table naming
 the nodes that differ from the head and the differing values side by side; ``SKEW=warn`` prints the table
@@ -22,11 +22,11 @@ import logging
 import shlex
 from pathlib import Path
 
-log = logging.getLogger(__name__)
-
 from multinode.config import SKEW_MODES
 
-# Prints one JSON object of versions; argv[1] == "mpi" adds the MPI library.
+log = logging.getLogger(__name__)
+
+# Fills ``info`` with the node's versions; argv[1] == "mpi" adds the MPI library. CODE_HASH follows it.
 VERSIONS = r'''
 import importlib.metadata as md, importlib.util, json, os, re, shutil, subprocess, sys
 info = {"python": sys.version.split()[0]}
@@ -50,17 +50,17 @@ def version(*names):
     return None
 info["NCCL"] = version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 info["mpi4py"] = version("mpi4py")
-if sys.argv[1:] == ["mpi"]:
+if sys.argv[1] == "mpi":
     mpirun = shutil.which("mpirun")
     out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=10).stdout if mpirun else ""
     info["MPI"] = (out.strip().splitlines() or ["not installed"])[0]
-print(json.dumps(info))
 '''
 
-# argv: code directory, top-level paths. Prints the SHA-256 of every file's relative path and content, sorted.
+# Appended to VERSIONS (argv: mpi|-, code directory, top-level paths): adds the SHA-256 of every synced file's
+# relative path and content, sorted, to ``info`` and prints it as one JSON object.
 CODE_HASH = r'''
-import hashlib, os, sys
-root, tops = sys.argv[1], sys.argv[2:]
+import hashlib, json, os, sys
+root, tops = sys.argv[2], sys.argv[3:]
 h = hashlib.sha256()
 files = []
 for top in tops:
@@ -72,7 +72,8 @@ for top in tops:
         files += [os.path.relpath(os.path.join(d, n), root) for n in names if not n.endswith((".pyc", ".pyo"))]
 for rel in sorted(files):
     h.update(rel.encode() + b"\0" + open(os.path.join(root, rel), "rb").read() + b"\0")
-print(h.hexdigest())
+info["code sha256"] = h.hexdigest()
+print(json.dumps(info))
 '''
 
 
@@ -122,13 +123,23 @@ def _refuse_or_warn(table: str, mode: str, fix: str) -> None:
     raise PreflightFailed(f"{table}\n{fix}; SKEW=warn runs anyway")
 
 
-def check_versions(runner, mode: str, mpi: bool, timeout: float = 20.0) -> dict[str, dict]:
-    """Pre-flight: the same Python, torch (+CUDA/ROCm), NCCL, mpi4py (and MPI library) on every node."""
+def probe_command(python: str, code: str, tops: list[str], versions: bool, mpi: bool) -> str:
+    """One Python run on a node: its versions (when asked) and its code hash, one JSON object."""
+    program = (VERSIONS if versions else "import json\ninfo = {}\n") + "\n" + CODE_HASH
+    return shlex.join([python, "-c", program, "mpi" if mpi else "-", code, *tops])
+
+
+def check_skew(runner, items: list[tuple[Path, str]], mode: str, versions: bool = True, mpi: bool = False,
+               timeout: float = 30.0) -> dict[str, dict]:
+    """After the sync, one SSH round: every node runs the same Python, torch (+CUDA/ROCm), NCCL, mpi4py
+    (and MPI library), and holds exactly the code the control machine sent. {node: report}."""
+    from multinode.launchers.base import code_dir
     from multinode.preflight import PreflightFailed
 
     inv = runner.inventory
-    command = shlex.join([inv.python, "-c", VERSIONS] + (["mpi"] if mpi else []))
-    answers = runner.run_all(command, timeout=timeout)
+    tops = sorted({rel for _, rel in items})
+    commands = {n.name: probe_command(inv.python, code_dir(inv, n.name), tops, versions, mpi) for n in inv.nodes}
+    answers = runner.run_each(commands, timeout=timeout)
     reports = {}
     for node in inv.nodes:
         res = answers[node.name]
@@ -136,28 +147,16 @@ def check_versions(runner, mode: str, mpi: bool, timeout: float = 20.0) -> dict[
             reports[node.name] = json.loads(res.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             why = res.error or (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
-            raise PreflightFailed(f"{node.name}: could not read its software versions with {inv.python} ({why})") from None
-    table = skew_table(reports, inv.head.name)
+            raise PreflightFailed(f"{node.name}: could not read its software versions and code with {inv.python} "
+                                  f"({why})") from None
+    code = {name: {"code sha256": r.pop("code sha256", "")[:16]} for name, r in reports.items()}
+    table = skew_table(reports, inv.head.name) if versions else None
     if table:
         _refuse_or_warn(table, mode, "give every node the same environment (make setup on each, or one image)")
+    table = skew_table({"control machine": {"code sha256": code_hash(items)[:16]}, **code}, "control machine")
+    if table:
+        _refuse_or_warn(table, mode, "the code on that node is not what was synced: run the job again")
     return reports
 
 
-def check_code(runner, items: list[tuple[Path, str]], mode: str, timeout: float = 30.0) -> None:
-    """After the sync: every node holds exactly the code the control machine sent."""
-    from multinode.launchers.base import code_dir
-
-    inv = runner.inventory
-    tops = sorted({rel for _, rel in items})
-    commands = {n.name: shlex.join([inv.python, "-c", CODE_HASH, code_dir(inv, n.name), *tops]) for n in inv.nodes}
-    answers = runner.run_each(commands, timeout=timeout)
-    ours = code_hash(items)
-    reports = {"control machine": {"code sha256": ours[:16]}}
-    for name, res in answers.items():
-        reports[name] = {"code sha256": res.stdout.strip()[:16] if res.ok else f"unreadable ({res.error or res.exit_code})"}
-    table = skew_table(reports, "control machine")
-    if table:
-        _refuse_or_warn(table, mode, "the code on that node is not what was synced: run the job again")
-
-
-__all__ = ["CODE_HASH", "SKEW_MODES", "VERSIONS", "check_code", "check_versions", "code_hash", "skew_table"]
+__all__ = ["CODE_HASH", "SKEW_MODES", "VERSIONS", "check_skew", "code_hash", "probe_command", "skew_table"]

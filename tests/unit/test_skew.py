@@ -46,3 +46,15 @@ def test_skew_setting():
     assert LaunchSpec().skew == "refuse" and LaunchSpec(skew="warn").skew == "warn"
     with pytest.raises(UserError, match="SKEW='maybe' is not one of refuse, warn"):
         LaunchSpec(skew="maybe")
+
+
+def test_one_probe_reports_versions_and_the_code_hash():
+    import shlex
+
+    from multinode.skew import CODE_HASH, VERSIONS, probe_command
+
+    argv = shlex.split(probe_command("/venv/bin/python", "/w/node-1/code", ["training"], versions=True, mpi=True))
+    assert argv[:2] == ["/venv/bin/python", "-c"] and argv[2] == VERSIONS + "\n" + CODE_HASH
+    assert argv[3:] == ["mpi", "/w/node-1/code", "training"]
+    only_code = shlex.split(probe_command("python3", "/c", ["user/x.py"], versions=False, mpi=False))
+    assert "importlib.metadata" not in only_code[2] and only_code[3:] == ["-", "/c", "user/x.py"]
