@@ -3,6 +3,7 @@
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
+#   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
@@ -50,6 +51,8 @@ export MULTINODE_WORKDIR_LIMIT_MB := $(WORKDIR_LIMIT_MB)
 export MULTINODE_SETUP := $(SETUP)
 # Only ENV given to make: a shell's own $$ENV (its startup file, in some setups) is not a variable list.
 export MULTINODE_ENV := $(if $(filter command line,$(origin ENV)),$(ENV))
+export MULTINODE_STALL_TIMEOUT := $(STALL_TIMEOUT)
+export MULTINODE_SKEW := $(SKEW)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)
@@ -59,11 +62,11 @@ export MULTINODE_OWNER := $(OWNER)
 export MULTINODE_IMAGE := $(IMAGE_REF)
 export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
-.PHONY: help setup demo up train down status logs ssh test lint bench reap clean image
+.PHONY: help setup demo up train down status logs stacks ssh test lint bench reap clean image
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 
@@ -102,6 +105,9 @@ status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM c
 
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)
 	$(MN) logs $(if $(RUN),--run $(RUN)) $(if $(NODE),--node $(NODE))
+
+stacks: setup ## Python stacks of every rank of a running job, grouped (RUN=id to pick one); the job goes on
+	$(MN) stacks $(if $(RUN),--run $(RUN))
 
 ssh: setup ## open a shell on node NODE (default 0)
 	$(MN) ssh $(or $(NODE),0)

@@ -389,10 +389,15 @@ def main() -> None:
 
             results = run_each(DRILLS, run_drill) + run_each(PRESTART_DRILLS, run_prestart_drill)
             elastic = run_each(ELASTIC_DRILLS, run_elastic_drill)
+            from bench.hang_drills import HANG_DRILLS, run_hang_drill
+
+            hangs = run_each(HANG_DRILLS, run_hang_drill)
         finally:
             tear_down(cluster)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(markdown(results, elastic))
+    from bench.hang_drills import markdown as hang_markdown
+
+    args.out.write_text(markdown(results, elastic) + hang_markdown(hangs))
     print(f"wrote {args.out}")
 
 

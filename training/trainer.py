@@ -102,6 +102,7 @@ class Trainer:
         self.val_loader = self._loader(workload.val, shuffle=False)
         self.test_loader = self._loader(workload.test, shuffle=False)
         self.metrics = self._metrics_file()
+        self._last_beat = 0.0
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -121,6 +122,16 @@ class Trainer:
             return None
         Path(self.t.metrics_dir).mkdir(parents=True, exist_ok=True)
         return open(Path(self.t.metrics_dir) / "metrics.jsonl", "a", encoding="utf-8")
+
+    def _heartbeat(self) -> None:
+        """Touch ``<metrics dir>/heartbeat-rank<R>`` (at most once a second) after a step or evaluation batch:
+        the launcher's stall watchdog (STALL_TIMEOUT) reads its time as this rank's progress."""
+        now = time.monotonic()
+        if not self.t.metrics_dir or now - self._last_beat < 1.0:
+            return
+        self._last_beat = now
+        Path(self.t.metrics_dir).mkdir(parents=True, exist_ok=True)
+        (Path(self.t.metrics_dir) / f"heartbeat-rank{self.world.rank}").touch()
 
     def _record(self, **row) -> None:
         if self.metrics:
@@ -229,6 +240,7 @@ class Trainer:
                 now = time.perf_counter()
                 step_times.append(now - step_start)
                 step_start = now
+                self._heartbeat()
         elapsed = time.perf_counter() - start
         self.scheduler.step()
         comm = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0) - comm_before
@@ -250,6 +262,7 @@ class Trainer:
             if self.workload.classification:
                 correct += (out.argmax(1) == y).sum().item()
             n += len(x)
+            self._heartbeat()
         loss_sum, correct, n = self._sum([loss_sum, correct, n])
         result = {"loss": loss_sum / n}
         if self.workload.classification:

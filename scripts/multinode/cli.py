@@ -3,7 +3,7 @@
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
     multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto] [--script PATH|"-m pkg.mod"] [--args "..."]
                      [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"] [--launcher auto|torchrun|static] [--dry-run]
-    multinode down | status | logs [--run ID] [--node I] | ssh NODE [CMD...] | reap --region R [--yes]
+    multinode down | status | logs [--run ID] [--node I] | stacks [--run ID] | ssh NODE [CMD...] | reap --region R [--yes]
 
 Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default.
 User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
@@ -23,6 +23,7 @@ from multinode.config import (
     CLUSTER_TYPES,
     DEFAULT_CLUSTER,
     DEFAULT_MTU,
+    DEFAULT_STALL_TIMEOUT,
     DEFAULT_TRAIN_ARGS,
     MODES,
     ClusterSpec,
@@ -91,6 +92,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-timeout", type=int, default=env_default("RDZV_TIMEOUT", "60"))
     train.add_argument("--pg-timeout", type=int, default=env_default("PG_TIMEOUT", "30"))
     train.add_argument("--deadline", type=float, default=env_default("DEADLINE"), help="seconds the job may take")
+    train.add_argument("--stall-timeout", type=float, default=env_default("STALL_TIMEOUT", str(DEFAULT_STALL_TIMEOUT)),
+                       help="seconds without progress (step heartbeat, output, CPU) before the job is ended "
+                            "naming the culprit; 0: off (default %(default)s)")
+    train.add_argument("--skew", default=env_default("SKEW", "refuse"),
+                       help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
     train.add_argument("--launcher", default=env_default("LAUNCHER", "auto"),
@@ -100,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     logs = sub.add_parser("logs", help="show a run's logs (default: the latest run)")
     logs.add_argument("--run", default=None, help="run id")
     logs.add_argument("--node", default=None, help="node index or name")
+
+    stacks = sub.add_parser("stacks", help="Python stacks of every rank of a running job, identical ones grouped")
+    stacks.add_argument("--run", default=env_default("RUN"), help="run id (default: every run with live ranks)")
 
     ssh = sub.add_parser("ssh", help="open a shell on a node (pinned host key)")
     ssh.add_argument("node", nargs="?", default=env_default("NODE", "0"))
@@ -147,6 +156,8 @@ def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
         workdir_limit_mb=args.workdir_limit_mb,
         setup=args.setup,
         env=parse_env(args.env, os.environ),
+        stall_timeout=args.stall_timeout,
+        skew=args.skew,
     )
 
 
@@ -166,6 +177,8 @@ def dispatch(args: argparse.Namespace) -> int:
         orchestrator.train(args.cluster, _launch_spec(args))
     elif args.command == "logs":
         orchestrator.logs(args.cluster, run_id=args.run, node=args.node)
+    elif args.command == "stacks":
+        return orchestrator.stacks(args.cluster, run_id=args.run)
     elif args.command == "ssh":
         return orchestrator.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":

@@ -30,6 +30,10 @@ DEFAULT_CLUSTER = "dev"
 # namespaces reach ~0.7x the busbw of one (loopback's MTU is 65536); at 65000 they reach ~0.99x
 # (docs/benchmarks.md, MTU sweep). MTU=1500 remains available for trying Ethernet-sized packets.
 DEFAULT_MTU = 65000
+# Seconds without progress (step heartbeat, output or CPU time) before the stall watchdog ends a job; 0: off.
+# See multinode.watchdog for why 300.
+DEFAULT_STALL_TIMEOUT = 300
+SKEW_MODES = ("refuse", "warn")  # nodes whose software differs: refuse the job at pre-flight, or warn and run
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
 
 
@@ -100,12 +104,17 @@ class LaunchSpec:
     workdir_limit_mb: int = 200  # a WORKDIR larger than this is refused
     setup: str | None = None  # shell command run once per node in WORKDIR before the job (e.g. pip install -r ...)
     env: tuple[EnvVar, ...] = ()  # variables for every rank (values never shown)
+    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before the job is ended; 0 = off
+    skew: str = "refuse"  # one of SKEW_MODES (multinode.skew)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UserError(f"unknown MODE {self.mode!r}; valid modes: {', '.join(MODES)}")
         if self.launcher not in TORCH_LAUNCHERS:
             raise UserError(f"unknown LAUNCHER {self.launcher!r}; valid launchers: {', '.join(TORCH_LAUNCHERS)}")
+        if self.mode.startswith("mpi") and self.launcher != "auto":
+            raise UserError(f"LAUNCHER={self.launcher} is for torchrun modes; MODE={self.mode} always starts ranks "
+                            f"with mpirun: drop LAUNCHER")
         if self.launcher == "static" and (self.elastic or self.max_restarts):
             raise UserError("LAUNCHER=static starts a fixed set of ranks without agents; "
                             "use LAUNCHER=torchrun with ELASTIC or MAX_RESTARTS")
@@ -141,6 +150,12 @@ class LaunchSpec:
                 raise UserError(f"ELASTIC is for torchrun modes; MODE={self.mode} runs a fixed mpirun world")
         if self.mode.startswith("mpi") and self.max_restarts:
             raise UserError(f"MAX_RESTARTS is for torchrun modes; MODE={self.mode} cannot restart ranks")
+        if self.skew not in SKEW_MODES:
+            raise UserError(f"SKEW={self.skew!r} is not one of {', '.join(SKEW_MODES)}; "
+                            f"SKEW=warn runs on nodes whose software differs")
+        if self.stall_timeout < 0:
+            raise UserError(f"STALL_TIMEOUT={self.stall_timeout:g} must be 0 (off) or a number of seconds, "
+                            f"e.g. {DEFAULT_STALL_TIMEOUT}")
         for name in ("rdzv_timeout", "pg_timeout"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TextIO
 
 from multinode.config import ClusterSpec, LaunchSpec
+from multinode.diagnose import PEER_FAILURE, own_failure, pick_root_cause  # noqa: F401  (failure analysis lives there)
 from multinode.errors import JobFailed, NodeError, UserError
 from multinode.gpucheck import gpu_smoke, plan_nproc
 from multinode.inventory import Inventory
@@ -46,12 +47,6 @@ OUR_ENTRY = "training/train.py"
 # mpirun --tag-output can glue the next chunk's tag ("[1,0]<stdout>:") to a line that an
 # unbuffered print() wrote in two pieces (text, then the newline).
 RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
-# Failures that are consequences of another node's failure, not root causes.
-PEER_FAILURE = re.compile(
-    r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
-    r"DistNetworkError|Socket Timeout|timed out|SIGTERM|Signals\.SIGTERM",
-    re.IGNORECASE,
-)
 
 
 # --- up / down / status ------------------------------------------------------------
@@ -77,14 +72,26 @@ def up(spec: ClusterSpec, assume_yes: bool = False) -> Inventory:
 
 def down(cluster: str, provider: str | None = None, yes: bool = False) -> list[str]:
     state = ClusterState.for_cluster(cluster)
-    if state.exists():
-        name = state.load_inventory().provider
-    else:
-        name = provider or "local"
+    name = _provider_of(state, provider)
     lines = get_provider(name).down(state, yes=yes)
     for line in lines:
         print(line)
     return lines
+
+
+def _provider_of(state: ClusterState, provider: str | None) -> str:
+    """Which provider made the cluster: the inventory says; without a readable one, the provider's own
+    state file does (local.json / aws.json under provider/), else --provider, else local. `down` of a
+    cluster whose inventory is damaged or gone still removes everything the provider made."""
+    if state.exists():
+        try:
+            return state.load_inventory().provider
+        except UserError:
+            log.warning("%s is damaged: taking cluster %r down by its name", state.inventory_path, state.name)
+    for name in ("aws", "local"):
+        if (state.provider_dir / f"{name}.json").exists():
+            return name
+    return provider or "local"
 
 
 def status(cluster: str) -> int:
@@ -133,6 +140,8 @@ class RunSummary:
     metrics: str | None
     failed_node: str | None = None
     failed_rank: int | None = None
+    cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
+    stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
 
 
 def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]] | ResolvedProject]:
@@ -185,8 +194,11 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
 
     from multinode.preflight import preflight, start_mpi_sshds
     from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
+    from multinode.launchers.base import run_dir as node_run_dir
     from multinode.remote import RemoteRunner, Rejoin
+    from multinode.skew import check_skew
     from multinode.sync import sync_code, sync_mpi_credentials
+    from multinode.watchdog import StallWatchdog
 
     run_dir = state.run_dir(spec.run_id)
     launcher = launcher_for(spec)
@@ -206,13 +218,17 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             # The project, its SETUP and its module are ready on every node before the run directory exists:
             # a refused job leaves no trace (the nodes keep the synced files and environments for next time).
             prepare_project(runner, spec, project, out)
-        # Nothing is written before pre-flight passed: a refused job leaves no trace.
+        else:
+            sync_code(runner, sync, subdir="code")
+        # One round: the synced code's hash, and (host runtime; in containers every node runs the one image)
+        # the software versions, compared across nodes. A project's files are checked by its own manifest.
+        check_skew(runner, [] if project is not None else sync, spec.skew, versions=inv.runtime == "host",
+                   mpi=spec.uses_mpi)
+        # Nothing is written here before pre-flight passed: a refused job leaves no run directory.
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plan.json").write_text(plan.to_json())
         print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s), world size {plan.world_size}, "
               f"logs in {run_dir}", file=out)
-        if project is None:
-            sync_code(runner, sync, subdir="code")
         if spec.uses_mpi:
             sync_mpi_credentials(runner)
         for cmd in plan.commands:
@@ -233,17 +249,39 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         # its peers' torchrun agents keep open for RDZV_TIMEOUT; the head hosts it, so its loss is final.
         rejoin = Rejoin(budget=spec.max_restarts, wait=spec.rdzv_timeout, prepare=prepare_again,
                         exclude=(inv.head.name,)) if spec.max_restarts else None
+        captured: list = []  # the ranks still alive when the job failed, looked at before the gang-stop
+
+        def capture_live_ranks(failure: NodeError) -> None:
+            """One look suffices when a node crashed on its own (only a stopped or stuck-in-the-kernel rank
+            outranks it); a second look, half a second later, tells a stuck rank from a passing one. A node
+            whose session was lost is not asked (it would cost the 3 s channel timeout)."""
+            from multinode.diagnose import capture, own_failure
+
+            lost = failure.returncode is None and "lost its SSH session" in failure.message
+            crashed = lost or (failure.returncode is not None and own_failure([failure]) is not None)
+            names = [n.name for n in inv.nodes if not (lost and n.name == failure.node)]
+            captured.append(capture(runner, spec.run_id, samples=1 if crashed else 2, names=names))
+            runner.say(f"captured the stacks of {len(captured[0].dumps)} live rank(s) in {captured[0].seconds:.1f} s")
+        watchdog = StallWatchdog(runner, spec.run_id, run_dir, spec.stall_timeout,
+                                 {n.name: node_run_dir(inv, n.name, spec.run_id) for n in inv.nodes}) \
+            if spec.stall_timeout else None
         try:
             write_env_files(runner, spec)
             if spec.uses_mpi and inv.runtime == "docker":
                 start_mpi_sshds(runner, spec.run_id)
+            if watchdog is not None:
+                watchdog.start()
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
-                                 relabel=launcher.relabel(plan, plan.procs[0] if plan.procs else 1), rejoin=rejoin)
+                                 relabel=launcher.relabel(plan, plan.procs[0] if plan.procs else 1), rejoin=rejoin,
+                                 before_stop=capture_live_ranks, stalled=watchdog.stalled if watchdog else None)
         except JobFailed as err:
-            summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start)
+            summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start,
+                                       captured[0] if captured else None)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
         finally:
+            if watchdog is not None:
+                watchdog.stop()
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
             remove_env_files(runner, spec)
         metrics = _fetch_metrics(runner, inv, spec, run_dir)
@@ -364,33 +402,31 @@ def _result_from_metrics(metrics: str | None) -> dict | None:
     return None
 
 
-def pick_root_cause(failures: list[NodeError], first: NodeError) -> NodeError:
-    """The first failure whose log does not read like a reaction to another node's failure."""
-    for failure in failures:
-        if not any(PEER_FAILURE.search(line) for line in _log_lines(failure)):
-            return failure
-    return first
+def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float,
+                     captured=None):
+    """The root cause, from the ranks alive when the job failed (multinode.diagnose) and the nodes' logs:
+    a stopped or uninterruptible rank; else the first node that failed on its own (its log does not read like a
+    reaction to another's failure); else a rank stuck outside any collective; else the first failure."""
+    from multinode.diagnose import root_cause, save
 
-
-def _log_lines(failure: NodeError) -> list[str]:
-    """The node's whole log when we have it (the tail alone often shows only torchrun's summary)."""
-    if failure.log_path and Path(failure.log_path).exists():
-        return Path(failure.log_path).read_text(errors="replace").splitlines()
-    return failure.tail
-
-
-def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float):
     results = getattr(err, "results", {}) or {}
     failures = [r.error for r in sorted(results.values(), key=lambda r: r.finished or 0) if getattr(r, "error", None)]
     first = pick_root_cause(failures, err.first) if failures else err.first
     log_path = Path(first.log_path) if first.log_path else run_dir / f"{first.node}.log"
     lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else first.tail
     rank = launcher.failed_rank(lines)
+    stacks = str(save(run_dir / "stacks", captured.per_node, captured.errors)) if captured else None
+    culprit = root_cause(captured.dumps, failures) if captured else None
+    if culprit is not None:
+        log_path = run_dir / f"{culprit.node}.log"
+        tail = log_path.read_text(errors="replace").splitlines()[-10:] if log_path.exists() else []
+        first = NodeError(culprit.node, "job", None, f"hung: {culprit.describe()}", tail=tail, log_path=str(log_path))
+        rank = culprit.rank
     summary = RunSummary(
         run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=plan.world_size,
         exit_codes={name: r.exit_code for name, r in results.items()},
         wall_seconds=round(wall, 2), result=None, log_dir=str(run_dir), metrics=None,
-        failed_node=first.node, failed_rank=rank,
+        failed_node=first.node, failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks,
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return first, summary
@@ -419,6 +455,10 @@ def _describe(summary: RunSummary) -> str:
     if summary.failed_node:
         rank = "unknown" if summary.failed_rank is None else summary.failed_rank
         lines.append(f"  first failure: {summary.failed_node}, rank {rank}")
+        if summary.cause:
+            lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
+        if summary.stacks:
+            lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
     if summary.result:
         acc = summary.result.get("test_accuracy")
         if acc is not None:
@@ -429,6 +469,34 @@ def _describe(summary: RunSummary) -> str:
     if summary.metrics:
         lines.append(f"  metrics: {summary.metrics}")
     return "\n".join(lines)
+
+
+# --- stacks -------------------------------------------------------------------------
+
+
+def stacks(cluster: str, run_id: str | None = None, out: TextIO | None = None) -> int:
+    """The Python stacks of every live rank on every node (of ``run_id``, or of every run found), identical
+    stacks printed once with the ranks that share them. Read-only: the job keeps running."""
+    from multinode.diagnose import capture, group_stacks
+    from multinode.remote import RemoteRunner
+
+    out = out or sys.stdout
+    inventory = ClusterState.for_cluster(cluster).load_inventory()
+    with RemoteRunner(inventory, out=out) as runner:
+        found = capture(runner, run_id, samples=1)
+    for node, why in found.errors.items():
+        print(f"{node}: no stacks ({why})", file=out)
+    runs = sorted({d.run_id for d in found.dumps})
+    if not runs:
+        what = f"run {run_id!r}" if run_id else "any run"
+        raise UserError(f"no live rank of {what} on cluster {cluster!r}; 'make stacks' reads a running job (make train)")
+    for rid in runs:
+        dumps = [d for d in found.dumps if d.run_id == rid]
+        ranks = [d for d in dumps if not d.parent_is_rank]
+        print(f"run {rid}: {len(ranks)} live rank(s) on {len({d.node for d in dumps})} node(s), "
+              f"captured in {found.seconds:.1f} s", file=out)
+        print(group_stacks(dumps), file=out)
+    return 0
 
 
 # --- logs / ssh / reap --------------------------------------------------------------

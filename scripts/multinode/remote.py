@@ -14,7 +14,8 @@ Contract:
   or loses its SSH session makes the runner stop the job on every node (processes whose
   environment carries ``MULTINODE_RUN_ID=<run id>``: torchrun starts workers in their own
   session, so a process-tree or process-group kill would miss them) and raise
-  :class:`~multinode.errors.JobFailed`. A deadline and Ctrl-C do the same.
+  :class:`~multinode.errors.JobFailed`. A deadline, a stall (``stalled``) and Ctrl-C do the same; before
+  the stop of a failure, deadline or stall, the caller's ``before_stop`` hook may look at the live ranks.
 * Elastic jobs (``rejoin``): a node whose session is lost or whose launcher is killed by a signal
   is not a failure while it has restarts left. The runner stops what is left of the run on it,
   waits for it to answer SSH again (a rebooted or replaced node), lets the caller prepare it
@@ -69,6 +70,7 @@ pids=$(list)
 [ -z "$pids" ] && { echo "stopped 0"; exit 0; }
 n=$(echo $pids | wc -w)
 kill -TERM $pids 2>/dev/null
+kill -CONT $pids 2>/dev/null  # a stopped (SIGSTOPped) process acts on the TERM only once continued
 i=0
 while [ $i -lt $grace_ticks ]; do sleep 0.1; pids=$(list); [ -z "$pids" ] && break; i=$((i+1)); done
 [ -n "$pids" ] && kill -KILL $pids 2>/dev/null && sleep 0.2
@@ -432,9 +434,14 @@ class RemoteRunner:
         extra_stop: Callable[[str], str | None] | None = None,
         relabel: Relabel | None = None,
         rejoin: Rejoin | None = None,
+        before_stop: Callable[[NodeError], None] | None = None,
+        stalled: Callable[[], str | None] | None = None,
     ) -> dict[str, NodeResult]:
         """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure
-        (with ``rejoin``, a lost or killed node is first started again while its budget lasts)."""
+        (with ``rejoin``, a lost or killed node is first started again while its budget lasts).
+        ``before_stop(failure)`` runs when the job failed (or hit its deadline), before the gang-stop: e.g. a
+        capture of the ranks still alive (multinode.diagnose); it must bound its own time. ``stalled``
+        (e.g. multinode.watchdog) says why the job stopped making progress, or None; a reason ends it as a failure."""
         log_dir.mkdir(parents=True, exist_ok=True)
         results = {name: NodeResult(name) for name in shells}
         events: queue.Queue[str] = queue.Queue()
@@ -467,7 +474,8 @@ class RemoteRunner:
             for name in shells:
                 start(name)
             try:
-                failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, stop)
+                failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, stop,
+                                      before_stop, stalled)
             except StopRequested:
                 signum = stop.signum
                 what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
@@ -488,7 +496,8 @@ class RemoteRunner:
     def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
                deadline: float | None, extra_stop: Callable[[str], str | None] | None,
                rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None,
-               stop: StopSignals | None = None) -> NodeError | None:
+               stop: StopSignals | None = None, before_stop: Callable[[NodeError], None] | None = None,
+               stalled: Callable[[], str | None] | None = None) -> NodeError | None:
         pending = set(results)
         end = None if deadline is None else time.monotonic() + deadline
         while pending:
@@ -501,6 +510,14 @@ class RemoteRunner:
                     head = next(iter(results))
                     failure = NodeError(head, "job", None, f"deadline of {deadline:.0f} s passed; the job was stopped")
                     self.say(f"deadline of {deadline:.0f} s passed: stopping the job on every node")
+                    self._before_stop(before_stop, failure)
+                    self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
+                    return failure
+                why = stalled() if stalled is not None else None
+                if why is not None:
+                    failure = NodeError(next(iter(results)), "job", None, f"{why}; the job was stopped")
+                    self.say(f"{why}: stopping the job on every node")
+                    self._before_stop(before_stop, failure)
                     self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                     return failure
                 continue
@@ -519,9 +536,20 @@ class RemoteRunner:
             pending.discard(name)
             if result.error is not None:
                 self.say(f"{name} failed ({result.error.message}): stopping the job on every node")
+                self._before_stop(before_stop, result.error)
                 self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
                 return result.error
         return None
+
+    @staticmethod
+    def _before_stop(hook: Callable[[NodeError], None] | None, failure: NodeError) -> None:
+        """The caller's last look at the job before it is stopped; its failure never keeps the stop from happening."""
+        if hook is None:
+            return
+        try:
+            hook(failure)
+        except Exception as err:  # a diagnosis that fails must not leave the job running
+            log.warning("before the stop: %s: %s", type(err).__name__, err)
 
     @staticmethod
     def _may_rejoin(name: str, result: NodeResult, rejoin: Rejoin | None) -> bool:

@@ -12,6 +12,7 @@ The root is ``$MULTINODE_HOME`` or ``.multinode`` in the current directory (git-
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -74,6 +75,41 @@ class ClusterState:
         return self.inventory_path.exists()
 
     def load_inventory(self) -> Inventory:
+        """The cluster's inventory; a damaged inventory.json or known_hosts is one line naming the file and the fix."""
         if not self.inventory_path.exists():
             raise UserError(f"cluster {self.name!r} is not up; run 'make up' first")
-        return Inventory.load(self.inventory_path)
+        try:
+            inventory = Inventory.load(self.inventory_path)
+        except UserError as err:
+            raise UserError(f"{self.inventory_path} is not a valid inventory ({err}); {self.damaged_fix}") from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # JSONDecodeError is a ValueError
+            raise UserError(f"{self.inventory_path} is damaged ({_short(err)}); {self.damaged_fix}") from None
+        check_known_hosts(Path(inventory.known_hosts), self.damaged_fix)
+        return inventory
+
+    @property
+    def damaged_fix(self) -> str:
+        return (f"run 'make down CLUSTER={self.name}' (it removes the cluster's nodes by name, without the inventory) "
+                f"and 'make up' again")
+
+
+def _short(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else ""
+    return f"{type(err).__name__}: {text}"[:120] if text else type(err).__name__
+
+
+def check_known_hosts(path: Path, fix: str) -> None:
+    """Every line of a known_hosts file is text with a host list, a key type and a base64 key (or a comment).
+    Paramiko would otherwise fail later, in every connection thread, with a UnicodeDecodeError."""
+    try:
+        lines = path.read_bytes().decode("utf-8").splitlines()
+    except FileNotFoundError:
+        raise UserError(f"{path} is missing; {fix}") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"{path} is damaged ({_short(err)}); {fix}") from None
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) < 3 or not re.fullmatch(r"[A-Za-z0-9+/]+=*", fields[2]):
+            raise UserError(f"{path} is damaged (line {number} is not 'hosts key-type key'); {fix}")

@@ -68,6 +68,10 @@ def test_mpirun_plan_is_one_command_on_the_head(inventory):
     assert argv.count(":") == 2
     assert "10.200.7.11:1" in argv and "/state/dev/nodes/node-2/code" in argv
     assert ["-x", "MULTINODE_RUN_ID"] == list(argv[argv.index("MULTINODE_RUN_ID") - 1 : argv.index("MULTINODE_RUN_ID") + 1])
+    # every rank starts with the run id in its environment (remote ranks get -x values only inside MPI_Init)
+    assert argv.count("MULTINODE_RUN_ID=r4") == 3
+    assert argv[argv.index("MULTINODE_RUN_ID=r4") - 1 : argv.index("MULTINODE_RUN_ID=r4") + 3] == \
+        ("env", "MULTINODE_RUN_ID=r4", "/repo/.venv/bin/python", "training/train.py")
     assert cmd.env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     (hostfile, content), = cmd.files.items()
     assert hostfile == "/state/dev/nodes/node-0/runs/r4/hostfile"

@@ -40,8 +40,13 @@ def test_static_failure_names_the_rank_like_torchrun(inventory):
     assert launcher.failed_rank(["nothing here"]) is None
 
 
-def test_mpi_modes_keep_mpirun_whatever_the_launcher():
-    assert launcher_for(LaunchSpec(mode="mpi", launcher="static")).name == "mpirun"
+def test_mpi_modes_refuse_an_explicit_launcher():
+    """MODE=mpi always starts ranks with mpirun: an explicit LAUNCHER is refused in one line, not ignored."""
+    for launcher in ("static", "torchrun"):
+        with pytest.raises(UserError) as err:
+            LaunchSpec(mode="mpi", launcher=launcher)
+        assert f"LAUNCHER={launcher} is for torchrun modes" in str(err.value) and "\n" not in str(err.value)
+    assert launcher_for(LaunchSpec(mode="mpi", launcher="auto")).name == "mpirun"
     assert launcher_for(LaunchSpec(mode="cpu", launcher="torchrun")).name == "torchrun"
 
 

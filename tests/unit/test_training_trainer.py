@@ -30,6 +30,7 @@ def test_regression_learns_and_writes_metrics(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("epoch") for r in rows] == [0, 1, 2, None] and rows[-1]["event"] == "test"
     assert {"loss", "val_loss", "samples_per_s", "step_time_s", "comm_time_s"} <= rows[0].keys()
+    assert (tmp_path / "heartbeat-rank0").exists()  # the step heartbeat the stall watchdog reads
 
 
 def test_early_stopping_ends_a_diverging_run(tmp_path):

@@ -110,7 +110,9 @@ class MpirunLauncher:
                 # context: a -x before the first one reaches only that context's ranks (measured here: the
                 # other nodes' ranks see none of FORWARDED either).
                 *(arg for var in spec.env for arg in ("-x", var.name)),
-                *(["env", *own] if own else []),
+                # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
+                # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
+                "env", f"MULTINODE_RUN_ID={spec.run_id}", *own,
                 node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
             ]

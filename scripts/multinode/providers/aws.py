@@ -342,11 +342,18 @@ class AwsProvider:
         it when the local state is gone), then the leak check. An ECR repository made for the cluster
         that still holds images is kept unless ``yes``."""
         meta_path = state.provider_dir / "aws.json"
+        meta = None
         if meta_path.exists():
-            meta = json.loads(meta_path.read_text())
-            region, target = meta["region"], aws_sweep.Target(state.name, meta.get("cluster_id"))
-        else:
+            try:
+                meta = json.loads(meta_path.read_text())
+                region, target = meta["region"], aws_sweep.Target(state.name, meta.get("cluster_id"))
+            except (OSError, ValueError, KeyError, TypeError):
+                meta = None  # damaged: fall back to finding the cluster by its tags
+        if meta is None:
             region = env_default("REGION")
+            if not region and meta_path.exists():
+                raise UserError(f"{meta_path} is damaged; delete the cluster by its tags: "
+                                f"make down PROVIDER=aws CLUSTER={state.name} REGION=<region>")
             if not region:
                 return [f"cluster {state.name!r}: no AWS state here; to delete it by its tags run "
                         f"'make down PROVIDER=aws CLUSTER={state.name} REGION=<region>'"]

@@ -103,7 +103,7 @@ class HostsProvider:
         inventory.save(state.inventory_path)
         return inventory
 
-    def down(self, state: ClusterState) -> list[str]:
+    def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: we made nothing on the hosts
         for path in (state.inventory_path, state.known_hosts):
             path.unlink(missing_ok=True)
         shutil.rmtree(state.provider_dir, ignore_errors=True)

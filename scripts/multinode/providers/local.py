@@ -269,10 +269,16 @@ class LocalProvider:
         return inventory
 
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: nothing local holds user data
-        meta = _load_meta(state)
+        """Remove everything of the cluster by its name (namespaces, links, /etc/netns entries and processes
+        are all named after it): works without the inventory, and with a damaged local.json."""
+        try:
+            meta = _load_meta(state)
+        except (OSError, ValueError):
+            meta = None
         lines = []
-        if meta is not None and not meta.get("isolated", True):
-            stopped = sum(_stop_sshd(state, f"node-{i}") for i in range(meta["nodes"]))
+        if not isolated() or (meta is not None and not meta.get("isolated", True)):
+            nodes = sorted(p.name for p in state.provider_dir.glob("node-*") if p.is_dir())
+            stopped = sum(_stop_sshd(state, node) for node in nodes)
             lines.append(f"stopped {stopped} sshd on loopback addresses")
         else:
             namespaces, links, processes = localnet.destroy(state.name)

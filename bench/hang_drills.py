@@ -1,0 +1,153 @@
+"""Hang drills: one rank of a running 3-node job stops making progress without failing, and the
+orchestrator must name it (node, rank, why, top of its stack) -- not the ranks that time out waiting for it.
+
+    python -m bench.drills [--only hang]      (these run with the other drills, into docs/reliability.md)
+
+Each drill runs tests/integration/jobs/user_hang.py through the real CLI on 3 nodes with a process-group
+timeout of PG_TIMEOUT seconds; rank 2 (on node-2) hangs after a few steps: SIGSTOPped from outside, spinning
+in a Python loop, or blocked on a lock right before its next collective. Recorded: exit code, seconds from the
+hang to the orchestrator's exit (bound: PG_TIMEOUT + 10), the node and rank named, the root-cause line, and
+the processes left on every node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.drills import Watcher
+
+REPO = Path(__file__).resolve().parents[1]
+HANG_JOB = REPO / "tests" / "integration" / "jobs" / "user_hang.py"
+PG_TIMEOUT = 10
+HANG_AFTER = 3  # steps before rank 2 hangs
+
+
+@dataclass
+class HangResult:
+    name: str
+    exit_code: int
+    seconds_to_exit: float  # from the hang to the orchestrator's exit
+    named_node: str | None
+    named_rank: int | None
+    root_cause: str  # the summary's "root cause:" line
+    stacks: str | None  # where the stacks were saved
+    capture_seconds: float | None  # how long the capture before the gang-stop took
+    left_at_exit: dict[str, list[int]]
+
+
+def rank_pid(state, node: str, rank: int) -> int:
+    """The Python process of ``rank`` on ``node`` (its environment says RANK=<rank>, or under mpirun
+    OMPI_COMM_WORLD_RANK=<rank>)."""
+    from multinode.providers.local import job_pids
+
+    for pid in job_pids(state, node):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            exe = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if {f"RANK={rank}".encode(), f"OMPI_COMM_WORLD_RANK={rank}".encode()} & set(env) and b"python" in exe:
+            return pid
+    raise RuntimeError(f"no rank {rank} on {node}")
+
+
+def sigstop(state) -> None:
+    os.kill(rank_pid(state, "node-2", 2), signal.SIGSTOP)
+
+
+@dataclass(frozen=True)
+class HangDrill:
+    how: str  # how rank 2 hangs in the job (user_hang.py --how)
+    fault: Callable | None  # what the drill does from outside once rank 2 did HANG_AFTER steps
+    evidence: tuple[str, ...]  # what the root-cause line must say
+    pg_timeout: int = PG_TIMEOUT
+    stall_timeout: int = 0  # STALL_TIMEOUT (0: off, the process-group timeout ends the job)
+
+    @property
+    def bound(self) -> int:
+        """The requirement: the job ends within the timeout that detects the hang + 10 s."""
+        return (self.stall_timeout or self.pg_timeout) + 10
+
+
+STALL_TIMEOUT = 8
+HANG_DRILLS: dict[str, HangDrill] = {
+    "hang: rank 2 on node-2 SIGSTOPped mid-training": HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py")),
+    "hang: rank 2 on node-2 spins in a Python loop, the others wait in all_reduce":
+        HangDrill("spin", None, ("is running outside any collective", "(state R)", "spin_forever (user/user_hang.py:")),
+    "hang: rank 2 on node-2 blocked on a lock before a collective":
+        HangDrill("lock", None, ("is blocked outside any collective", "(state S", "wait_for_the_lock (user/user_hang.py:")),
+    f"hang: rank 2 on node-2 SIGSTOPped, process-group timeout 600 s, STALL_TIMEOUT={STALL_TIMEOUT}":
+        HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py"), pg_timeout=600, stall_timeout=STALL_TIMEOUT),
+}
+
+
+def run_hang_drill(cluster, name: str) -> HangResult:
+    drill = HANG_DRILLS[name]
+    fault = drill.fault
+    args = f"--hang-rank 2 --how {drill.how} --after {HANG_AFTER} --timeout {drill.pg_timeout}"
+    proc = cluster.popen("train", "--nodes", "3", "--script", str(HANG_JOB), f"--args={args}",
+                         f"--stall-timeout={drill.stall_timeout}", PYTHONFAULTHANDLER="1")
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        if fault is not None:
+            out.wait_for(rf"^\[node-2\] \[rank2\]: USER step {HANG_AFTER} ")
+            start = time.monotonic()
+            fault(cluster.state)
+        else:
+            out.wait_for(r"^\[node-2\] \[rank2\]: USER rank=2 .* hangs now")
+            start = out.first(r"hangs now")[0]
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)
+            proc.wait(timeout=10)
+            raise RuntimeError(f"{name}: the orchestrator did not exit within 120 s:\n" + "".join(err.lines)[-8000:]) from None
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.3)  # let the reader threads drain
+    stderr, stdout = "".join(err.lines), "".join(out.lines)
+    named = re.search(r"job failed first on (node-\d+) \(rank (\d+)\)", stderr)
+    cause = re.search(r"^\s*root cause: (.*)$", stderr, re.MULTILINE)
+    stacks = re.search(r"^\s*stacks at failure: (\S+)/", stderr, re.MULTILINE)
+    took = re.search(r"captured the stacks of \d+ live rank\(s\) in ([0-9.]+) s", stdout)
+    return HangResult(name, proc.returncode, round(seconds, 1), named[1] if named else None,
+                      int(named[2]) if named else None, cause[1] if cause else stderr[-3000:],
+                      stacks[1] if stacks else None, float(took[1]) if took else None, cluster.job_processes())
+
+
+def markdown(results: list[HangResult]) -> str:
+    if not results:
+        return ""
+    lines = [
+        "",
+        "## Hangs: naming the rank that stopped making progress",
+        "",
+        f"`tests/integration/jobs/user_hang.py` on 3 nodes (LAUNCHER=auto: static), process-group timeout "
+        f"{PG_TIMEOUT} s unless the drill says otherwise, stall watchdog off unless it says STALL_TIMEOUT; rank 2 on "
+        f"node-2 hangs after {HANG_AFTER} steps. When the first waiting rank times out (or the watchdog sees no output "
+        "and no CPU time on any rank for STALL_TIMEOUT), the orchestrator captures every live rank (process state "
+        "from /proc, py-spy stack, two looks half a second apart) before the gang-stop, and names the rank that is not "
+        "waiting on its peers. Seconds run from the hang to the orchestrator's exit; the requirement is at most the "
+        "detecting timeout + 10 s (20 s; 18 s with STALL_TIMEOUT=8). The failure drills above pay for the same "
+        "capture before their gang-stop (one look when a node failed on its own, two otherwise): their seconds to "
+        "exit include it.",
+        "",
+        "| drill | exit | seconds to exit | node, rank named | capture (s) | processes left | root cause line |",
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
+    for r in results:
+        left = sum(len(v) for v in r.left_at_exit.values())
+        cause = r.root_cause.replace("|", "\\|")
+        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.named_node}, rank {r.named_rank} | "
+                     f"{'-' if r.capture_seconds is None else r.capture_seconds} | {left} | {cause} |")
+    return "\n".join(lines) + "\n"

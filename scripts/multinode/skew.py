@@ -1,0 +1,162 @@
+"""Software skew across nodes: refuse a job whose nodes do not run the same software, before it starts.
+
+A node with another torch, NCCL or MPI fails mid-training with errors that do not say so (pytorch/pytorch
+issue 108212). :func:`check_skew` runs right after the code sync, before the job starts or anything is written
+locally: one Python run per node, all at once, one SSH round, reports
+
+* Python, torch with its CUDA / ROCm (HIP) build, NCCL (the ``nvidia-nccl-*`` wheel), mpi4py and -- in MPI
+  modes -- the MPI library (``mpirun --version``), compared with the head's. torch is not imported: its
+  ``torch/version.py`` is read as text (importing torch costs 1-4 s per node);
+* a SHA-256 of the synced code, compared with the control machine's own.
+
+A difference is refused (:class:`~multinode.preflight.PreflightFailed`, exit 2) with one table naming
+the nodes that differ from the head and the differing values side by side; ``SKEW=warn`` prints the table
+and runs anyway. The comparison (:func:`skew_table`) is pure.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shlex
+from pathlib import Path
+
+from multinode.config import SKEW_MODES
+
+log = logging.getLogger(__name__)
+
+# Fills ``info`` with the node's versions; argv[1] == "mpi" adds the MPI library. CODE_HASH follows it.
+VERSIONS = r'''
+import importlib.metadata as md, importlib.util, json, os, re, shutil, subprocess, sys
+info = {"python": sys.version.split()[0]}
+spec = importlib.util.find_spec("torch")
+text = ""
+if spec and spec.submodule_search_locations:
+    path = os.path.join(list(spec.submodule_search_locations)[0], "version.py")
+    text = open(path).read() if os.path.exists(path) else ""
+def field(name):
+    m = re.search(r"^%s\s*(?::[^=]*)?=\s*'?([^'\n]*)'?\s*$" % name, text, re.M)
+    return None if not m or m.group(1) in ("None", "") else m.group(1)
+info["torch"] = field("__version__") or ("not installed" if not spec else "unknown")
+info["torch CUDA"] = field("cuda")
+info["torch ROCm"] = field("hip")
+def version(*names):
+    for name in names:
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            pass
+    return None
+info["NCCL"] = version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
+info["mpi4py"] = version("mpi4py")
+if sys.argv[1] == "mpi":
+    mpirun = shutil.which("mpirun")
+    out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=10).stdout if mpirun else ""
+    info["MPI"] = (out.strip().splitlines() or ["not installed"])[0]
+'''
+
+# Appended to VERSIONS (argv: mpi|-, code directory, top-level paths): adds the SHA-256 of every synced file's
+# relative path and content, sorted, to ``info`` and prints it as one JSON object.
+CODE_HASH = r'''
+import hashlib, json, os, sys
+root, tops = sys.argv[2], sys.argv[3:]
+h = hashlib.sha256()
+files = []
+for top in tops:
+    base = os.path.join(root, top)
+    if os.path.isfile(base):
+        files.append(top)
+    for d, dirs, names in os.walk(base):
+        dirs[:] = [x for x in dirs if x not in ("__pycache__", ".pytest_cache", ".ipynb_checkpoints")]
+        files += [os.path.relpath(os.path.join(d, n), root) for n in names if not n.endswith((".pyc", ".pyo"))]
+for rel in sorted(files):
+    h.update(rel.encode() + b"\0" + open(os.path.join(root, rel), "rb").read() + b"\0")
+info["code sha256"] = h.hexdigest()
+print(json.dumps(info))
+'''
+
+
+def code_hash(items: list[tuple[Path, str]]) -> str:
+    """The control machine's hash of what ``sync_code`` sends (same files, same order as CODE_HASH)."""
+    from multinode.sync import EXCLUDED
+
+    files: dict[str, Path] = {}
+    for local, rel in items:
+        if local.is_file():
+            files[rel] = local
+            continue
+        for path in local.rglob("*"):
+            if path.is_file() and not (set(path.relative_to(local).parts) & EXCLUDED) \
+                    and not path.name.endswith((".pyc", ".pyo")):
+                files[f"{rel}/{path.relative_to(local).as_posix()}"] = path
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(rel.encode() + b"\0" + files[rel].read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def skew_table(reports: dict[str, dict[str, str | None]], reference: str) -> str | None:
+    """None when every node reports what ``reference`` (the head) does; else a table of the keys that differ,
+    the reference first, then every node that differs from it."""
+    ref = reports[reference]
+    keys = sorted({k for r in reports.values() for k in r}, key=lambda k: list(ref).index(k) if k in ref else 99)
+    differing = [k for k in keys if any(r.get(k) != ref.get(k) for r in reports.values())]
+    if not differing:
+        return None
+    odd = [n for n, r in reports.items() if n != reference and any(r.get(k) != ref.get(k) for k in differing)]
+    rows = [["node", *differing]] + [[n, *(str(reports[n].get(k)) for k in differing)] for n in [reference, *odd]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    first = odd[0]
+    what = ", ".join(f"{k} {reports[first].get(k)} vs {ref.get(k)}" for k in differing if reports[first].get(k) != ref.get(k))
+    head = f"{first} runs other software than {reference} ({what})" + (f"; {len(odd) - 1} more node(s) differ" if len(odd) > 1 else "")
+    return "\n".join([head + ":", *lines])
+
+
+def _refuse_or_warn(table: str, mode: str, fix: str) -> None:
+    from multinode.preflight import PreflightFailed
+
+    if mode == "warn":
+        log.warning("warning: %s\n(SKEW=warn: running anyway)", table)
+        return
+    raise PreflightFailed(f"{table}\n{fix}; SKEW=warn runs anyway")
+
+
+def probe_command(python: str, code: str, tops: list[str], versions: bool, mpi: bool) -> str:
+    """One Python run on a node: its versions (when asked) and its code hash, one JSON object."""
+    program = (VERSIONS if versions else "import json\ninfo = {}\n") + "\n" + CODE_HASH
+    return shlex.join([python, "-c", program, "mpi" if mpi else "-", code, *tops])
+
+
+def check_skew(runner, items: list[tuple[Path, str]], mode: str, versions: bool = True, mpi: bool = False,
+               timeout: float = 30.0) -> dict[str, dict]:
+    """After the sync, one SSH round: every node runs the same Python, torch (+CUDA/ROCm), NCCL, mpi4py
+    (and MPI library), and holds exactly the code the control machine sent. {node: report}."""
+    from multinode.launchers.base import code_dir
+    from multinode.preflight import PreflightFailed
+
+    inv = runner.inventory
+    tops = sorted({rel for _, rel in items})
+    commands = {n.name: probe_command(inv.python, code_dir(inv, n.name), tops, versions, mpi) for n in inv.nodes}
+    answers = runner.run_each(commands, timeout=timeout)
+    reports = {}
+    for node in inv.nodes:
+        res = answers[node.name]
+        try:
+            reports[node.name] = json.loads(res.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            why = res.error or (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+            raise PreflightFailed(f"{node.name}: could not read its software versions and code with {inv.python} "
+                                  f"({why})") from None
+    code = {name: {"code sha256": r.pop("code sha256", "")[:16]} for name, r in reports.items()}
+    table = skew_table(reports, inv.head.name) if versions else None
+    if table:
+        _refuse_or_warn(table, mode, "give every node the same environment (make setup on each, or one image)")
+    table = skew_table({"control machine": {"code sha256": code_hash(items)[:16]}, **code}, "control machine")
+    if table:
+        _refuse_or_warn(table, mode, "the code on that node is not what was synced: run the job again")
+    return reports
+
+
+__all__ = ["CODE_HASH", "SKEW_MODES", "VERSIONS", "check_skew", "code_hash", "probe_command", "skew_table"]

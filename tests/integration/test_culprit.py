@@ -1,0 +1,110 @@
+"""Naming the culprit on a real 3-node local cluster: a hung rank (SIGSTOPped, spinning, blocked on a
+lock) is named with its node, rank, why and the top of its stack -- not the ranks that timed out waiting
+for it -- and nothing is left on any node. `multinode stacks` shows a running job's grouped stacks and
+the job goes on. Timings are printed (docs/reliability.md), the outcome is asserted."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.drills import Watcher
+from bench.hang_drills import HANG_DRILLS, rank_pid, run_hang_drill
+
+pytestmark = pytest.mark.integration
+JOBS = Path(__file__).parent / "jobs"
+
+
+@pytest.mark.parametrize("name", list(HANG_DRILLS))
+def test_hung_rank_is_named(cluster3, name: str):
+    result = run_hang_drill(cluster3, name)
+    print(f"{name}: {result}")
+    evidence = HANG_DRILLS[name].evidence
+    assert result.exit_code == 1, result
+    assert (result.named_node, result.named_rank) == ("node-2", 2), result
+    assert result.root_cause.startswith("node-2 rank 2 ") and "top of its stack: " in result.root_cause, result
+    assert all(fragment in result.root_cause for fragment in evidence), result
+    assert result.stacks and (Path(result.stacks) / "node-2.json").exists(), result
+    assert "rank 2" in (Path(result.stacks) / "node-2.txt").read_text()
+    assert result.seconds_to_exit <= HANG_DRILLS[name].bound, result
+    assert not any(result.left_at_exit.values()), result
+
+
+def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
+    proc = cluster3.popen("train", "--nodes", "3", "--script", str(JOBS / "user_allreduce.py"),
+                          "--args=--steps 40 --sleep 0.1")
+    out = Watcher(proc.stdout)
+    try:
+        out.wait_for(r"^\[node-2\] \[rank2\]: USER step 3 ")
+        run_id = re.search(r"run (\S+): MODE=", "".join(out.lines))[1]
+        res = cluster3.cli("stacks", timeout=60)
+        assert res.returncode == 0, res.stdout + res.stderr
+        assert f"run {run_id}: 3 live rank(s) on 3 node(s)" in res.stdout, res.stdout
+        # Every rank appears once, in a group that names it and its node; the groups hold our script's frames.
+        for rank in range(3):
+            assert len(re.findall(rf"\b{rank} on node-{rank}\b", res.stdout)) == 1, res.stdout
+        assert "user_allreduce.py" in res.stdout, res.stdout
+        assert proc.wait(timeout=120) == 0, "".join(out.lines)[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "run " in "".join(out.lines) and not any(cluster3.job_processes().values())
+
+
+def test_our_trainer_stalls_on_a_stopped_rank_and_its_heartbeat_names_it(cluster3):
+    """Our trainer touches a step heartbeat; with one rank SIGSTOPped the others wait in DDP's all-reduce,
+    no heartbeat moves, and STALL_TIMEOUT=8 ends the job well before the 60 s process-group timeout."""
+
+    proc = cluster3.popen("train", "--nodes", "3", "--stall-timeout", "8", "--pg-timeout", "60",
+                          "--args=--workload digits 200 50")
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=180)
+        start = time.monotonic()
+        os.kill(rank_pid(cluster3.state, "node-2", 2), signal.SIGSTOP)
+        assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.3)
+    stderr, stdout = "".join(err.lines), "".join(out.lines)
+    print(f"trainer stall: {seconds:.1f} s from SIGSTOP to exit")
+    assert re.search(r"no rank made progress \(step heartbeat\) for \d+ s \(STALL_TIMEOUT=8\)", stdout), stdout[-3000:]
+    assert "job failed first on node-2 (rank 2)" in stderr, stderr
+    assert re.search(r"root cause: node-2 rank 2 \(pid \d+\) is stopped \(state T", stderr), stderr
+    assert seconds <= 8 + 10
+    assert not any(cluster3.job_processes().values())
+
+
+def test_an_mpi_job_has_no_timeout_and_the_watchdog_names_the_stopped_rank(cluster3):
+    """MODE=mpi: mpi4py's Allreduce never times out, so a SIGSTOPped rank would hang the job forever; the
+    stall watchdog (our trainer's heartbeat) ends it and the capture names node-1 rank 1."""
+    proc = cluster3.popen("train", "--mode", "mpi", "--nodes", "3", "--stall-timeout", "8",
+                          "--args=--workload digits 200 50")
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=240)
+        start = time.monotonic()
+        os.kill(rank_pid(cluster3.state, "node-1", 1), signal.SIGSTOP)
+        assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
+        seconds = time.monotonic() - start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(0.3)
+    stderr, stdout = "".join(err.lines), "".join(out.lines)
+    print(f"mpi stall: {seconds:.1f} s from SIGSTOP to exit")
+    assert "no rank made progress (step heartbeat)" in stdout, stdout[-3000:]
+    assert "job failed first on node-1 (rank 1)" in stderr, stderr
+    assert re.search(r"root cause: node-1 rank 1 \(pid \d+\) is stopped \(state T", stderr), stderr
+    assert seconds <= 8 + 10
+    assert not any(cluster3.job_processes().values())

@@ -1,0 +1,149 @@
+"""Root-cause ranking and stack grouping on recorded captures (tests/unit/fixtures/stacks: real py-spy dumps
+of a 3-rank gloo job whose rank 2 hangs while ranks 0 and 1 wait in all_reduce)."""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from pathlib import Path
+
+import pytest
+
+from multinode.diagnose import (
+    CAPTURE,
+    Frame,
+    RankDump,
+    Sample,
+    capture_command,
+    group_stacks,
+    parse_capture,
+    pick_culprit,
+    save,
+    waiting,
+)
+from multinode.orchestrator import RunSummary, _describe
+
+FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
+
+
+def recorded(name: str, node: str = "node-0") -> list[RankDump]:
+    return parse_capture(node, (FIXTURES / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name, why, top", [
+    ("sigstop", "is stopped (state T", "user_hang.py:51"),
+    ("spin", "is running outside any collective or store wait (state R)", "spin_forever (user_hang.py:36): total += 1"),
+    ("lock", "is blocked outside any collective or store wait (state S", "wait_for_the_lock (user_hang.py:41): guard.acquire()"),
+])
+def test_the_hung_rank_is_named_not_the_ranks_waiting_for_it(name, why, top):
+    culprit = pick_culprit(recorded(name))
+    assert culprit is not None and culprit.rank == 2
+    assert culprit.why.startswith(why)
+    assert top in culprit.top.describe()
+    assert culprit.describe().startswith(f"rank 2 (pid {culprit.pid}) {why}")
+
+
+@pytest.mark.parametrize("name", ["sigstop", "spin", "lock"])
+def test_ranks_waiting_in_all_reduce_are_never_the_culprit(name):
+    waiters = [d for d in recorded(name) if d.rank != 2]
+    assert [d.last.frames[0].name for d in waiters] == ["all_reduce", "all_reduce"]
+    assert pick_culprit(waiters) is None
+
+
+def test_a_stopped_rank_outranks_a_spinning_one():
+    stopped = [dataclasses.replace(d, rank=5, node="node-1") for d in recorded("sigstop") if d.rank == 2]
+    culprit = pick_culprit(recorded("spin") + stopped)
+    assert (culprit.node, culprit.rank) == ("node-1", 5)
+
+
+def frame(name: str, file: str = "/code/user/job.py", line: int = 1, code: str = "") -> Frame:
+    return Frame(name, file, line, code)
+
+
+def dump(*samples: Sample, rank: int = 3) -> RankDump:
+    return RankDump("node-1", 100 + rank, "r1", rank, samples)
+
+
+def test_a_rank_only_passing_through_user_code_is_not_stuck():
+    sleeping = Sample("S", 10, (frame("<module>", code="time.sleep(args.sleep)"),))
+    in_collective = Sample("S", 11, (frame("all_reduce", "/x/site-packages/torch/distributed/distributed_c10d.py"),))
+    assert pick_culprit([dump(sleeping, in_collective)]) is None  # moved into a collective
+    assert pick_culprit([dump(sleeping, Sample(None))]) is None  # gone (exited) before the second look
+    exiting = Sample("S", 12, (frame("print_exception", "/usr/lib/python3.11/traceback.py"), frame("<module>")))
+    assert pick_culprit([dump(exiting, exiting)]) is None
+    no_stack = Sample("R", 12, (), error="py-spy gave no answer within 5 s")
+    assert pick_culprit([dump(no_stack, no_stack)]) is None
+
+
+def test_uninterruptible_in_every_look_is_named_and_a_child_of_a_rank_is_not():
+    d_state = Sample("D", 5, (frame("read_batch", code="f.read()"),))
+    culprit = pick_culprit([dump(d_state, d_state)])
+    assert culprit.why.startswith("is in uninterruptible sleep (state D")
+    assert pick_culprit([dump(d_state, Sample("S", 5, d_state.frames))]) is not None  # same place, blocked
+    child = dataclasses.replace(dump(d_state, d_state), parent_is_rank=True)
+    assert pick_culprit([child]) is None
+
+
+@pytest.mark.parametrize("frames, expected", [
+    ((frame("step", code="comm.Allreduce(buf, out)"),), True),  # mpi4py: the C call shows as the caller's line
+    ((frame("step", code="req.Wait()"),), True),
+    ((frame("main", code="value = store.get('key')"),), True),
+    ((frame("_engine_run_backward", "/v/site-packages/torch/autograd/graph.py"),), True),  # DDP's all-reduce
+    ((frame("wait_for_the_lock", code="guard.acquire()"),), False),
+    ((frame("wait", "/usr/lib/python3.11/threading.py", code="waiter.acquire()"),
+      frame("_get_data", "/v/site-packages/torch/utils/data/dataloader.py"),), False),  # a stuck DataLoader
+])
+def test_what_counts_as_waiting_on_peers(frames, expected):
+    assert waiting(frames) is expected
+
+
+def test_identical_stacks_are_printed_once_with_their_ranks():
+    text = group_stacks(recorded("spin"))
+    assert text.count("all_reduce (torch/distributed/distributed_c10d.py:") == 1
+    assert text.splitlines()[0] == "2 ranks (0 on node-0, 1 on node-0), sleeping:"
+    assert "1 rank (2 on node-0), running:" in text and "spin_forever (user_hang.py:36): total += 1" in text
+
+
+def test_save_writes_raw_readable_and_grouped_files(tmp_path):
+    where = save(tmp_path / "stacks", {"node-2": recorded("lock", "node-2")}, {"node-0": "no answer within 16 s"})
+    assert {p.name for p in where.iterdir()} == {"node-2.json", "node-2.txt", "node-0.txt", "stacks.txt"}
+    readable = (where / "node-2.txt").read_text()
+    assert "rank 2 pid" in readable and "sample 2: state S (sleeping)" in readable and "thread MainThread" in readable
+    assert (where / "node-0.txt").read_text().startswith("no capture: no answer")
+
+
+def test_capture_command_runs_the_snippet_with_the_node_python():
+    argv = shlex.split(capture_command("/venv/bin/python", "r-1", samples=2))
+    assert argv[:2] == ["/venv/bin/python", "-c"] and argv[2] == CAPTURE
+    assert argv[3:] == ["r-1", "2", "0.5", "5.0"]
+    assert shlex.split(capture_command("python3", None))[3] == ""  # every run
+
+
+def test_summary_names_node_rank_why_and_where_the_stacks_are():
+    summary = RunSummary(run_id="r1", mode="cpu", nodes=3, world_size=3, exit_codes={"node-0": 1}, wall_seconds=12.0,
+                         result=None, log_dir="/runs/r1", metrics=None, failed_node="node-2", failed_rank=2,
+                         cause="rank 2 (pid 7) is stopped (state T: ...); top of its stack: f (job.py:3)",
+                         stacks="/runs/r1/stacks")
+    text = _describe(summary)
+    assert "first failure: node-2, rank 2" in text
+    assert "root cause: node-2 rank 2 (pid 7) is stopped" in text
+    assert "stacks at failure: /runs/r1/stacks/" in text
+
+
+def node_error(node: str, *lines: str):
+    from multinode.errors import NodeError
+
+    return NodeError(node, "job", 1, "exited with code 1", tail=list(lines))
+
+
+def test_a_node_that_failed_on_its_own_outranks_a_rank_merely_outside_a_collective():
+    """A worker killed on node-1 (its log shows no peer's failure): ranks busy computing elsewhere are not blamed."""
+    from multinode.diagnose import root_cause
+
+    busy = recorded("spin")  # rank 2 spinning outside a collective
+    killed = node_error("node-1", "worker pid 7 died: Signals.SIGKILL")
+    reacted = node_error("node-0", "RuntimeError: ... Timed out waiting 10000ms for recv operation to complete")
+    assert root_cause(busy, [killed, reacted]) is None  # the caller names node-1 from its log
+    assert root_cause(busy, [reacted]).rank == 2  # every failure reacted to the hang: the stuck rank is the cause
+    stopped = recorded("sigstop")
+    assert root_cause(stopped, [killed]).rank == 2  # a stopped rank outranks everything

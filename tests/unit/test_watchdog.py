@@ -1,0 +1,42 @@
+"""The stall watchdog's judgement (pure): what counts as progress, and when a job has stalled."""
+
+from __future__ import annotations
+
+import pytest
+
+from multinode.config import DEFAULT_STALL_TIMEOUT, LaunchSpec
+from multinode.errors import UserError
+from multinode.watchdog import Progress, StallTracker, poll_interval
+
+
+def test_any_output_or_cpu_is_progress_until_a_heartbeat_exists():
+    tracker = StallTracker(timeout=10, now=0)
+    tracker.feed(Progress(100, 50, 0), now=1)
+    tracker.feed(Progress(100, 51, 0), now=6)  # CPU moved
+    assert tracker.stalled(now=15) is None
+    tracker.feed(Progress(100, 51, 0), now=12)
+    assert "no rank made progress (output or CPU time) for 10 s (STALL_TIMEOUT=10)" in tracker.stalled(now=16)
+
+
+def test_with_a_heartbeat_only_steps_count():
+    tracker = StallTracker(timeout=10, now=0)
+    tracker.feed(Progress(100, 50, 1000.0), now=1)
+    tracker.feed(Progress(900, 950, 1000.0), now=8)  # a rank burns CPU and prints, but makes no step
+    assert tracker.stalled(now=11) is not None and "step heartbeat" in tracker.stalled(now=11)
+    tracker.feed(Progress(900, 950, 1001.0), now=12)
+    assert tracker.stalled(now=13) is None
+
+
+def test_a_round_without_answers_changes_nothing():
+    tracker = StallTracker(timeout=10, now=0)
+    tracker.feed(Progress(1, 1, 0), now=1)
+    tracker.feed(None, now=5)
+    assert tracker.stalled(now=11.5) is not None
+
+
+def test_poll_interval_and_settings():
+    assert poll_interval(8) == pytest.approx(8 / 6) and poll_interval(3) == 1 and poll_interval(3600) == 15
+    assert LaunchSpec().stall_timeout == DEFAULT_STALL_TIMEOUT == 300
+    assert LaunchSpec(stall_timeout=0).stall_timeout == 0  # off
+    with pytest.raises(UserError, match="STALL_TIMEOUT=-1 must be 0"):
+        LaunchSpec(stall_timeout=-1)
