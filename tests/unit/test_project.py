@@ -182,8 +182,8 @@ def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launch
         assert plan.commands[0].cwd == "/state/dev/nodes/node-0/code/project"
         if name == "mpirun":  # each node's ranks import from their own node's copy
             assert "PYTHONPATH=/state/dev/nodes/node-1/code/project" in argv
-                i = argv.index("PYTHONPATH=/state/dev/nodes/node-1/code/project")
-                assert argv[i - 2:i] == ["env", "MULTINODE_RUN_ID=r1"]
+            i = argv.index("PYTHONPATH=/state/dev/nodes/node-1/code/project")
+            assert argv[i - 2:i] == ["env", "MULTINODE_RUN_ID=r1"]
         else:
             assert all(cmd.env["PYTHONPATH"] == f"/state/dev/nodes/{cmd.node}/code/project" for cmd in plan.commands)
 
