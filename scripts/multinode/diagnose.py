@@ -26,7 +26,7 @@ import json
 import re
 import shlex
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PYSPY_TIMEOUT = 5.0  # seconds one py-spy dump may take before it is killed

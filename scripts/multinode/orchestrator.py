@@ -20,34 +20,28 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import TextIO
 
+from multinode import slurm_train
 from multinode.config import ClusterSpec, LaunchSpec
-from multinode.diagnose import PEER_FAILURE, own_failure, pick_root_cause  # noqa: F401  (failure analysis lives there)
+from multinode.diagnose import pick_root_cause
 from multinode.errors import JobFailed, NodeError, UserError
-from multinode.gpucheck import gpu_smoke, plan_nproc
+from multinode.gpucheck import gpu_smoke
 from multinode.inventory import Inventory
-from multinode.launchers import EntryPoint, LaunchPlan, launcher_for
-from multinode.project import ResolvedProject, resolve_project
+from multinode.jobplan import plan_job
+from multinode.launchers import LaunchPlan, launcher_for
+from multinode.project import ResolvedProject
 from multinode.providers import get_provider
 from multinode.runtimes import runtime_checks, stop_containers, to_shell
 from multinode.state import ClusterState
+from multinode.summary import RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
 
 log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TRAINING_DIR = REPO_ROOT / "training"
-OUR_ENTRY = "training/train.py"
-# mpirun --tag-output can glue the next chunk's tag ("[1,0]<stdout>:") to a line that an
-# unbuffered print() wrote in two pieces (text, then the newline).
-RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
-
 
 # --- up / down / status ------------------------------------------------------------
 
@@ -125,46 +119,6 @@ def _print_sinfo(inventory: Inventory) -> int:
 
 
 # --- train ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class RunSummary:
-    run_id: str
-    mode: str
-    nodes: int
-    world_size: int
-    exit_codes: dict[str, int | None]
-    wall_seconds: float
-    result: dict | None
-    log_dir: str
-    metrics: str | None
-    failed_node: str | None = None
-    failed_rank: int | None = None
-    cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
-    stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
-
-
-def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]] | ResolvedProject]:
-    """The entry point and what to sync: our trainer as [(local path, path under the node's code dir)],
-    or the user's project (SCRIPT in WORKDIR, or a -m module), synced incrementally."""
-    if spec.script is None:
-        return EntryPoint(OUR_ENTRY, spec.args, ours=True), [(TRAINING_DIR, "training")]
-    resolved = resolve_project(spec)
-    return resolved.entry, resolved
-
-
-def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[tuple[Path, str]] | ResolvedProject]:
-    """Validate the job against the cluster and plan it. No I/O beyond reading SCRIPT/WORKDIR locally."""
-    inv = inventory.first(spec.nodes)
-    if spec.uses_gpu and inv.accelerator == "none":
-        raise UserError(
-            f"MODE={spec.mode} needs GPU nodes but cluster {inv.cluster!r} has CPU nodes; "
-            f"use MODE=cpu or MODE=mpi, or bring up a GPU cluster (make up PROVIDER=aws CLUSTER_TYPE=g4dn)"
-        )
-    if spec.uses_gpu:
-        plan_nproc(inv, spec)
-    entry, sync = resolve_entry(spec)
-    return launcher_for(spec).plan(inv, spec, entry), sync
 
 
 def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSummary | None:
@@ -278,128 +232,28 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         except JobFailed as err:
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start,
                                        captured[0] if captured else None)
-            raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=_describe(summary[1])) from None
+            raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=describe(summary[1])) from None
         finally:
             if watchdog is not None:
                 watchdog.stop()
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
             remove_env_files(runner, spec)
-        metrics = _fetch_metrics(runner, inv, spec, run_dir)
+        metrics = fetch_metrics(runner, inv, spec, run_dir)
     head_log = run_dir / f"{inv.head.name}.log"
     summary = RunSummary(
         run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=plan.world_size,
         exit_codes={name: r.exit_code for name, r in results.items()},
         wall_seconds=round(time.monotonic() - start, 2),
         result=(parse_result(head_log.read_text(errors="replace").splitlines()) if head_log.exists() else None)
-        or _result_from_metrics(metrics),
+        or result_from_metrics(metrics),
         log_dir=str(run_dir), metrics=metrics,
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-    print(_describe(summary), file=out)
+    print(describe(summary), file=out)
     return summary
 
 
-def train_slurm(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out: TextIO) -> RunSummary | None:
-    """The job as one sbatch script (:mod:`slurm_job`), submitted and followed on the login node (:mod:`slurm_run`)."""
-    from multinode import slurm_job, slurm_run
-
-    if spec.max_restarts or spec.elastic:
-        raise UserError("MAX_RESTARTS/ELASTIC are not planned for SLURM clusters; requeue with sbatch --requeue instead, "
-                        "or leave them unset")
-    if spec.nproc == "auto" or spec.setup or spec.env:
-        raise UserError("NPROC=auto, SETUP and ENV are not planned for SLURM clusters yet; give NPROC a number, "
-                        "install the project's requirements on the cluster and export variables in ARGS or the script")
-    # A cluster on a shared filesystem is described by its login node alone: the scheduler has the nodes.
-    shared = bool(inventory.extra.get("shared_fs"))
-    if not shared:
-        plan_job(inventory, spec)  # the same checks as any job (NODES, GPU, SCRIPT), nothing started
-    entry, sync = resolve_entry(spec)
-    inv = inventory if shared else inventory.first(spec.nodes)
-    partition = inventory.extra.get("slurm_partition")
-    if spec.dry_run:  # no I/O: the PMI plugin the cluster recorded at `up` (none known: mpirun)
-        print(slurm_job.plan_sbatch(inv, spec, entry, inventory.extra.get("slurm_mpi"), partition).script,
-              file=out, end="")
-        return None
-    from multinode.preflight import preflight
-    from multinode.remote import RemoteRunner
-    from multinode.sync import sync_code
-
-    run_dir = state.run_dir(spec.run_id)
-    start = time.monotonic()
-    with RemoteRunner(inv, out=out) as runner:
-        preflight(runner, checks=runtime_checks(inv), need_mpi_ssh=False,
-                  port=None if spec.uses_mpi or shared else spec.rdzv_port, timeout=spec.preflight_timeout)
-        plugin = slurm_job.pick_mpi_plugin(slurm_run.detect_mpi(runner)) if spec.uses_mpi else None
-        job = slurm_job.plan_sbatch(inv, spec, entry, plugin, partition)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "job.sbatch").write_text(job.script)
-        print(f"run {spec.run_id}: MODE={spec.mode} on {spec.nodes} node(s) x {spec.nproc} process(es) through "
-              f"SLURM ({'srun --mpi=' + plugin if plugin else 'mpirun' if spec.uses_mpi else 'srun + torchrun'}), "
-              f"logs in {run_dir}", file=out)
-        if isinstance(sync, ResolvedProject):
-            from multinode.project_prepare import prepare_project
-
-            prepare_project(runner, spec, sync, out)  # WORKDIR synced incrementally, the -m module checked
-        else:
-            sync_code(runner, sync, subdir="code")
-        outcome = slurm_run.run(runner, job, out, run_dir)
-        metrics = _fetch_metrics(runner, inv, spec, run_dir) if outcome.exit_code == 0 and not shared else None
-    failed = {node: code for node, code, _ in outcome.failed_nodes}
-    exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if outcome.exit_code == 0 else None) for i in range(spec.nodes)}
-    summary = RunSummary(run_id=spec.run_id, mode=spec.mode, nodes=spec.nodes, world_size=job.world_size,
-                         exit_codes=exit_codes, wall_seconds=round(time.monotonic() - start, 2),
-                         result=parse_result(outcome.lines) or _result_from_metrics(metrics),
-                         log_dir=str(run_dir), metrics=metrics)
-    print(f"batch job {outcome.job_id}: {outcome.state}, exit code {outcome.exit_code}", file=out)
-    if outcome.state == "COMPLETED" and outcome.exit_code == 0:
-        (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-        print(_describe(summary), file=out)
-        return summary
-    errors = [NodeError(node, "srun task", code, f"exited with code {code} (batch job {outcome.job_id}, {outcome.state})",
-                        tail=outcome.node_lines(node)[-20:], log_path=str(run_dir / f"{node}.log"))
-              for node, code, _ in outcome.failed_nodes]
-    first = pick_root_cause(errors, errors[0]) if errors else NodeError(
-        inv.head.name, "sbatch", outcome.exit_code, f"batch job {outcome.job_id} ended {outcome.state}",
-        tail=outcome.lines[-20:])
-    ranks = {node: rank for node, _, rank in outcome.failed_nodes}
-    rank = ranks.get(first.node)
-    if rank is None and not spec.uses_mpi:
-        from multinode.launchers.torchrun import root_cause_rank
-
-        rank = root_cause_rank(outcome.node_lines(first.node))
-    summary = RunSummary(**{**asdict(summary), "result": None, "failed_node": first.node, "failed_rank": rank})
-    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
-    raise JobFailed(first, rank=rank, summary=_describe(summary))
-
-
-SCHEDULED = {"slurm": train_slurm}  # clusters whose own scheduler runs the job (inventory.extra["scheduler"])
-
-
-def parse_result(lines: list[str]) -> dict | None:
-    """The trainer's final ``RESULT {json}`` line, if the script printed one."""
-    for line in reversed(lines):
-        match = RESULT_LINE.search(line)
-        if match:
-            try:
-                return json.loads(match[1])
-            except json.JSONDecodeError:
-                return None
-    return None
-
-
-def _result_from_metrics(metrics: str | None) -> dict | None:
-    """Our trainer's final ``test`` row of metrics.jsonl: the result when the RESULT line was not seen whole
-    (mpirun forwards every rank's output through one pipe, and a long line can arrive cut)."""
-    if not metrics or not Path(metrics).exists():
-        return None
-    for line in reversed(Path(metrics).read_text().splitlines()):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("event") == "test":
-            return {k: v for k, v in row.items() if k != "event"}
-    return None
+SCHEDULED = {"slurm": slurm_train.train}  # clusters whose own scheduler runs the job (inventory.extra["scheduler"])
 
 
 def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float,
@@ -430,45 +284,6 @@ def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPla
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return first, summary
-
-
-def _fetch_metrics(runner, inv: Inventory, spec: LaunchSpec, run_dir: Path) -> str | None:
-    """Copy rank 0's metrics.jsonl from the head node into the local run directory."""
-    if spec.script is not None:
-        return None
-    remote = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}/metrics.jsonl"
-    local = run_dir / "metrics.jsonl"
-    try:
-        runner.get_file(inv.head.name, remote, local)
-    except (OSError, NodeError) as err:
-        log.warning("no metrics fetched from %s: %s", remote, err)
-        return None
-    return str(local)
-
-
-def _describe(summary: RunSummary) -> str:
-    status = "FAILED" if summary.failed_node else "ok"
-    lines = [f"run {summary.run_id} {status}: MODE={summary.mode}, {summary.nodes} node(s), world size "
-             f"{summary.world_size}, wall {summary.wall_seconds:.1f} s"]
-    for node, code in summary.exit_codes.items():
-        lines.append(f"  {node}: exit {'lost' if code is None else code}")
-    if summary.failed_node:
-        rank = "unknown" if summary.failed_rank is None else summary.failed_rank
-        lines.append(f"  first failure: {summary.failed_node}, rank {rank}")
-        if summary.cause:
-            lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
-        if summary.stacks:
-            lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
-    if summary.result:
-        acc = summary.result.get("test_accuracy")
-        if acc is not None:
-            lines.append(f"  test accuracy: {acc:.4f}")
-        if "collective_ok" in summary.result:
-            lines.append(f"  collective correct: {summary.result['collective_ok']}")
-    lines.append(f"  logs: {summary.log_dir}")
-    if summary.metrics:
-        lines.append(f"  metrics: {summary.metrics}")
-    return "\n".join(lines)
 
 
 # --- stacks -------------------------------------------------------------------------

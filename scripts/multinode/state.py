@@ -12,7 +12,6 @@ The root is ``$MULTINODE_HOME`` or ``.multinode`` in the current directory (git-
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import shlex
 import time
-from pathlib import Path
 
 import pytest
 from localcluster import bring_up, tear_down

@@ -21,7 +21,7 @@ from multinode.diagnose import (
     save,
     waiting,
 )
-from multinode.orchestrator import RunSummary, _describe
+from multinode.summary import RunSummary, describe as _describe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
 
