@@ -114,7 +114,8 @@ def run_hang_drill(cluster, name: str) -> HangResult:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    time.sleep(0.3)  # let the reader threads drain
+    out.join()
+    err.join()
     stderr, stdout = "".join(err.lines), "".join(out.lines)
     named = re.search(r"job failed first on (node-\d+) \(rank (\d+)\)", stderr)
     cause = re.search(r"^\s*root cause: (.*)$", stderr, re.MULTILINE)

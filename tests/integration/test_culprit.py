@@ -57,54 +57,35 @@ def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
     assert "run " in "".join(out.lines) and not any(cluster3.job_processes().values())
 
 
-def test_our_trainer_stalls_on_a_stopped_rank_and_its_heartbeat_names_it(cluster3):
-    """Our trainer touches a step heartbeat; with one rank SIGSTOPped the others wait in DDP's all-reduce,
-    no heartbeat moves, and STALL_TIMEOUT=8 ends the job well before the 60 s process-group timeout."""
-
-    proc = cluster3.popen("train", "--nodes", "3", "--stall-timeout", "8", "--pg-timeout", "60",
-                          "--args=--workload digits 200 50")
-    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
-    try:
-        out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=180)
-        start = time.monotonic()
-        os.kill(rank_pid(cluster3.state, "node-2", 2), signal.SIGSTOP)
-        assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
-        seconds = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    time.sleep(0.3)
-    stderr, stdout = "".join(err.lines), "".join(out.lines)
-    print(f"trainer stall: {seconds:.1f} s from SIGSTOP to exit")
-    assert re.search(r"no rank made progress \(step heartbeat\) for \d+ s \(STALL_TIMEOUT=8\)", stdout), stdout[-3000:]
-    assert "job failed first on node-2 (rank 2)" in stderr, stderr
-    assert re.search(r"root cause: node-2 rank 2 \(pid \d+\) is stopped \(state T", stderr), stderr
-    assert seconds <= 8 + 10
-    assert not any(cluster3.job_processes().values())
-
-
-def test_an_mpi_job_has_no_timeout_and_the_watchdog_names_the_stopped_rank(cluster3):
-    """MODE=mpi: mpi4py's Allreduce never times out, so a SIGSTOPped rank would hang the job forever; the
-    stall watchdog (our trainer's heartbeat) ends it and the capture names node-1 rank 1."""
-    proc = cluster3.popen("train", "--mode", "mpi", "--nodes", "3", "--stall-timeout", "8",
+@pytest.mark.parametrize("mode, node, rank, pg_timeout", [
+    # Our trainer touches a step heartbeat; with one rank SIGSTOPped the others wait in DDP's all-reduce, no
+    # heartbeat moves, and STALL_TIMEOUT=8 ends the job well before the 60 s process-group timeout.
+    ("cpu", "node-2", 2, "60"),
+    # MODE=mpi: mpi4py's Allreduce never times out, so a SIGSTOPped rank would hang the job forever; the stall
+    # watchdog (the same heartbeat) ends it and the capture names the stopped rank.
+    ("mpi", "node-1", 1, None),
+])
+def test_a_stopped_rank_stalls_our_trainer_and_its_heartbeat_names_it(cluster3, mode, node, rank, pg_timeout):
+    extra = ["--pg-timeout", pg_timeout] if pg_timeout else []
+    proc = cluster3.popen("train", "--mode", mode, "--nodes", "3", "--stall-timeout", "8", *extra,
                           "--args=--workload digits 200 50")
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     try:
         out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=240)
         start = time.monotonic()
-        os.kill(rank_pid(cluster3.state, "node-1", 1), signal.SIGSTOP)
+        os.kill(rank_pid(cluster3.state, node, rank), signal.SIGSTOP)
         assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
         seconds = time.monotonic() - start
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    time.sleep(0.3)
+    out.join()
+    err.join()
     stderr, stdout = "".join(err.lines), "".join(out.lines)
-    print(f"mpi stall: {seconds:.1f} s from SIGSTOP to exit")
-    assert "no rank made progress (step heartbeat)" in stdout, stdout[-3000:]
-    assert "job failed first on node-1 (rank 1)" in stderr, stderr
-    assert re.search(r"root cause: node-1 rank 1 \(pid \d+\) is stopped \(state T", stderr), stderr
+    print(f"{mode} stall: {seconds:.1f} s from SIGSTOP to exit")
+    assert re.search(r"no rank made progress \(step heartbeat\) for \d+ s \(STALL_TIMEOUT=8\)", stdout), stdout[-3000:]
+    assert f"job failed first on {node} (rank {rank})" in stderr, stderr
+    assert re.search(rf"root cause: {node} rank {rank} \(pid \d+\) is stopped \(state T", stderr), stderr
     assert seconds <= 8 + 10
     assert not any(cluster3.job_processes().values())
