@@ -25,6 +25,10 @@ TAG ?= multinode-$(IMAGE):latest
 IMAGE_CONTEXT ?= docker
 # Without a Docker engine (CI here): buildah, chroot isolation (no nested namespaces needed).
 BUILDAH ?= buildah
+# Images whose pinned wheels are fetched once per machine into WHEEL_CACHE (keyed by the pins) and
+# installed from there with no index (multinode.wheelhouse); WHEEL_CACHE= lets pip read the index in the build.
+WHEEL_CACHE ?= /var/tmp/multinode-images/wheels
+WHEELHOUSE_IMAGES := cpu cuda
 
 export MULTINODE_PROVIDER := $(PROVIDER)
 export MULTINODE_NODES := $(NODES)
@@ -108,9 +112,11 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 ECR=<registry> also 
 	$(if $(PUSH),$(if $(ECR),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com)))
 	@set -eo pipefail; \
 	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
-	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot"; echo "no Docker engine: using buildah"; fi; \
+	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot --layers"; echo "no Docker engine: using buildah"; fi; \
+	context="$(IMAGE_CONTEXT)"; \
+	$(if $(and $(WHEEL_CACHE),$(filter $(IMAGE),$(WHEELHOUSE_IMAGES))),context=$$($(PY) -m multinode.wheelhouse $(IMAGE) $(IMAGE_CONTEXT) $(WHEEL_CACHE)); trap 'rm -rf "$$context"' EXIT; build="$$build --build-arg OFFLINE=1";) \
 	echo "$$build $(IMAGE) -> $(TAG)"; \
-	$$build $(BUILD_ARGS) -f $(IMAGE_CONTEXT)/$(IMAGE)/Dockerfile -t $(TAG) $(IMAGE_CONTEXT); \
+	$$build $(BUILD_ARGS) -f $$context/$(IMAGE)/Dockerfile -t $(TAG) $$context; \
 	if [ -n "$(PUSH)" ]; then \
 	  echo "push $(TAG) -> $(ECR)/$(TAG) (region $(word 4,$(subst ., ,$(ECR))))"; \
 	  aws ecr get-login-password --region $(word 4,$(subst ., ,$(ECR))) | $$engine login --username AWS --password-stdin $(ECR); \
