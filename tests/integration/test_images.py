@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -139,6 +140,10 @@ class Store:
     def buildah(self) -> list[str]:
         return self._cli("buildah")
 
+    def image_id(self, image: str) -> str | None:
+        res = run(self.podman + ["image", "inspect", "--format", "{{.Id}}", image])
+        return res.stdout.strip() if res.returncode == 0 else None
+
     def exists(self, image: str) -> bool:
         return run(self.podman + ["image", "exists", image]).returncode == 0
 
@@ -196,9 +201,14 @@ def image(request, store):
     """(kind, tag) of an image built by ``make image`` from the current tree."""
     with open(CACHE / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        tag = build_image(store, request.param)
-        # The layers of earlier builds that no tag refers to any more (our cache stays: the tag's parents).
-        run(store.podman + ["image", "prune", "-f"])
+        tag = f"localhost/multinode-test-{request.param}:latest"
+        before, started = store.image_id(tag), int(time.time())
+        assert build_image(store, request.param) == tag
+        if store.image_id(tag) != before:
+            # Something changed: drop the layers of earlier builds that nothing refers to any more. Not
+            # the ones this build made: a build stage's images (cpu's `python`) are untagged leaves too,
+            # and they are the layer cache of the next run.
+            run(store.podman + ["image", "prune", "-f", "--filter", f"until={started}"])
     return request.param, tag
 
 
