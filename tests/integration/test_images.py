@@ -112,6 +112,23 @@ def test_make_image_rejects_bad_values_in_one_line(args, message):
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
 
 
+@pytest.mark.parametrize("args, wheelhouse", [
+    (["IMAGE=cpu"], True),
+    (["IMAGE=cuda"], True),
+    (["IMAGE=rocm"], False),  # Python 3.12 and PyTorch's ROCm index: pip reads the index in the build
+    (["IMAGE=cuda", "WHEEL_CACHE="], False),
+])
+def test_make_image_builds_cpu_and_cuda_offline_from_the_wheel_cache(args, wheelhouse):
+    cache = [] if "WHEEL_CACHE=" in args else ["WHEEL_CACHE=/tmp/wc"]
+    res = run(["make", "-n", "--no-print-directory", "-C", str(REPO), "image", *args, *cache],
+              env={**os.environ, "MAKEFLAGS": ""})
+    assert res.returncode == 0, res.stderr
+    image = args[0].split("=")[1]
+    assert (f"-m multinode.wheelhouse {image} docker /tmp/wc" in res.stdout) == wheelhouse, res.stdout
+    assert ("--build-arg OFFLINE=1" in res.stdout) == wheelhouse
+    assert "--layers" in res.stdout  # buildah keeps its layer cache only with --layers
+
+
 # --- the CPU and CUDA images, built for real through `make image` ----------------------------------
 
 
@@ -205,9 +222,9 @@ def image(request, store):
         before, started = store.image_id(tag), int(time.time())
         assert build_image(store, request.param) == tag
         if store.image_id(tag) != before:
-            # Something changed: drop the layers of earlier builds that nothing refers to any more. Not
-            # the ones this build made: a build stage's images (cpu's `python`) are untagged leaves too,
-            # and they are the layer cache of the next run.
+            # Something changed: drop the layers of earlier builds that no tag refers to any more. The
+            # cache of the next run is the tag's ancestors (both Dockerfiles are one stage, so none
+            # of it is an untagged leaf); `until` also spares anything this build made.
             run(store.podman + ["image", "prune", "-f", "--filter", f"until={started}"])
     return request.param, tag
 
