@@ -5,7 +5,7 @@
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
-#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
+#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
 
 SHELL := /bin/bash
@@ -29,6 +29,10 @@ TAG ?= multinode-$(IMAGE):latest
 IMAGE_CONTEXT ?= docker
 # Without a Docker engine (CI here): buildah, chroot isolation (no nested namespaces needed).
 BUILDAH ?= buildah
+# Images whose pinned wheels are fetched once per machine into WHEEL_CACHE (keyed by the pins) and
+# installed from there with no index (multinode.wheelhouse); WHEEL_CACHE= lets pip read the index in the build.
+WHEEL_CACHE ?= /var/tmp/multinode-images/wheels
+WHEELHOUSE_IMAGES := cpu cuda
 
 export MULTINODE_PROVIDER := $(PROVIDER)
 export MULTINODE_NODES := $(NODES)
@@ -124,9 +128,11 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to E
 	$(if $(PUSH),$(if $(or $(ECR),$(shell $(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE) 2>/dev/null)),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com or CLUSTER=<an AWS cluster that is up> whose repository it pushes to)))
 	@set -eo pipefail; \
 	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
-	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot"; echo "no Docker engine: using buildah"; fi; \
+	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot --layers"; echo "no Docker engine: using buildah"; fi; \
+	context="$(IMAGE_CONTEXT)"; \
+	$(if $(and $(WHEEL_CACHE),$(filter $(IMAGE),$(WHEELHOUSE_IMAGES))),context=$$($(PY) -m multinode.wheelhouse $(IMAGE) $(IMAGE_CONTEXT) $(WHEEL_CACHE)); trap 'rm -rf "$$context"' EXIT; build="$$build --build-arg OFFLINE=1";) \
 	echo "$$build $(IMAGE) -> $(TAG)"; \
-	$$build $(BUILD_ARGS) -f $(IMAGE_CONTEXT)/$(IMAGE)/Dockerfile -t $(TAG) $(IMAGE_CONTEXT); \
+	$$build $(BUILD_ARGS) -f $$context/$(IMAGE)/Dockerfile -t $(TAG) $$context; \
 	if [ -n "$(PUSH)" ]; then \
 	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$$($(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE))"); registry=$${dest%%/*}; \
 	  region=$$(echo "$$registry" | cut -d. -f4); \

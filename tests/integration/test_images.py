@@ -2,17 +2,23 @@
 
 * hadolint on every Dockerfile under docker/ (zero findings; inline ignores carry a reason);
 * ``make image`` refuses bad values with one line and exit 2;
-* the CPU image built for real by ``make image`` (buildah, chroot isolation) from an offline
-  ``debootstrap --variant=minbase bookworm`` base tagged ``debian:12-slim``, with the pinned wheels
-  from this machine's index in the build context (``OFFLINE=1``): pins checked, MPI and sshd run;
-* a 2-node local cluster with ``runtime=docker`` (podman) and ``multinode train --nodes 2``, MODE=cpu
-  (torchrun in a container per node) and MODE=mpi (mpirun in the head's container, the other rank
-  started through the image's sshd on port 2222): the digits trainer runs inside the containers,
-  and nothing of the run is left on any node.
+* the CPU and CUDA images built for real by ``make image`` (buildah, chroot isolation) from an offline
+  ``debootstrap --variant=minbase bookworm`` base tagged ``debian:12-slim``, offline from the wheelhouse
+  ``make image`` fills once per machine (``multinode.wheelhouse``): pins checked (for CUDA: torch's
+  CUDA 13.0 build, NCCL >= 2.29, sm_75 compiled in, cuDNN), MPI and sshd run;
+* a 2-node local cluster per image with ``runtime=docker`` (podman) and ``multinode train --nodes 2``:
+  MODE=cpu with the static launcher and with torchrun's agents (a container per node), and MODE=mpi
+  (mpirun in the head's container, the other rank started through the image's sshd on port 2222):
+  the digits trainer runs inside the containers (the CUDA build on CPU: there is no GPU here), and
+  nothing of the run is left on any node.
 
-Podman and buildah use a private store under ``MULTINODE_IMAGE_CACHE`` (default
-/var/tmp/multinode-images), so the base and the built image (tagged by the hash of docker/ files)
-survive between runs: cold ~4-5 min on 2 cores, warm ~1 min. Old test tags are pruned.
+Every run goes through ``make image``; buildah's layer cache (``--layers``) keeps an unchanged build to
+seconds, so a changed Dockerfile, context file, Makefile recipe or build argument is always what runs.
+Podman and buildah use a private store under ``MULTINODE_IMAGE_CACHE`` (default /var/tmp/multinode-images),
+the wheels lie in its ``wheels/``. Measured on 2 shared cores (2026-11-23): cold (no base, wheels or
+layers) ~1 min for the base, ~1.5 min to download the CUDA wheels (2.7 GB), 1-3 min for the cpu build,
+4-7 min for the cuda build (5.6 GB image), then the jobs; warm, the whole file takes ~1.5 min (both
+builds are layer-cache hits of a few seconds).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import tomllib
 from pathlib import Path
 
@@ -107,7 +114,24 @@ def test_make_image_rejects_bad_values_in_one_line(args, message):
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
 
 
-# --- the CPU image, built for real --------------------------------------------------------------
+@pytest.mark.parametrize("args, wheelhouse", [
+    (["IMAGE=cpu"], True),
+    (["IMAGE=cuda"], True),
+    (["IMAGE=rocm"], False),  # Python 3.12 and PyTorch's ROCm index: pip reads the index in the build
+    (["IMAGE=cuda", "WHEEL_CACHE="], False),
+])
+def test_make_image_builds_cpu_and_cuda_offline_from_the_wheel_cache(args, wheelhouse):
+    cache = [] if "WHEEL_CACHE=" in args else ["WHEEL_CACHE=/tmp/wc"]
+    res = run(["make", "-n", "--no-print-directory", "-C", str(REPO), "image", *args, *cache],
+              env={**os.environ, "MAKEFLAGS": ""})
+    assert res.returncode == 0, res.stderr
+    image = args[0].split("=")[1]
+    assert (f"-m multinode.wheelhouse {image} docker /tmp/wc" in res.stdout) == wheelhouse, res.stdout
+    assert ("--build-arg OFFLINE=1" in res.stdout) == wheelhouse
+    assert "--layers" in res.stdout  # buildah keeps its layer cache only with --layers
+
+
+# --- the CPU and CUDA images, built for real through `make image` ----------------------------------
 
 
 class Store:
@@ -135,22 +159,16 @@ class Store:
     def buildah(self) -> list[str]:
         return self._cli("buildah")
 
+    def image_id(self, image: str) -> str | None:
+        res = run(self.podman + ["image", "inspect", "--format", "{{.Id}}", image])
+        return res.stdout.strip() if res.returncode == 0 else None
+
     def exists(self, image: str) -> bool:
         return run(self.podman + ["image", "exists", image]).returncode == 0
 
     def tags(self, repository: str) -> list[str]:
         res = run(self.podman + ["images", "--format", "{{.Repository}}:{{.Tag}}", repository])
         return res.stdout.split()
-
-
-def image_key() -> str:
-    """Hash of the files the CPU build reads (docs aside): a changed Dockerfile or pin rebuilds the image."""
-    digest = hashlib.sha256()
-    for path in sorted(DOCKER.rglob("*")):
-        rel = path.relative_to(DOCKER)
-        if path.is_file() and rel.parts[0] not in {"cuda", "rocm"} and path.suffix not in {".whl", ".md"}:
-            digest.update(str(rel).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:12]
 
 
 def make_base(store: Store) -> None:
@@ -170,53 +188,86 @@ def make_base(store: Store) -> None:
         assert res.returncode == 0 and tar.returncode == 0, res.stderr
 
 
-def build_cpu_image(store: Store, tag: str) -> None:
-    """``make image IMAGE=cpu`` on a copy of docker/ whose wheelhouse holds the pinned wheels."""
-    with tempfile.TemporaryDirectory(dir=CACHE) as tmp:
-        context = Path(tmp) / "docker"
-        shutil.copytree(DOCKER, context, ignore=shutil.ignore_patterns("*.whl", "cuda", "rocm"))
-        res = run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(context / "wheelhouse"),
-                   "--only-binary=:all:", f"torch=={pins()['torch']}+cpu", "-r", str(context / "requirements.txt")])
-        assert res.returncode == 0, res.stderr[-3000:]
-        res = run(["make", "-s", "--no-print-directory", "-C", str(REPO), "image", "IMAGE=cpu", f"TAG={tag}",
-                   f"IMAGE_CONTEXT={context}", "BUILD_ARGS=--pull=never --build-arg OFFLINE=1",
-                   f"BUILDAH={shlex.join(store.buildah)}"], env={**os.environ, "MAKEFLAGS": ""})
-        assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-        assert "no Docker engine: using buildah" in res.stdout
+
+def build_image(store: Store, kind: str) -> str:
+    """``make image IMAGE=<kind>`` on every run, never a tag reused on a key of our own: whatever the
+    build uses (Dockerfile, context, the Makefile recipe, build arguments, the wheels through their
+    SHA256SUMS) is what gets tested, and buildah's layer cache (``--layers``) makes an unchanged
+    build a run of cache hits. The wheels come from WHEEL_CACHE, filled once per machine."""
+    tag = f"localhost/multinode-test-{kind}:latest"
+    res = run(["make", "-s", "--no-print-directory", "-C", str(REPO), "image", f"IMAGE={kind}", f"TAG={tag}",
+               f"WHEEL_CACHE={CACHE / 'wheels'}", "BUILD_ARGS=--pull=never", f"BUILDAH={shlex.join(store.buildah)}"],
+              env={**os.environ, "MAKEFLAGS": ""})
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    assert "no Docker engine: using buildah" in res.stdout and "--build-arg OFFLINE=1" in res.stdout, res.stdout[-2000:]
+    return tag
 
 
 @pytest.fixture(scope="module")
-def cpu_image():
-    """(store, image reference): built once per change of docker/, then reused from the cache."""
+def store():
+    """The private store, with the offline ``debian:12-slim`` base both images build on."""
     CACHE.mkdir(parents=True, exist_ok=True)
     store = Store(CACHE)
-    tag = f"{REPOSITORY}:test-{image_key()}"
     with open(CACHE / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time per cache
-        if not store.exists(tag):
-            if not store.exists(BASE):
-                make_base(store)
-            build_cpu_image(store, tag)
-            for old in set(store.tags(REPOSITORY)) - {tag}:
-                run(store.podman + ["rmi", "-f", old])
-            run(store.podman + ["image", "prune", "-f"])
-    return store, tag
+        if not store.exists(BASE):
+            make_base(store)
+    return store
 
 
-def test_cpu_image_carries_the_pinned_runtime_mpi_and_sshd(cpu_image, tmp_path):
-    store, tag = cpu_image
-    probe = (
-        "import importlib.metadata as md, json, subprocess\n"
-        "from mpi4py import MPI\n"
-        "names = ['torch', 'numpy', 'mpi4py', 'scikit-learn', 'PyYAML', 'tqdm']\n"
-        "print(json.dumps({'versions': {n: md.version(n) for n in names}, 'mpi': MPI.Get_library_version()}))\n"
-    )
-    res = run(store.podman + ["run", "--rm", *RUN_ARGS.split(), "--network=host", tag, "python3", "-c", probe])
+@pytest.fixture(scope="module", params=["cpu", "cuda"])
+def image(request, store):
+    """(kind, tag) of an image built by ``make image`` from the current tree."""
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        tag = f"localhost/multinode-test-{request.param}:latest"
+        before, started = store.image_id(tag), int(time.time())
+        assert build_image(store, request.param) == tag
+        if store.image_id(tag) != before:
+            # Something changed: drop the layers of earlier builds that no tag refers to any more. The
+            # cache of the next run is the tag's ancestors (both Dockerfiles are one stage, so none
+            # of it is an untagged leaf); `until` also spares anything this build made.
+            run(store.podman + ["image", "prune", "-f", "--filter", f"until={started}"])
+    return request.param, tag
+
+
+# What `import torch` must report in each image: the CPU build of the CPU index; PyPI's default build
+# of 2.13.0, which is the CUDA 13.0 one (its __version__ carries +cu130, its wheel metadata does not).
+TORCH_BUILDS = {
+    "cpu": {"dist": "+cpu", "version": "+cpu", "cuda": None},
+    "cuda": {"dist": "", "version": "+cu130", "cuda": "13.0"},
+}
+PROBE = """\
+import importlib.metadata as md, json
+import torch
+from mpi4py import MPI
+names = ['torch', 'numpy', 'mpi4py', 'scikit-learn', 'PyYAML', 'tqdm']
+cuda = torch.version.cuda
+print(json.dumps({
+    'versions': {n: md.version(n) for n in names}, 'mpi': MPI.Get_library_version(),
+    'torch': torch.__version__, 'cuda': cuda,
+    # compiled into the build, asked without a GPU (there is none here)
+    'nccl': list(torch.cuda.nccl.version()) if cuda else None,
+    'arch': torch.cuda.get_arch_list() if cuda else [],
+    'cudnn': torch.backends.cudnn.version() if cuda else None,
+}))
+"""
+
+
+def test_image_carries_the_pinned_runtime_mpi_and_sshd(image, store, tmp_path):
+    kind, tag = image
+    res = run(store.podman + ["run", "--rm", *RUN_ARGS.split(), "--network=host", tag, "python3", "-c", PROBE])
     assert res.returncode == 0, res.stderr
     found = json.loads(res.stdout.strip().splitlines()[-1])
+    build = TORCH_BUILDS[kind]
     expected = {name: pins()[name] for name in ["torch", "numpy", "mpi4py", "scikit-learn", "PyYAML", "tqdm"]}
-    expected["torch"] += "+cpu"
+    expected["torch"] += build["dist"]
     assert found["versions"] == expected
+    assert found["torch"] == pins()["torch"] + build["version"] and found["cuda"] == build["cuda"]
+    if kind == "cuda":
+        assert tuple(found["nccl"]) >= (2, 29), found  # NCCL 2.29.7 from nvidia-nccl-cu13
+        assert "sm_75" in found["arch"], found  # g4dn's T4
+        assert found["cudnn"] and found["cudnn"] >= 90000, found
     assert found["mpi"].startswith("Open MPI v4.1.4")
 
     # Two MPI ranks in one container (mpi4py over Open MPI's shared memory), as the image's user root.
@@ -236,9 +287,9 @@ def test_cpu_image_carries_the_pinned_runtime_mpi_and_sshd(cpu_image, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def docker_cluster(cpu_image, tmp_path_factory):
-    """A 2-node local cluster whose jobs run in the CPU image (podman, host network)."""
-    store, tag = cpu_image
+def docker_cluster(image, store, tmp_path_factory):
+    """A 2-node local cluster whose jobs run in the image (podman, host network)."""
+    _, tag = image
     cluster = bring_up(tmp_path_factory.mktemp("mnhome"), 2, prefix="img", options={
         "runtime": "docker", "image": tag, "container_cli": shlex.join(store.podman), "container_args": RUN_ARGS,
     })
@@ -248,20 +299,23 @@ def docker_cluster(cpu_image, tmp_path_factory):
         tear_down(cluster)
 
 
-@pytest.mark.parametrize("mode, containers", [
-    # torchrun in a container on every node
-    ("cpu", ["node-0", "node-1"]),
+@pytest.mark.parametrize("mode, launcher, containers", [
+    # ranks started by the orchestrator in a container on every node
+    ("cpu", "static", ["node-0", "node-1"]),
+    # torchrun's agents in a container on every node (what MAX_RESTARTS/ELASTIC jobs run)
+    ("cpu", "torchrun", ["node-0", "node-1"]),
     # mpirun in the head's container; node-1's rank is started by the image's sshd (port 2222) in a container
-    ("mpi", ["node-0", "node-1-sshd"]),
+    ("mpi", "auto", ["node-0", "node-1-sshd"]),
 ])
-def test_train_runs_inside_the_containers_of_two_nodes(cpu_image, docker_cluster, mode, containers):
-    store, _ = cpu_image
-    res = docker_cluster.cli("train", "--nodes", "2", "--mode", mode, timeout=600)
+def test_train_runs_inside_the_containers_of_two_nodes(image, store, docker_cluster, mode, launcher, containers):
+    res = docker_cluster.cli("train", "--nodes", "2", "--mode", mode, "--launcher", launcher, timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
-    summary = json.loads((docker_cluster.runs()[-1] / "summary.json").read_text())
+    run_dir = docker_cluster.runs()[-1]
+    summary = json.loads((run_dir / "summary.json").read_text())
     assert set(summary["exit_codes"].values()) == {0}
     assert summary["result"]["world_size"] == 2 and summary["result"]["test_accuracy"] >= 0.95, summary
     assert "test accuracy: 0." in res.stdout
+    assert ("torch.distributed.run" in (run_dir / "plan.json").read_text()) == (launcher == "torchrun")
     # It ran in the image: the run's containers started and were removed.
     names = [f"mn-{summary['run_id']}-{suffix}" for suffix in containers]
     events = run(store.podman + ["events", "--stream=false", "--since", "15m",
@@ -274,7 +328,7 @@ def test_train_runs_inside_the_containers_of_two_nodes(cpu_image, docker_cluster
     assert docker_cluster.job_processes() == {"node-0": [], "node-1": []}
 
 
-def test_a_project_with_setup_and_env_runs_in_the_containers(cpu_image, docker_cluster, tmp_path):
+def test_a_project_with_setup_and_env_runs_in_the_containers(image, docker_cluster, tmp_path):
     """SETUP builds each node's environment inside the image, and ENV reaches the ranks in their containers."""
     project = tmp_path / "proj"
     shutil.copytree(REPO / "tests/integration/project", project, ignore=shutil.ignore_patterns("__pycache__"))

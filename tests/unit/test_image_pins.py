@@ -28,3 +28,39 @@ def test_every_dockerfile_installs_the_pinned_torch():
         text = (DOCKER / name / "Dockerfile").read_text()
         versions = set(re.findall(r"^ARG TORCH_VERSION=(\S+)$", text, re.MULTILINE))
         assert versions == {torch}, f"docker/{name}/Dockerfile: ARG TORCH_VERSION={versions}, pyproject pins {torch}"
+
+
+def dockerfile_args(name: str) -> dict[str, set[str]]:
+    args: dict[str, set[str]] = {}
+    for key, value in re.findall(r"^ARG (\w+)=(\S+)$", (DOCKER / name / "Dockerfile").read_text(), re.MULTILINE):
+        args.setdefault(key, set()).add(value)
+    return args
+
+
+def test_cuda_image_is_pypis_cuda_13_build_on_the_cpu_images_debian():
+    """Checked 2026-11-23 with `env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null pip download --no-deps
+    torch==2.13.0`: PyPI's default Linux x86_64 torch 2.13.0 is the CUDA 13.0 build (requires
+    nvidia-nccl-cu13==2.29.7); 2.13 has no +cu128 build (CUDA 12.8 was dropped in 2.12)."""
+    text = (DOCKER / "cuda" / "Dockerfile").read_text()
+    args = dockerfile_args("cuda")
+    assert args["TORCH_INDEX_URL"] == {"https://pypi.org/simple"}
+    assert '"torch==${TORCH_VERSION}"' in text  # no local version label: not +cu128, not +cpu
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    assert not re.search(r"\+cu\d+|cu128|nvidia/cuda", code)
+    assert args["BASE_IMAGE"] == dockerfile_args("cpu")["BASE_IMAGE"] == {"debian:12-slim"}
+    assert args["PYTHON_VERSION"] == dockerfile_args("cpu")["PYTHON_VERSION"]
+    assert re.findall(r"^FROM (\S+)", text, re.MULTILINE) == ["${BASE_IMAGE}"]
+
+
+def test_rocm_image_is_torch_for_rocm_7_2_on_a_complete_rocm_7_2_base():
+    """PyTorch 2.13 ships ROCm 7.2 wheels (pytorch/pytorch PR 187075); the -complete rocm/dev image
+    carries rocBLAS, MIOpen and RCCL, the plain one the HIP runtime only."""
+    text = (DOCKER / "rocm" / "Dockerfile").read_text()
+    args = dockerfile_args("rocm")
+    (rocm,) = args["ROCM_VERSION"]
+    assert re.fullmatch(r"7\.2(\.\d+)?", rocm)
+    assert args["TORCH_ROCM"] == {"rocm7.2"}
+    assert '"torch==${TORCH_VERSION}+${TORCH_ROCM}"' in text
+    bases = [b for b in re.findall(r"^FROM (\S+)", text, re.MULTILINE) if b.startswith("rocm/")]
+    assert bases and all(b == "rocm/dev-ubuntu-24.04:${ROCM_VERSION}-complete" for b in bases), bases
+    assert "rocm6" not in text
