@@ -61,3 +61,10 @@ def test_the_ready_marker_is_written_last_and_failures_leave_a_failed_marker():
     assert TEMPLATE.index("docker pull") < TEMPLATE.index("gpus=0") < TEMPLATE.index('"$state/ready.tmp"')
     assert "trap 'on_error $? $LINENO \"$BASH_COMMAND\"' ERR" in commands
     assert 'exec >>"$log" 2>&1' in commands and "log=/var/log/multinode-bootstrap.log" in commands
+
+
+def test_the_driver_release_is_the_rocm_of_the_image():
+    """The g4ad host's amdgpu driver and the ROCm image move together: one release, in both places."""
+    dockerfile = (MODULE.parents[1] / "docker" / "rocm" / "Dockerfile").read_text()
+    image = re.search(r"^ARG ROCM_VERSION=(\S+)$", dockerfile, re.M).group(1)
+    assert re.search(r'rocm_release\s*=\s*"([0-9.]+)"', BOOTSTRAP_TF).group(1) == image
