@@ -80,9 +80,9 @@ STALL_TIMEOUT = 8
 HANG_DRILLS: dict[str, HangDrill] = {
     "hang: rank 2 on node-2 SIGSTOPped mid-training": HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py")),
     "hang: rank 2 on node-2 spins in a Python loop, the others wait in all_reduce":
-        HangDrill("spin", None, ("is running outside any collective", "(state R)", "spin_forever (user/user_hang.py:")),
+        HangDrill("spin", None, ("is running outside any collective", "(state R)", "spin_forever (project/user_hang.py:")),
     "hang: rank 2 on node-2 blocked on a lock before a collective":
-        HangDrill("lock", None, ("is blocked outside any collective", "(state S", "wait_for_the_lock (user/user_hang.py:")),
+        HangDrill("lock", None, ("is blocked outside any collective", "(state S", "wait_for_the_lock (project/user_hang.py:")),
     f"hang: rank 2 on node-2 SIGSTOPped, process-group timeout 600 s, STALL_TIMEOUT={STALL_TIMEOUT}":
         HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py"), pg_timeout=600, stall_timeout=STALL_TIMEOUT),
 }

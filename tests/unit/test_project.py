@@ -185,7 +185,8 @@ def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launch
             i = argv.index("PYTHONPATH=/state/dev/nodes/node-1/code/project")
             assert argv[i - 2:i] == ["env", "MULTINODE_RUN_ID=r1"]
         else:
-            assert all(cmd.env["PYTHONPATH"] == f"/state/dev/nodes/{cmd.node}/code/project" for cmd in plan.commands)
+            assert all(cmd.node_env["PYTHONPATH"] == f"/state/dev/nodes/{cmd.node}/code/project${{PYTHONPATH:+:$PYTHONPATH}}"
+                       and "PYTHONPATH" not in cmd.env for cmd in plan.commands)
 
 
 def test_setup_makes_the_ranks_use_their_nodes_own_environment():

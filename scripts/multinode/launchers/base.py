@@ -161,6 +161,14 @@ def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict
     return {"PYTHONPATH": entry_dir(inventory, node_name, entry)} if entry.subdir else {}
 
 
+def project_node_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:
+    """As :func:`project_env`, evaluated on the node: the project goes first and the node's own PYTHONPATH
+    (its environment's, a site's module setup) stays after it."""
+    if not entry.subdir:
+        return {}
+    return {"PYTHONPATH": entry_dir(inventory, node_name, entry) + "${PYTHONPATH:+:$PYTHONPATH}"}
+
+
 def trainer_args(entry: EntryPoint, run_directory: str, spec: LaunchSpec) -> tuple[str, ...]:
     """Our trainer gets node-local output dirs and the job's timeouts; a user script gets its args untouched."""
     if not entry.ours:
@@ -205,8 +213,9 @@ def per_node_plan(name: str, inv: Inventory, spec: LaunchSpec,
     for node_rank, node in enumerate(inv.nodes):
         argv, own_env = node_command(node_rank, node)
         commands.append(NodeCommand(node=node.name, argv=argv, cwd=entry_dir(inv, node.name, entry),
-                                    env={**BASE_ENV, **project_env(inv, node.name, entry), **own_env, **network},
-                                    node_env=dict(node_env), nproc=nproc_of(spec, node),
+                                    env={**BASE_ENV, **own_env, **network},
+                                    node_env={**project_node_env(inv, node.name, entry), **node_env},
+                                    nproc=nproc_of(spec, node),
                                     env_file=env_file(inv, node.name, spec.run_id) if spec.env else None,
                                     secret_env=tuple(var.name for var in spec.env)))
     return LaunchPlan(run_id=spec.run_id, launcher=name, commands=tuple(commands),
