@@ -65,3 +65,9 @@ def digest(name: str) -> str:
 
 
 print(f"ENVCHECK rank={rank} token={digest('PROJECT_TOKEN')} mode={digest('PROJECT_MODE')}", flush=True)
+
+if "OMPI_COMM_WORLD_RANK" not in os.environ:
+    # A gloo group left to the interpreter's exit can abort the rank ("terminate called without an active
+    # exception", exit 134) on a loaded machine: end it as a torch script should.
+    dist.barrier()
+    dist.destroy_process_group()
