@@ -181,9 +181,9 @@ def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launch
         assert argv[i - 1] == "-m" and argv[i + 1:i + 3] == ["--lr", "1"], (name, argv)
         assert plan.commands[0].cwd == "/state/dev/nodes/node-0/code/project"
         if name == "mpirun":  # each node's ranks import from their own node's copy
-            assert "PYTHONPATH=/state/dev/nodes/node-1/code/project" in argv
-            i = argv.index("PYTHONPATH=/state/dev/nodes/node-1/code/project")
-            assert argv[i - 2:i] == ["env", "MULTINODE_RUN_ID=r1"]
+            i = argv.index("/state/dev/nodes/node-1/code/project", argv.index("/state/dev/nodes/node-1/code/project") + 1)
+            assert argv[i - 3:i + 2] == ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"',
+                                         "/state/dev/nodes/node-1/code/project", "MULTINODE_RUN_ID=r1"]
         else:
             assert all(cmd.node_env["PYTHONPATH"] == f"/state/dev/nodes/{cmd.node}/code/project${{PYTHONPATH:+:$PYTHONPATH}}"
                        and "PYTHONPATH" not in cmd.env for cmd in plan.commands)

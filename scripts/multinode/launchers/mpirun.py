@@ -100,8 +100,11 @@ class MpirunLauncher:
         contexts = []
         for node in inv.nodes:
             count = nproc_of(spec, node)
-            # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context.
-            own = [f"{k}={v}" for k, v in project_env(inv, node.name, entry).items()]
+            # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context, put
+            # before the node's own (a site's module setup) by a shell on the node; `env` alone would replace it.
+            project = project_env(inv, node.name, entry).get("PYTHONPATH")
+            prepend = ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"', project] \
+                if project else ["env"]
             ctx = [
                 "-np", str(count),
                 "--host", f"{node.private_ip}:{count}",
@@ -112,7 +115,7 @@ class MpirunLauncher:
                 *(arg for var in spec.env for arg in ("-x", var.name)),
                 # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
                 # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
-                "env", f"MULTINODE_RUN_ID={spec.run_id}", *own,
+                *prepend, f"MULTINODE_RUN_ID={spec.run_id}",
                 node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
             ]
