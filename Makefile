@@ -22,6 +22,8 @@ STAMP := $(VENV)/.installed
 APT_PACKAGES := openssh-server openmpi-bin libopenmpi-dev iproute2 iperf3 pdsh procps psmisc
 # SCHEDULER=slurm: Debian 12's SLURM 22.05.8 and munge 0.5.15 (apt-cache policy slurmctld munge, 2026-11-23).
 APT_PACKAGES += slurmctld slurmd slurm-client munge
+# The bootstrap tests: shellcheck on the rendered user data, systemd-analyze on the TTL timer's calendar time.
+APT_PACKAGES += shellcheck systemd
 IMAGE_PACKAGES := buildah podman debootstrap runc
 IMAGES := cpu cuda rocm
 IMAGE ?= cpu
