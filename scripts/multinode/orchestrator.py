@@ -227,7 +227,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
                 watchdog.start()
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
-                                 relabel=launcher.relabel(plan, plan.procs[0] if plan.procs else 1), rejoin=rejoin,
+                                 relabel=launcher.relabel(plan), rejoin=rejoin,
                                  before_stop=capture_live_ranks, stalled=watchdog.stalled if watchdog else None)
         except JobFailed as err:
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start,

@@ -215,7 +215,7 @@ def test_nproc_auto_is_one_per_gpu_and_one_on_cpu_nodes():
     argv = list(mpi.commands[0].argv)
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-np"] == ["4", "2"] and mpi.world_size == 6
     assert mpi.commands[0].files["/state/dev/nodes/node-0/runs/r/hostfile"] == "10.200.7.10 slots=4\n10.200.7.11 slots=2\n"
-    relabel = get_launcher("mpirun").relabel(mpi, 1)
+    relabel = get_launcher("mpirun").relabel(mpi)
     assert relabel("node-0", "[1,4]<stdout>: hi") == ("node-1", "[rank4]: hi")
     cpu = get_launcher("static").plan(make_inventory(3), LaunchSpec(nodes=3, nproc="auto", run_id="r"), entry)
     assert cpu.world_size == 3 and cpu.procs == (1, 1, 1)

@@ -115,7 +115,7 @@ class Launcher(Protocol):
     def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
         """The plan for running ``entry`` on the first ``spec.nodes`` nodes of ``inventory``."""
 
-    def relabel(self, plan: LaunchPlan, nproc: int):
+    def relabel(self, plan: LaunchPlan):
         """A line relabeler for the runner (see ``remote.Relabel``), or None."""
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:

@@ -150,9 +150,9 @@ class MpirunLauncher:
             procs=counts,
         )
 
-    def relabel(self, plan: LaunchPlan, nproc: int):
-        counts = plan.procs or tuple(nproc for _ in plan.participants)
-        return relabel_by_rank([node for node, count in zip(plan.participants, counts) for _ in range(count)])
+    def relabel(self, plan: LaunchPlan):
+        """mpirun's lines arrive on the head, tagged by global rank: show each under its rank's node."""
+        return relabel_by_rank([node for node, count in zip(plan.participants, plan.procs) for _ in range(count)])
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
         for line in log_lines:

@@ -73,7 +73,7 @@ class TorchrunLauncher:
 
         return per_node_plan(self.name, inv, spec, node_command, entry)
 
-    def relabel(self, plan: LaunchPlan, nproc: int):
+    def relabel(self, plan: LaunchPlan):
         return None  # every node streams its own ranks' lines
 
     def failed_rank(self, log_lines: Sequence[str]) -> int | None:
