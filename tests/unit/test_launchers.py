@@ -72,6 +72,8 @@ def test_mpirun_plan_is_one_command_on_the_head(inventory):
     assert argv.count("MULTINODE_RUN_ID=r4") == 3
     assert argv[argv.index("MULTINODE_RUN_ID=r4") - 1 : argv.index("MULTINODE_RUN_ID=r4") + 3] == \
         ("env", "MULTINODE_RUN_ID=r4", "/repo/.venv/bin/python", "training/train.py")
+    # so do the orted daemons Open MPI starts over SSH on the other nodes (the gang-stop finds them by it)
+    assert argv[argv.index("orte_launch_agent") + 1] == "env MULTINODE_RUN_ID=r4 orted"
     assert cmd.env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"
     (hostfile, content), = cmd.files.items()
     assert hostfile == "/state/dev/nodes/node-0/runs/r4/hostfile"

@@ -91,6 +91,10 @@ class MpirunLauncher:
             "--mca", "btl_tcp_if_include", inv.subnet,
             "--mca", "oob_tcp_if_include", inv.subnet,
             "--mca", "plm_rsh_args", mpi_ssh_args(inv),
+            # The daemons Open MPI starts over SSH on the other nodes carry the run id too (their sshd gives them a
+            # fresh environment): the gang-stop and the leak checks find them like the ranks, instead of waiting for
+            # each orted to notice that mpirun is gone.
+            "--mca", "orte_launch_agent", f"env MULTINODE_RUN_ID={spec.run_id} orted",
             # Fail the whole job as soon as one rank exits non-zero.
             "--mca", "orte_abort_on_non_zero_status", "1",
             "--tag-output",
