@@ -5,8 +5,9 @@ runtime -> remote runner -> logs/results -- and owns nothing else. ``train`` in 
 
 1. load the inventory and restrict it to NODES (user errors first, nothing started);
 2. plan with the mode's launcher (pure; ``--dry-run`` stops here and prints it);
-3. pre-flight every node in parallel (SSH, runtime, MPI SSH mesh, rendezvous port), then the GPU
-   smoke test on GPU nodes (device visible, kernels for its architecture, a matmul and a reduction);
+3. pre-flight every node in parallel (SSH, runtime, MPI SSH mesh, rendezvous port) and, in the same round,
+   compare their software (multinode.skew); then the GPU smoke test on GPU nodes (device visible, kernels for
+   its architecture, a matmul and a reduction);
 4. sync the code to every node's own directory: our training package, or the user's project (WORKDIR,
    incremental; then SETUP and a -m module check, before any run directory exists: project_prepare.py);
 5. run every node's command at once, streaming ``[node-i]`` lines and saving per-node logs; the
@@ -39,7 +40,7 @@ from multinode.project import ResolvedProject
 from multinode.providers import get_provider
 from multinode.runtimes import runtime_checks, stop_containers, to_shell
 from multinode.state import ClusterState
-from multinode.summary import RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
+from multinode.summary import Phases, RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
 
 log = logging.getLogger(__name__)
 
@@ -146,38 +147,46 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             print(f"setup (once per node, again when it or the files it names change): {spec.setup}", file=out)
         return None
 
-    from multinode.preflight import preflight, start_mpi_sshds
+    from multinode.preflight import preflight, start_mpi_sshds, wait_for_ssh
     from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
     from multinode.launchers.base import run_dir as node_run_dir
     from multinode.remote import RemoteRunner, Rejoin
-    from multinode.skew import check_skew
+    from multinode.skew import check_code, check_versions, versions_probe
     from multinode.sync import sync_code, sync_mpi_credentials
     from multinode.watchdog import StallWatchdog
 
     run_dir = state.run_dir(spec.run_id)
     launcher = launcher_for(spec)
     start = time.monotonic()
+    phases = Phases()
+    # Host runtime: every node's software, in the pre-flight round (in containers every node runs the one image).
+    probe = versions_probe(inv.python, spec.uses_mpi) if inv.runtime == "host" else None
     with RemoteRunner(inv, out=out) as runner:
-        preflight(
+        wait_for_ssh(runner, spec.preflight_timeout)
+        phases.mark("connect")
+        answers = preflight(
             runner,
             checks=runtime_checks(inv),
             # In containers, mpirun's peers are sshds the run starts itself (checked once they are up).
             need_mpi_ssh=spec.uses_mpi and inv.runtime == "host",
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
+            probe=probe,
         )
+        if probe is not None:
+            check_versions(inv, answers, spec.skew)
+        phases.mark("pre-flight")
         if spec.uses_gpu:
             gpu_smoke(runner, inv, spec)
+            phases.mark("GPU smoke test")
         if project is not None:
             # The project, its SETUP and its module are ready on every node before the run directory exists:
             # a refused job leaves no trace (the nodes keep the synced files and environments for next time).
             prepare_project(runner, spec, project, out)
         else:
             sync_code(runner, sync, subdir="code")
-        # One round: the synced code's hash, and (host runtime; in containers every node runs the one image)
-        # the software versions, compared across nodes. A project's files are checked by its own manifest.
-        check_skew(runner, [] if project is not None else sync, spec.skew, versions=inv.runtime == "host",
-                   mpi=spec.uses_mpi)
+            check_code(runner, sync, spec.skew)  # a project's files are checked by its own manifest
+        phases.mark("sync")
         # Nothing is written here before pre-flight passed: a refused job leaves no run directory.
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "plan.json").write_text(plan.to_json())
@@ -225,19 +234,23 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
                 start_mpi_sshds(runner, spec.run_id)
             if watchdog is not None:
                 watchdog.start()
+            phases.mark("start")
             results = runner.run(shells, run_id=spec.run_id, log_dir=run_dir, deadline=spec.deadline,
                                  extra_stop=lambda node: stop_containers(inv, spec.run_id, node),
                                  relabel=launcher.relabel(plan), rejoin=rejoin,
                                  before_stop=capture_live_ranks, stalled=watchdog.stalled if watchdog else None)
+            phases.mark("job")
         except JobFailed as err:
+            phases.mark("job")
             summary = _failure_summary(err, launcher, spec, plan, run_dir, time.monotonic() - start,
-                                       captured[0] if captured else None)
+                                       captured[0] if captured else None, phases.seconds)
             raise JobFailed(summary[0], rank=summary[1].failed_rank, summary=describe(summary[1])) from None
         finally:
             if watchdog is not None:
                 watchdog.stop()
             runner.stop_all(spec.run_id, extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
             remove_env_files(runner, spec)
+            phases.mark("sweep")
         metrics = fetch_metrics(runner, inv, spec, run_dir)
     head_log = run_dir / f"{inv.head.name}.log"
     summary = RunSummary(
@@ -246,8 +259,9 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         wall_seconds=round(time.monotonic() - start, 2),
         result=(parse_result(head_log.read_text(errors="replace").splitlines()) if head_log.exists() else None)
         or result_from_metrics(metrics),
-        log_dir=str(run_dir), metrics=metrics,
+        log_dir=str(run_dir), metrics=metrics, phases=phases.seconds,
     )
+    phases.mark("summary")
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     print(describe(summary), file=out)
     return summary
@@ -257,7 +271,7 @@ SCHEDULED = {"slurm": slurm_train.train}  # clusters whose own scheduler runs th
 
 
 def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPlan, run_dir: Path, wall: float,
-                     captured=None):
+                     captured=None, phases: dict[str, float] | None = None):
     """The root cause, from the ranks alive when the job failed (multinode.diagnose) and the nodes' logs:
     a stopped or uninterruptible rank; else the first node that failed on its own (its log does not read like a
     reaction to another's failure); else a rank stuck outside any collective; else the first failure."""
@@ -281,6 +295,7 @@ def _failure_summary(err: JobFailed, launcher, spec: LaunchSpec, plan: LaunchPla
         exit_codes={name: r.exit_code for name, r in results.items()},
         wall_seconds=round(wall, 2), result=None, log_dir=str(run_dir), metrics=None,
         failed_node=first.node, failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks,
+        phases=phases,
     )
     (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
     return first, summary

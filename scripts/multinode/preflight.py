@@ -4,8 +4,9 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
 
 1. every node answers SSH with the pinned host key (retried with back-off until the deadline);
 2. every node other than the head reaches the head on the cluster network (where the rendezvous is);
-3. every node has the runtime (the project's Python with torch, or the container CLI and image);
-   GPUs are checked next, inside that runtime, by the smoke test of :mod:`multinode.gpucheck`;
+3. every node has the runtime (the inventory's Python, or the container CLI and image); whether that Python has
+   torch, and the same one everywhere, is the software probe's (:mod:`multinode.skew`); GPUs are checked
+   next, inside the runtime, by the smoke test of :mod:`multinode.gpucheck`;
 4. torchrun modes: the rendezvous port is free on the head node;
 5. mpi modes: the head can SSH to every other node with the cluster key (mpirun needs it).
 """
@@ -81,8 +82,10 @@ def preflight(
     need_mpi_ssh: bool = False,
     port: int | None = None,
     timeout: float = 30.0,
-) -> None:
-    """Raise :class:`PreflightFailed` (one line) unless every node can run the job."""
+    probe: str | None = None,
+) -> dict[str, str]:
+    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``probe``: a command run
+    after the checks in the same round (e.g. :func:`multinode.skew.versions_probe`); {node: its output}."""
     inv = runner.inventory
     start = time.monotonic()
     wait_for_ssh(runner, timeout)
@@ -96,7 +99,7 @@ def preflight(
                 node_checks.append(port_check(port))
             if need_mpi_ssh and len(inv.nodes) > 1:
                 node_checks.append(mpi_mesh_check(inv))
-        commands[node.name] = _check_script(node_checks)
+        commands[node.name] = _check_script(node_checks) + (f"\n{probe} 2>&1" if probe else "")
     remaining = max(5.0, timeout - (time.monotonic() - start))
     results = runner.run_each(commands, timeout=remaining)
     for node in inv.nodes:
@@ -108,6 +111,7 @@ def preflight(
             desc, _, output = failures[0].partition(": ")
             detail = f" ({output.strip()})" if output.strip() else ""
             raise PreflightFailed(f"{node.name}: pre-flight check '{desc}' failed{detail}{_hint(desc, port)}")
+    return {node.name: results[node.name].stdout for node in inv.nodes}
 
 
 def _hint(failure: str, port: int | None) -> str:
@@ -117,7 +121,7 @@ def _hint(failure: str, port: int | None) -> str:
         return "; the node cannot reach the head (the rendezvous): check routes and security groups within the cluster subnet"
     if failure.startswith("the head can SSH"):
         return "; mpirun starts remote ranks over SSH: check the nodes' authorized_keys and known_hosts"
-    if failure.startswith("python with torch"):
+    if failure.startswith("python"):
         return "; run 'make setup' (or fix the inventory's python)"
     return ""
 

@@ -90,7 +90,7 @@ def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None
         except NodeError as err:
             raise NodeError(name, command, err.returncode, f"code sync failed: {err.message}") from None
 
-    errors = runner.parallel(push, names, timeout=330)
+    errors = runner.parallel(push, [name for name in names if not plans[name].empty], timeout=330)
     for name, err in errors.items():
         if err is not None:
             raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")

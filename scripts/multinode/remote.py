@@ -7,6 +7,10 @@ Contract:
   Paramiko's ``RejectPolicy``: an unknown or changed host key is refused, never added.
 * Commands run with ``pty=False``: a lost connection does not kill the remote job (it is stopped
   explicitly, by run id), and stdout/stderr stay separate streams.
+* Every command -- pre-flight, sync, checks, the job, the sweep -- runs in a persistent shell of the node
+  (:mod:`multinode.nodeshell`): one SSH session per node and run, where a session per command made the node
+  start a login shell (and its rc files) each time. Shells are pooled per node; a command that finds every
+  shell of its node busy (e.g. a stop while the job runs) opens another.
 * Output is re-assembled into whole lines before it is written, so lines of different nodes
   never interleave mid-line; each line goes to ``<log_dir>/<node>.log`` and, prefixed
   ``[node-i]``, to the console.
@@ -47,6 +51,7 @@ from fabric import Config, Connection
 
 from multinode.errors import Interrupted, JobFailed, NodeError
 from multinode.inventory import Inventory, Node
+from multinode.nodeshell import NodeShell, NoAnswer, ShellBroken, TextSink
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +238,7 @@ class RemoteRunner:
         self.out = out if out is not None else sys.stdout
         self.connect_timeout = connect_timeout
         self._connections: dict[str, Connection] = {}
+        self._shells: dict[str, list[NodeShell]] = {}  # idle shells per node (multinode.nodeshell)
         self._lock = threading.Lock()
         self._print_lock = threading.Lock()
 
@@ -243,6 +249,11 @@ class RemoteRunner:
         self.close()
 
     def close(self) -> None:
+        with self._lock:
+            shells = [shell for idle in self._shells.values() for shell in idle]
+            self._shells.clear()
+        for shell in shells:
+            shell.close()
         for conn in list(self._connections.values()):
             try:
                 conn.close()
@@ -296,17 +307,56 @@ class RemoteRunner:
         """Forget (and close) a node's connection, e.g. after it stopped answering."""
         with self._lock:
             conn = self._connections.pop(name, None)
+            shells = self._shells.pop(name, [])
+        for shell in shells:
+            shell.close()
         if conn is not None:
             threading.Thread(target=conn.close, daemon=True).start()
 
     def connect_all(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, str | None]:
         """Open every connection at once; {node: None if connected else why not}."""
         names = list(names or (n.name for n in self.inventory.nodes))
-        answers = _parallel(self.connection, names, timeout or self.connect_timeout + 5)
+        answers = _parallel(self._connect_warm, names, timeout or self.connect_timeout + 5)
         return {
             name: None if done and not isinstance(value, BaseException) else describe_ssh_error(value)
             for name, (done, value) in answers.items()
         }
+
+    def _connect_warm(self, name: str) -> None:
+        """Connect, and start the node's first shell: its login shell starts while the other nodes connect."""
+        self.connection(name)
+        with self._lock:
+            if self._shells.get(name):
+                return
+        self._release(name, NodeShell(self.connection(name).transport, self.connect_timeout))
+
+    # --- shells ---------------------------------------------------------------------
+
+    def _acquire(self, name: str, open_timeout: float | None = None) -> NodeShell:
+        with self._lock:
+            idle = self._shells.get(name)
+            if idle:
+                return idle.pop()
+        return NodeShell(self.connection(name).transport, open_timeout or self.connect_timeout)
+
+    def _release(self, name: str, shell: NodeShell) -> None:
+        if shell.broken:
+            return
+        with self._lock:
+            if self._connections.get(name) is not None:
+                self._shells.setdefault(name, []).append(shell)
+                return
+        shell.close()  # the node was dropped meanwhile
+
+    def execute(self, name: str, command: str, data: bytes = b"", timeout: float | None = 60.0,
+                open_timeout: float | None = None, out=None, err=None) -> tuple[int, bytes, bytes]:
+        """``command`` in one of the node's shells (see :meth:`NodeShell.execute`); an idle one, else a new one.
+        ``open_timeout``: how long the node has to acknowledge the command (an unreachable node fails that fast)."""
+        shell = self._acquire(name, open_timeout)
+        try:
+            return shell.execute(command, data, timeout, out=out, err=err, answer_timeout=open_timeout)
+        finally:
+            self._release(name, shell)
 
     def connect_until(self, names: Iterable[str], end: float) -> dict[str, str]:
         """Connect to every node, retrying the ones that fail (with backoff) until ``time.monotonic()``
@@ -333,10 +383,10 @@ class RemoteRunner:
 
     def run_on(self, name: str, command: str, timeout: float | None = 30.0) -> CommandResult:
         try:
-            res = self.connection(name).run(command, hide=True, warn=True, pty=False, in_stream=False, timeout=timeout)
-        except Exception as err:  # SSH failure or CommandTimedOut: the node did not answer
-            return CommandResult(name, None, error=describe_ssh_error(err))
-        return CommandResult(name, res.exited, res.stdout, res.stderr)
+            code, out, err = self.execute(name, command, timeout=timeout)
+        except Exception as error:  # SSH failure or a timeout: the node did not answer
+            return CommandResult(name, None, error=describe_ssh_error(error))
+        return CommandResult(name, code, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def run_each(self, commands: dict[str, str], timeout: float = 30.0) -> dict[str, CommandResult]:
         """A (different) short command on each node, all at once, output captured."""
@@ -354,24 +404,12 @@ class RemoteRunner:
 
     def _exec_raw(self, name: str, command: str, data: bytes = b"", timeout: float = 60.0,
                   open_timeout: float | None = None) -> bytes:
-        """Run ``command`` with ``data`` on stdin; return stdout. Plain exec channel: no SFTP subsystem needed."""
-        channel = self.connection(name).transport.open_session(timeout=open_timeout or timeout)
-        channel.settimeout(timeout)
-        try:
-            channel.exec_command(command)
-            if data:
-                channel.sendall(data)
-            channel.shutdown_write()
-            chunks = []
-            while chunk := channel.recv(1 << 16):
-                chunks.append(chunk)
-            err = channel.makefile_stderr("rb").read().decode(errors="replace").strip()
-            code = channel.recv_exit_status()
-        finally:
-            channel.close()
+        """Run ``command`` with ``data`` on stdin; return stdout. In a node shell: no SFTP subsystem needed."""
+        code, out, err = self.execute(name, command, data, timeout=timeout, open_timeout=open_timeout)
         if code != 0:
-            raise NodeError(name, command, code, err or f"{command!r} failed")
-        return b"".join(chunks)
+            text = err.decode(errors="replace").strip()
+            raise NodeError(name, command, code, text or f"{command!r} failed")
+        return out
 
     def run_with_input(self, name: str, command: str, data: bytes, timeout: float = 60.0) -> bytes:
         """Run ``command`` on a node with ``data`` on its stdin; its stdout, or NodeError on a non-zero exit."""
@@ -450,14 +488,11 @@ class RemoteRunner:
             result = results[name]
             result.started = time.monotonic()
             result.exit_code, result.error, result.lost, result.finished = None, None, False, None
-            sinks = [LineSink(name, self._print_lock, log_files[name], self.out, result.tail, relabel) for _ in range(2)]
+            sinks = [TextSink(LineSink(name, self._print_lock, log_files[name], self.out, result.tail, relabel))
+                     for _ in range(2)]
             command = f"export MULTINODE_RUN_ID={shlex.quote(run_id)} && {shells[name]}"
             try:
-                res = self.connection(name).run(
-                    command, hide=False, echo=False, warn=True, pty=False, in_stream=False,
-                    out_stream=sinks[0], err_stream=sinks[1],
-                )
-                result.exit_code = res.exited
+                result.exit_code, _, _ = self.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
             except Exception as err:  # lost SSH session: the node is gone or unreachable
                 result.lost = True
                 result.error = self._node_error(name, result, f"lost its SSH session ({describe_ssh_error(err)})", log_dir)

@@ -1,13 +1,15 @@
 """Software skew across nodes: refuse a job whose nodes do not run the same software, before it starts.
 
 A node with another torch, NCCL or MPI fails mid-training with errors that do not say so (pytorch/pytorch
-issue 108212). :func:`check_skew` runs right after the code sync, before the job starts or anything is written
-locally: one Python run per node, all at once, one SSH round, reports
+issue 108212). Before the job starts or anything is written locally, all nodes at once:
 
-* Python, torch with its CUDA / ROCm (HIP) build, NCCL (the ``nvidia-nccl-*`` wheel), mpi4py and -- in MPI
-  modes -- the MPI library (``mpirun --version``), compared with the head's. torch is not imported: its
-  ``torch/version.py`` is read as text (importing torch costs 1-4 s per node);
-* a SHA-256 of the synced code, compared with the control machine's own.
+* :func:`check_versions`: Python, torch with its CUDA / ROCm (HIP) build, NCCL (the ``nvidia-nccl-*`` wheel),
+  mpi4py and -- in MPI modes -- the MPI library (``mpirun --version``), compared with the head's; a node without
+  torch is refused. Its probe (:func:`versions_probe`) runs inside the pre-flight round, one Python run per node;
+  torch is not imported (its ``torch/version.py`` is read as text: an import costs 1-4 s per node), nor is
+  importlib.metadata (metadata directories are listed instead);
+* :func:`check_code`: after the sync of our training package, a SHA-256 of the synced code on every node,
+  compared with the control machine's own (a user's project is checked by its manifest instead).
 
 A difference is refused (:class:`~multinode.preflight.PreflightFailed`, exit 2) with one table naming
 the nodes that differ from the head and the differing values side by side; ``SKEW=warn`` prints the table
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 
 # Fills ``info`` with the node's versions; argv[1] == "mpi" adds the MPI library. CODE_HASH follows it.
 VERSIONS = r'''
-import importlib.metadata as md, importlib.util, json, os, re, shutil, subprocess, sys
+import importlib.util, json, os, re, sys
 info = {"python": sys.version.split()[0]}
 spec = importlib.util.find_spec("torch")
 text = ""
@@ -41,16 +43,24 @@ def field(name):
 info["torch"] = field("__version__") or ("not installed" if not spec else "unknown")
 info["torch CUDA"] = field("cuda")
 info["torch ROCm"] = field("hip")
-def version(*names):
+# Installed distributions by their metadata directories, first on sys.path wins (importlib.metadata's answer,
+# without its import: 45 ms per node and run, most of this probe).
+dists = {}
+for entry in sys.path:
+    try:
+        names = os.listdir(entry or ".")
+    except OSError:
+        continue
     for name in names:
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            pass
-    return None
+        if name.endswith((".dist-info", ".egg-info")):
+            dist, _, rest = name.rpartition(".")[0].partition("-")
+            dists.setdefault(re.sub(r"[-_.]+", "_", dist).lower(), rest.split("-")[0])
+def version(*names):
+    return next((dists[n.replace("-", "_")] for n in names if n.replace("-", "_") in dists), None)
 info["NCCL"] = version("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")
 info["mpi4py"] = version("mpi4py")
 if sys.argv[1] == "mpi":
+    import shutil, subprocess
     mpirun = shutil.which("mpirun")
     out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=10).stdout if mpirun else ""
     info["MPI"] = (out.strip().splitlines() or ["not installed"])[0]
@@ -123,40 +133,61 @@ def _refuse_or_warn(table: str, mode: str, fix: str) -> None:
     raise PreflightFailed(f"{table}\n{fix}; SKEW=warn runs anyway")
 
 
-def probe_command(python: str, code: str, tops: list[str], versions: bool, mpi: bool) -> str:
-    """One Python run on a node: its versions (when asked) and its code hash, one JSON object."""
-    program = (VERSIONS if versions else "import json\ninfo = {}\n") + "\n" + CODE_HASH
-    return shlex.join([python, "-c", program, "mpi" if mpi else "-", code, *tops])
+def versions_probe(python: str, mpi: bool) -> str:
+    """The node's software as one JSON line (run inside the pre-flight round: no round trip of its own)."""
+    return shlex.join([python, "-c", VERSIONS + "\nprint(json.dumps(info))", "mpi" if mpi else "-"])
 
 
-def check_skew(runner, items: list[tuple[Path, str]], mode: str, versions: bool = True, mpi: bool = False,
-               timeout: float = 30.0) -> dict[str, dict]:
-    """After the sync, one SSH round: every node runs the same Python, torch (+CUDA/ROCm), NCCL, mpi4py
-    (and MPI library), and holds exactly the code the control machine sent. {node: report}."""
-    from multinode.launchers.base import code_dir
+def code_probe(python: str, code: str, tops: list[str]) -> str:
+    """The SHA-256 of the synced code under ``code`` as one JSON line."""
+    return shlex.join([python, "-c", "import json\ninfo = {}\n" + CODE_HASH, "-", code, *tops])
+
+
+def _reports(inv, answers: dict[str, str], what: str) -> dict[str, dict]:
     from multinode.preflight import PreflightFailed
 
-    inv = runner.inventory
-    tops = sorted({rel for _, rel in items})
-    commands = {n.name: probe_command(inv.python, code_dir(inv, n.name), tops, versions, mpi) for n in inv.nodes}
-    answers = runner.run_each(commands, timeout=timeout)
     reports = {}
     for node in inv.nodes:
-        res = answers[node.name]
+        text = answers.get(node.name) or ""
         try:
-            reports[node.name] = json.loads(res.stdout.strip().splitlines()[-1])
+            reports[node.name] = json.loads(text.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            why = res.error or (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
-            raise PreflightFailed(f"{node.name}: could not read its software versions and code with {inv.python} "
-                                  f"({why})") from None
-    code = {name: {"code sha256": r.pop("code sha256", "")[:16]} for name, r in reports.items()}
-    table = skew_table(reports, inv.head.name) if versions else None
-    if table:
-        _refuse_or_warn(table, mode, "give every node the same environment (make setup on each, or one image)")
-    table = skew_table({"control machine": {"code sha256": code_hash(items)[:16]}, **code}, "control machine")
-    if table:
-        _refuse_or_warn(table, mode, "the code on that node is not what was synced: run the job again")
+            why = (text.strip().splitlines() or ["no answer"])[-1]
+            raise PreflightFailed(f"{node.name}: could not read its {what} with {inv.python} ({why})") from None
     return reports
 
 
-__all__ = ["CODE_HASH", "SKEW_MODES", "VERSIONS", "check_skew", "code_hash", "probe_command", "skew_table"]
+def check_versions(inv, answers: dict[str, str], mode: str) -> dict[str, dict]:
+    """Every node runs the same Python, torch (+CUDA/ROCm), NCCL, mpi4py (and MPI library), from each node's
+    answer to :func:`versions_probe`; a node without torch is refused. {node: report}."""
+    from multinode.preflight import PreflightFailed
+
+    reports = _reports(inv, answers, "software versions")
+    missing = [name for name, r in reports.items() if r.get("torch") == "not installed"]
+    if missing:
+        others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise PreflightFailed(f"{missing[0]}: pre-flight check 'python with torch' failed: {inv.python} has no torch"
+                              f"{others}; run 'make setup' (or fix the inventory's python)")
+    table = skew_table(reports, inv.head.name)
+    if table:
+        _refuse_or_warn(table, mode, "give every node the same environment (make setup on each, or one image)")
+    return reports
+
+
+def check_code(runner, items: list[tuple[Path, str]], mode: str, timeout: float = 30.0) -> None:
+    """After the sync, one SSH round: every node holds exactly the code the control machine sent."""
+    from multinode.launchers.base import code_dir
+
+    inv = runner.inventory
+    tops = sorted({rel for _, rel in items})
+    answers = runner.run_each({n.name: code_probe(inv.python, code_dir(inv, n.name), tops) for n in inv.nodes},
+                              timeout=timeout)
+    reports = _reports(inv, {name: res.stdout or res.error or res.stderr for name, res in answers.items()}, "code")
+    code = {name: {"code sha256": r.get("code sha256", "")[:16]} for name, r in reports.items()}
+    table = skew_table({"control machine": {"code sha256": code_hash(items)[:16]}, **code}, "control machine")
+    if table:
+        _refuse_or_warn(table, mode, "the code on that node is not what was synced: run the job again")
+
+
+__all__ = ["CODE_HASH", "SKEW_MODES", "VERSIONS", "check_code", "check_versions", "code_hash", "code_probe",
+           "skew_table", "versions_probe"]

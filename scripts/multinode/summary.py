@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,21 @@ class RunSummary:
     failed_rank: int | None = None
     cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
     stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
+    phases: dict[str, float] | None = None  # wall seconds of each phase, in order (see Phases)
+
+
+class Phases:
+    """Where a run's time goes: ``mark(name)`` ends the phase ``name`` now (it began at the previous mark).
+    Saved in summary.json (``phases``) and measured across node counts by ``python -m bench.control_plane``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 3)
+        self._last = now
 
 
 def parse_result(lines: list[str]) -> dict | None:

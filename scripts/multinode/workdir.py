@@ -75,6 +75,11 @@ class SyncPlan:
     prune: tuple[str, ...]  # directories that held deleted files and hold no sent file: removed if empty
     send_bytes: int
 
+    @property
+    def empty(self) -> bool:
+        """The node already holds exactly the project: nothing to send, delete or prune (no round trip)."""
+        return not (self.send or self.delete or self.prune)
+
 
 def plan_sync(local: Manifest, remote: Manifest) -> SyncPlan:
     """Pure: the files whose size, mode or hash differ (or that the node lacks), and the node's extras."""

@@ -37,8 +37,9 @@ def test_a_new_node_gets_every_file():
 def test_an_unchanged_node_gets_nothing_and_one_edit_sends_one_file():
     local = Manifest({"a.py": FileEntry(3, 0o644, "x"), "pkg/b.py": FileEntry(5, 0o644, "y")})
     assert plan_sync(local, local).send == () and plan_sync(local, local).send_bytes == 0
+    assert plan_sync(local, local).empty  # no round trip to that node at all
     edited = Manifest({**local.files, "pkg/b.py": FileEntry(5, 0o644, "z")})
-    assert plan_sync(edited, local).send == ("pkg/b.py",)
+    assert plan_sync(edited, local).send == ("pkg/b.py",) and not plan_sync(edited, local).empty
     chmodded = Manifest({**local.files, "a.py": FileEntry(3, 0o755, "x")})
     assert plan_sync(chmodded, local).send == ("a.py",)  # the executable bit travels
 
@@ -48,7 +49,7 @@ def test_deleted_files_are_removed_and_their_emptied_directories_pruned_deepest_
                        "pkg/gone.py": FileEntry(1, 0o644, "g"), "pkg/stay.py": FileEntry(1, 0o644, "s")})
     local = Manifest({"keep.py": FileEntry(1, 0o644, "k"), "pkg/stay.py": FileEntry(1, 0o644, "s")})
     plan = plan_sync(local, remote)
-    assert plan.send == () and plan.delete == ("old/deep/x.py", "pkg/gone.py")
+    assert plan.send == () and plan.delete == ("old/deep/x.py", "pkg/gone.py") and not plan.empty
     assert plan.prune == ("old/deep", "old")  # pkg/ still holds a file
 
 

@@ -48,13 +48,56 @@ def test_skew_setting():
         LaunchSpec(skew="maybe")
 
 
-def test_one_probe_reports_versions_and_the_code_hash():
+def test_the_probes_are_one_python_run_each():
     import shlex
 
-    from multinode.skew import CODE_HASH, VERSIONS, probe_command
+    from multinode.skew import CODE_HASH, VERSIONS, code_probe, versions_probe
 
-    argv = shlex.split(probe_command("/venv/bin/python", "/w/node-1/code", ["training"], versions=True, mpi=True))
-    assert argv[:2] == ["/venv/bin/python", "-c"] and argv[2] == VERSIONS + "\n" + CODE_HASH
-    assert argv[3:] == ["mpi", "/w/node-1/code", "training"]
-    only_code = shlex.split(probe_command("python3", "/c", ["user/x.py"], versions=False, mpi=False))
-    assert "importlib.metadata" not in only_code[2] and only_code[3:] == ["-", "/c", "user/x.py"]
+    argv = shlex.split(versions_probe("/venv/bin/python", mpi=True))
+    assert argv[:2] == ["/venv/bin/python", "-c"] and argv[2].startswith(VERSIONS) and argv[3:] == ["mpi"]
+    assert "import importlib.metadata" not in argv[2] and "md.version" not in argv[2] and "import subprocess" not in argv[2].split('if sys.argv[1] == "mpi"')[0]
+    code = shlex.split(code_probe("python3", "/c", ["user/x.py"]))
+    assert CODE_HASH in code[2] and "torch" not in code[2] and code[3:] == ["-", "/c", "user/x.py"]
+
+
+def test_versions_probe_reads_distributions_like_importlib_metadata(tmp_path):
+    """The probe's directory listing gives importlib.metadata's answer, first entry on the path winning."""
+    import json
+    import subprocess
+    import sys
+
+    from multinode.skew import versions_probe
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root, nccl, mpi in ((first, "2.29.7", None), (second, "2.27.3", "4.1.2")):
+        (root / f"nvidia_nccl_cu13-{nccl}.dist-info").mkdir(parents=True)
+        if mpi:
+            (root / f"mpi4py-{mpi}.dist-info").mkdir()
+    argv = shlex_split(versions_probe(sys.executable, mpi=False))
+    env = {"PYTHONPATH": f"{first}:{second}", "PATH": "/usr/bin:/bin"}
+    info = json.loads(subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout)
+    assert info["NCCL"] == "2.29.7" and info["mpi4py"] == "4.1.2" and info["python"] == sys.version.split()[0]
+
+
+def shlex_split(text: str) -> list[str]:
+    import shlex
+
+    return shlex.split(text)
+
+
+def test_a_node_without_torch_is_refused_in_one_line():
+    from types import SimpleNamespace
+
+    from multinode.preflight import PreflightFailed
+    from multinode.skew import check_versions
+
+    nodes = [SimpleNamespace(name=f"node-{i}") for i in range(3)]
+    inv = SimpleNamespace(nodes=nodes, head=nodes[0], python="/v/bin/python")
+    ok = '{"python": "3.11.7", "torch": "2.13.0+cpu"}'
+    answers = {"node-0": ok, "node-1": '{"python": "3.11.7", "torch": "not installed"}', "node-2": ok}
+    with pytest.raises(PreflightFailed, match=r"^node-1: pre-flight check 'python with torch' failed: /v/bin/python "
+                                              r"has no torch; run 'make setup'"):
+        check_versions(inv, answers, "refuse")
+    with pytest.raises(PreflightFailed, match=r"node-2: could not read its software versions with /v/bin/python \(boom\)"):
+        check_versions(inv, {**answers, "node-1": ok, "node-2": "boom"}, "refuse")
+    assert check_versions(inv, {**answers, "node-1": ok}, "refuse")["node-1"]["torch"] == "2.13.0+cpu"
