@@ -199,7 +199,7 @@ def section(result: dict) -> str:
         f"`python -m bench.control_plane`: a fresh cluster of N nodes per row, one process per node, medians of "
         f"{result['repeats']} interleaved round{'s' if result['repeats'] != 1 else ''} (order rotated each round) after one untimed run that syncs the job. "
         "The job prints its rank and exits (no torch). *up* / *down*: `multinode up --nodes N` / `down`; *ours*: "
-        "`multinode train --nodes N --script trivial.py` (default launcher), command to exit; *pdsh*: `pdsh -R ssh "
+        "`multinode train --nodes N --script trivial.py` (default launcher), command to exit; *pdsh*: `pdsh -S -R ssh "
         "-f 64` of `cd <synced dir> && RANK=%n WORLD_SIZE=N python trivial.py` on the same nodes; *peak*: the "
         "orchestrator's peak RSS (`ru_maxrss` from `wait4`).",
         "",
