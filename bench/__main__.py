@@ -1,8 +1,9 @@
 """``python -m bench [--quick] [--out-dir docs] [--only NAME]`` (``make bench [QUICK=1]``): every section.
 
 Brings up its own local cluster under a unique name (8 nodes; 2 in quick mode), runs the
-collectives, launch-overhead and throughput sections on it, then the MPI-vs-DDP section (one
-machine, no cluster), tears the cluster down, and writes ``benchmarks.json``, ``benchmarks.md`` and
+collectives, launch-overhead and throughput sections on it, tears the cluster down, then the
+control-plane section (a cluster of its own per node count: 8 to 64; 2 and 4 in quick mode) and
+the MPI-vs-DDP section (one machine, no cluster), and writes ``benchmarks.json``, ``benchmarks.md`` and
 the plots into ``--out-dir``. A section that fails is reported and the others still run; the exit
 code is then 1. Quick mode checks that everything runs and writes its files; its numbers mean nothing.
 """
@@ -15,7 +16,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import collectives, launch, mpi_vs_ddp, throughput
+from bench import collectives, control_plane, launch, mpi_vs_ddp, throughput
 from bench.nodes import bring_up
 from bench.report import DOCS, ORDER, publish
 
@@ -54,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             cluster.down()
             print(f"cluster {cluster.name} is down", flush=True)
+    if "control_plane" in wanted:  # a cluster of its own per node count
+        section("control_plane", lambda: control_plane.run(None, quick=args.quick), control_plane.plot)
     if "mpi_vs_ddp" in wanted:
         section("mpi_vs_ddp", lambda: mpi_vs_ddp.run(args.quick))
     if failed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = {"collectives", "launch", "throughput", "mpi_vs_ddp"}
+SECTIONS = {"collectives", "launch", "control_plane", "throughput", "mpi_vs_ddp"}
 
 
 def test_every_benchmark_runs_and_writes_its_files(tmp_path):
@@ -39,11 +40,15 @@ def test_every_benchmark_runs_and_writes_its_files(tmp_path):
             assert len(collectives["series"][backend][variant]) == len(collectives["sizes"]), (backend, variant)
     assert set(data["launch"]["result"]["medians"]["2"]) >= {"ours", "pdsh + torchrun", "serial ssh"}
     assert data["throughput"]["result"]["ours_samples_per_s"] > 0
+    assert set(data["control_plane"]["result"]["rows"]) == {"2", "4"}  # a cluster of its own per N
     page = (tmp_path / "benchmarks.md").read_text()
-    for heading in ("## Collectives", "## Launch overhead", "## Training throughput", "## MPI gradient data plane"):
+    for heading in ("## Collectives", "## Launch overhead", "## Control plane at scale", "## Training throughput",
+                    "## MPI gradient data plane"):
         assert heading in page
     assert "QUICK mode" in page
-    for png in ("collectives.png", "launch.png", "throughput.png"):
+    for png in ("collectives.png", "launch.png", "control_plane.png", "throughput.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
     cluster = next(line.split()[1] for line in res.stdout.splitlines() if line.startswith("cluster ") and "is up" in line)
     assert namespaces_of(cluster) == []  # the benchmark's own cluster is gone
+    own = re.findall(r"^control_plane: cluster (\S+) is up", res.stdout, re.MULTILINE)
+    assert len(own) == 2 and all(namespaces_of(name) == [] for name in own)  # and the control plane's, one per N
