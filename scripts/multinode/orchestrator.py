@@ -150,7 +150,8 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     from multinode.preflight import preflight, start_mpi_sshds, wait_for_ssh
     from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
     from multinode.launchers.base import run_dir as node_run_dir
-    from multinode.remote import RemoteRunner, Rejoin
+    from multinode.jobrun import Rejoin
+    from multinode.remote import RemoteRunner
     from multinode.skew import check_code, check_versions, versions_probe
     from multinode.sync import sync_code, sync_mpi_credentials
     from multinode.watchdog import StallWatchdog

@@ -1,30 +1,20 @@
-"""The one runner for everything that happens on nodes: Fabric connections, in parallel, with
-pinned host keys, whole-line streaming, deadlines and gang-stop.
+"""The one runner for everything that happens on nodes: Fabric connections in parallel, with pinned host
+keys, each node's persistent shells, short commands and files, the stop by run id; a job on every node at once
+is :class:`multinode.jobrun.JobRun`'s (whole-line streaming, deadlines, gang-stop, rejoin).
 
 Contract:
 
 * Every connection uses the cluster key only and the cluster's ``known_hosts`` only, with
   Paramiko's ``RejectPolicy``: an unknown or changed host key is refused, never added.
-* Commands run with ``pty=False``: a lost connection does not kill the remote job (it is stopped
+* Commands run without a pty: a lost connection does not kill the remote job (it is stopped
   explicitly, by run id), and stdout/stderr stay separate streams.
 * Every command -- pre-flight, sync, checks, the job, the sweep -- runs in a persistent shell of the node
   (:mod:`multinode.nodeshell`): one SSH session per node and run, where a session per command made the node
   start a login shell (and its rc files) each time. Shells are pooled per node; a command that finds every
-  shell of its node busy (e.g. a stop while the job runs) opens another.
-* Output is re-assembled into whole lines before it is written, so lines of different nodes
-  never interleave mid-line; each line goes to ``<log_dir>/<node>.log`` and, prefixed
-  ``[node-i]``, to the console.
-* :meth:`RemoteRunner.run` starts a job on every node at once. The first node that exits non-zero
-  or loses its SSH session makes the runner stop the job on every node (processes whose
-  environment carries ``MULTINODE_RUN_ID=<run id>``: torchrun starts workers in their own
-  session, so a process-tree or process-group kill would miss them) and raise
-  :class:`~multinode.errors.JobFailed`. A deadline, a stall (``stalled``) and Ctrl-C do the same; before
-  the stop of a failure, deadline or stall, the caller's ``before_stop`` hook may look at the live ranks.
-* Elastic jobs (``rejoin``): a node whose session is lost or whose launcher is killed by a signal
-  is not a failure while it has restarts left. The runner stops what is left of the run on it,
-  waits for it to answer SSH again (a rebooted or replaced node), lets the caller prepare it
-  (code sync) and starts its command again; torchrun's rendezvous takes it back in. A launcher
-  that exits with its own error code (e.g. torchrun after its restarts ran out) is a failure.
+  shell of its node busy (e.g. a stop while the job runs) opens another. Connecting starts each node's first
+  shell at once, so its login shell runs while the other nodes connect.
+* :meth:`RemoteRunner.stop_all` stops every process whose environment carries ``MULTINODE_RUN_ID=<run id>``
+  (torchrun starts workers in their own session: a process-tree or process-group kill would miss them).
 * Fabric's ``ThreadingGroup`` has no join timeout and no cancel, so parallelism here is plain
   daemon threads joined with deadlines: a node that stops answering can delay us by at most the
   deadline, never hang us.
@@ -34,30 +24,26 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import queue
 import shlex
-import signal
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
 import paramiko
 from fabric import Config, Connection
 
-from multinode.errors import Interrupted, JobFailed, NodeError
+from multinode.errors import NodeError
 from multinode.inventory import Inventory, Node
-from multinode.nodeshell import NodeShell, NoAnswer, ShellBroken, TextSink
+from multinode.jobrun import JobRun, NodeResult
+from multinode.nodeshell import NodeShell
 
 log = logging.getLogger(__name__)
 
-TAIL_LINES = 20
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL on a node
-LOST_GRACE = 15.0  # after a stop, how long a node's session may take to end before we drop it
 CONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0)  # seconds between connection attempts to a node that does not answer
 
 # Stop every process of one run on this node: match the exact environment entry, restricted to
@@ -99,76 +85,6 @@ class CommandResult:
         return self.exit_code == 0
 
 
-@dataclass
-class NodeResult:
-    """How one node's part of a job ended."""
-
-    node: str
-    exit_code: int | None = None  # None: lost (SSH died) or never finished
-    started: float = 0.0
-    finished: float | None = None
-    error: NodeError | None = None
-    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
-    lost: bool = False  # the SSH session died (node down or cut off), as opposed to an exit code
-    relaunches: int = 0  # times the runner started this node's command again (elastic jobs)
-
-    @property
-    def killed(self) -> bool:
-        """Lost, or the launcher died by a signal (SSH reports -1; a shell, 128 + signal)."""
-        return self.lost or self.exit_code is None or self.exit_code < 0 or self.exit_code >= 128
-
-
-@dataclass(frozen=True)
-class Rejoin:
-    """Elastic policy for :meth:`RemoteRunner.run`: which nodes may be started again, how often, how."""
-
-    budget: int  # relaunches allowed per node
-    wait: float  # seconds a lost node has to answer SSH again
-    prepare: Callable[[str], None] = lambda name: None  # e.g. sync the code again (a replaced node has none)
-    exclude: tuple[str, ...] = ()  # nodes whose loss ends the job (the head: it hosts the rendezvous)
-
-
-Relabel = Callable[[str, str], tuple[str, str]]
-"""(node the line arrived from, line) -> (node it belongs to, line to show); e.g. mpirun's rank tags."""
-
-
-class LineSink:
-    """File-like target for Fabric's out_stream/err_stream: emits whole lines only."""
-
-    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque,
-                 relabel: Relabel | None = None):
-        self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
-        self.relabel = relabel or (lambda node, line: (node, line))
-        self.buffer = ""
-
-    def write(self, data: str) -> int:
-        self.buffer += data
-        if "\n" in self.buffer:
-            *lines, self.buffer = self.buffer.split("\n")
-            self._emit(lines)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.buffer:
-            self._emit([self.buffer])
-            self.buffer = ""
-
-    def _emit(self, lines: list[str]) -> None:
-        lines = [line.rstrip("\r") for line in lines]
-        self.tail.extend(lines)
-        with self.lock:
-            if self.log_file:
-                self.log_file.write("".join(f"{line}\n" for line in lines))
-                self.log_file.flush()
-            if self.out:
-                shown = (self.relabel(self.node, line) for line in lines)
-                self.out.write("".join(f"[{node}] {line}\n" for node, line in shown))
-                self.out.flush()
-
-
 def _parallel(fn: Callable[[str], Any], names: Iterable[str], timeout: float | None) -> dict[str, tuple[bool, Any]]:
     """Run ``fn(name)`` for every name at once; {name: (finished, value or exception)} after ``timeout``."""
     results: dict[str, tuple[bool, Any]] = {}
@@ -198,38 +114,6 @@ def describe_ssh_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".strip().rstrip(":")
 
 
-class StopRequested(Exception):
-    """A stop signal arrived while a job ran (see :class:`StopSignals`)."""
-
-
-class StopSignals:
-    """While a job runs, Ctrl-C, SIGTERM and SIGHUP (a closed terminal) only record themselves; the
-    runner's watch loop reads that between events and stops the job on every node, as Ctrl-C does.
-    A KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
-    lock held and hang the gang-stop that follows; a default SIGTERM would leave the job running on
-    every node. A second signal does not cut the gang-stop short (LOST_GRACE bounds it). Outside the
-    main thread signals cannot be caught, and nothing changes."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _record(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
 class RemoteRunner:
     """Connections to the nodes of one inventory, opened lazily and closed on exit."""
 
@@ -240,7 +124,7 @@ class RemoteRunner:
         self._connections: dict[str, Connection] = {}
         self._shells: dict[str, list[NodeShell]] = {}  # idle shells per node (multinode.nodeshell)
         self._lock = threading.Lock()
-        self._print_lock = threading.Lock()
+        self.print_lock = threading.Lock()
 
     def __enter__(self) -> "RemoteRunner":
         return self
@@ -262,7 +146,7 @@ class RemoteRunner:
         self._connections.clear()
 
     def say(self, message: str) -> None:
-        with self._print_lock:
+        with self.print_lock:
             print(f"[multinode] {message}", file=self.out, flush=True)
 
     # --- connections ------------------------------------------------------------
@@ -462,182 +346,10 @@ class RemoteRunner:
                 log.warning("%s: processes of run %s survived SIGKILL: %s", name, run_id, res.stdout.strip())
         return results
 
-    def run(
-        self,
-        shells: dict[str, str],
-        *,
-        run_id: str,
-        log_dir: Path,
-        deadline: float | None = None,
-        extra_stop: Callable[[str], str | None] | None = None,
-        relabel: Relabel | None = None,
-        rejoin: Rejoin | None = None,
-        before_stop: Callable[[NodeError], None] | None = None,
-        stalled: Callable[[], str | None] | None = None,
-    ) -> dict[str, NodeResult]:
-        """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure
-        (with ``rejoin``, a lost or killed node is first started again while its budget lasts).
-        ``before_stop(failure)`` runs when the job failed (or hit its deadline), before the gang-stop: e.g. a
-        capture of the ranks still alive (multinode.diagnose); it must bound its own time. ``stalled``
-        (e.g. multinode.watchdog) says why the job stopped making progress, or None; a reason ends it as a failure."""
-        log_dir.mkdir(parents=True, exist_ok=True)
-        results = {name: NodeResult(name) for name in shells}
-        events: queue.Queue[str] = queue.Queue()
-        log_files = {name: open(log_dir / f"{name}.log", "a", encoding="utf-8") for name in shells}
-        def node_job(name: str) -> None:
-            result = results[name]
-            result.started = time.monotonic()
-            result.exit_code, result.error, result.lost, result.finished = None, None, False, None
-            sinks = [TextSink(LineSink(name, self._print_lock, log_files[name], self.out, result.tail, relabel))
-                     for _ in range(2)]
-            command = f"export MULTINODE_RUN_ID={shlex.quote(run_id)} && {shells[name]}"
-            try:
-                result.exit_code, _, _ = self.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
-            except Exception as err:  # lost SSH session: the node is gone or unreachable
-                result.lost = True
-                result.error = self._node_error(name, result, f"lost its SSH session ({describe_ssh_error(err)})", log_dir)
-            finally:
-                for sink in sinks:
-                    sink.close()
-                result.finished = time.monotonic()
-                events.put(name)
-
-        def start(name: str) -> None:
-            threading.Thread(target=node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
-
-        with StopSignals() as stop:
-            for name in shells:
-                start(name)
-            try:
-                failure = self._watch(results, events, run_id, log_dir, deadline, extra_stop, rejoin, start, stop,
-                                      before_stop, stalled)
-            except StopRequested:
-                signum = stop.signum
-                what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-                self.say(f"{what}: stopping the job on every node")
-                self._gang_stop(run_id, results, events, extra_stop)
-                stopped = Interrupted(f"{what}; run {run_id} was stopped on every node")
-                stopped.exit_code = 128 + signum
-                raise stopped from None
-            finally:
-                for fh in log_files.values():
-                    fh.close()
-        if failure is not None:
-            err = JobFailed(failure)
-            err.results = results  # type: ignore[attr-defined]  # for the summary: every node's ending
-            raise err
-        return results
-
-    def _watch(self, results: dict[str, NodeResult], events: "queue.Queue[str]", run_id: str, log_dir: Path,
-               deadline: float | None, extra_stop: Callable[[str], str | None] | None,
-               rejoin: Rejoin | None = None, start: Callable[[str], None] | None = None,
-               stop: StopSignals | None = None, before_stop: Callable[[NodeError], None] | None = None,
-               stalled: Callable[[], str | None] | None = None) -> NodeError | None:
-        pending = set(results)
-        end = None if deadline is None else time.monotonic() + deadline
-        while pending:
-            if stop is not None and stop.signum is not None:
-                raise StopRequested
-            try:
-                name = events.get(timeout=0.2)
-            except queue.Empty:
-                if end is not None and time.monotonic() > end:
-                    head = next(iter(results))
-                    failure = NodeError(head, "job", None, f"deadline of {deadline:.0f} s passed; the job was stopped")
-                    self.say(f"deadline of {deadline:.0f} s passed: stopping the job on every node")
-                    self._before_stop(before_stop, failure)
-                    self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
-                    return failure
-                why = stalled() if stalled is not None else None
-                if why is not None:
-                    failure = NodeError(next(iter(results)), "job", None, f"{why}; the job was stopped")
-                    self.say(f"{why}: stopping the job on every node")
-                    self._before_stop(before_stop, failure)
-                    self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
-                    return failure
-                continue
-            result = results[name]
-            if result.finished is None:
-                continue  # a relaunch started it again before this event was read
-            if result.error is None and result.exit_code not in (0, None):
-                result.error = self._node_error(name, result, f"exited with code {result.exit_code}", log_dir)
-            if result.error is not None and self._may_rejoin(name, result, rejoin):
-                result.relaunches += 1
-                self.say(f"{name} {result.error.message}: starting it again when it answers "
-                         f"(relaunch {result.relaunches}/{rejoin.budget})")
-                threading.Thread(target=self._relaunch, args=(name, run_id, rejoin, extra_stop, start, events, results,
-                                                              log_dir), name=f"mn-rejoin-{name}", daemon=True).start()
-                continue
-            pending.discard(name)
-            if result.error is not None:
-                self.say(f"{name} failed ({result.error.message}): stopping the job on every node")
-                self._before_stop(before_stop, result.error)
-                self._gang_stop(run_id, results, events, extra_stop, pending, log_dir)
-                return result.error
-        return None
-
-    @staticmethod
-    def _before_stop(hook: Callable[[NodeError], None] | None, failure: NodeError) -> None:
-        """The caller's last look at the job before it is stopped; its failure never keeps the stop from happening."""
-        if hook is None:
-            return
-        try:
-            hook(failure)
-        except Exception as err:  # a diagnosis that fails must not leave the job running
-            log.warning("before the stop: %s: %s", type(err).__name__, err)
-
-    @staticmethod
-    def _may_rejoin(name: str, result: NodeResult, rejoin: Rejoin | None) -> bool:
-        return (rejoin is not None and name not in rejoin.exclude and result.killed
-                and result.relaunches < rejoin.budget)
-
-    def _relaunch(self, name: str, run_id: str, rejoin: Rejoin, extra_stop, start, events, results, log_dir) -> None:
-        """Wait for the node to answer SSH, clear what is left of the run on it, prepare it, start it again.
-        If it does not come back within ``rejoin.wait``, its failure stands and ends the job."""
-        result = results[name]
-        self.drop(name)
-        why = self.connect_until([name], time.monotonic() + rejoin.wait).get(name)
-        if why is None:
-            try:
-                self.stop_all(run_id, extra_stop, names=[name])
-                rejoin.prepare(name)
-            except Exception as err:  # the node answered but cannot be prepared: its failure stands
-                why = f"could not be prepared again: {err}"
-        if why is not None:
-            result.error = self._node_error(name, result, f"did not come back within {rejoin.wait:.0f} s ({why})", log_dir)
-            result.relaunches = rejoin.budget  # no further attempt
-            events.put(name)
-            return
-        self.say(f"{name} answers again: relaunching its part of run {run_id}")
-        start(name)
-
-    def _gang_stop(self, run_id: str, results: dict[str, NodeResult], events: "queue.Queue[str]",
-                   extra_stop: Callable[[str], str | None] | None, pending: set[str] | None = None,
-                   log_dir: Path | None = None) -> None:
-        """Stop the run everywhere, then give the remaining sessions a bounded time to end.
-
-        A node that does not even answer the stop command is unreachable (crashed, or cut off): its
-        session is dropped at once and it is reported as lost, which makes it the likely root cause.
-        """
-        pending = set(pending if pending is not None else (n for n, r in results.items() if r.finished is None))
-        end = time.monotonic() + LOST_GRACE
-        answers = self.stop_all(run_id, extra_stop)
-        unreachable = {name for name in pending if answers[name].exit_code is None}
-        while pending - unreachable and time.monotonic() < end:
-            try:
-                pending.discard(events.get(timeout=0.2))
-            except queue.Empty:
-                continue
-        for name in pending:
-            result = results[name]
-            why = "stopped answering (unreachable: no answer to the stop)" if name in unreachable else \
-                f"did not end within {LOST_GRACE:.0f} s of the stop"
-            log.warning("%s: %s; dropping its connection", name, why)
-            if result.error is None and log_dir is not None:
-                result.error = self._node_error(name, result, why, log_dir)
-                result.finished = time.monotonic()
-            self.drop(name)
-
-    def _node_error(self, name: str, result: NodeResult, message: str, log_dir: Path) -> NodeError:
-        return NodeError(name, "job", result.exit_code, message, tail=list(result.tail),
-                         log_path=str(log_dir / f"{name}.log"))
+    def run(self, shells: dict[str, str], **how: Any) -> dict[str, NodeResult]:
+        """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure (with
+        ``rejoin``, a lost or killed node is first started again while its budget lasts). ``how``: run_id, log_dir,
+        deadline, extra_stop, relabel, rejoin, before_stop (the caller's look at the live ranks before a failure's
+        gang-stop; it must bound its own time), stalled (why the job stopped making progress, or None): see
+        :class:`multinode.jobrun.JobRun`."""
+        return JobRun(self, shells, **how).run()

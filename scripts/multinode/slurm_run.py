@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import TextIO
 
 from multinode.errors import Interrupted, NodeError
-from multinode.remote import RemoteRunner, StopSignals
+from multinode.jobrun import StopSignals
+from multinode.remote import RemoteRunner
 from multinode.slurm_job import TERMINAL_STATES, SlurmJob, held_reason, job_state
 
 POLL = 0.5

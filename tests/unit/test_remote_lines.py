@@ -12,7 +12,7 @@ import pytest
 
 from multinode.launchers.mpirun import relabel_by_rank
 from multinode.preflight import _check_script, port_check
-from multinode.remote import LineSink, StopSignals
+from multinode.jobrun import LineSink, StopSignals
 
 
 def test_sink_emits_whole_lines_only_and_keeps_a_tail():
@@ -40,19 +40,19 @@ def test_preflight_script_reports_each_failed_check():
 
 
 def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():
-    from multinode.remote import NodeResult, RemoteRunner, Rejoin
+    from multinode.jobrun import JobRun, NodeResult, Rejoin
 
     policy = Rejoin(budget=1, wait=5, exclude=("node-0",))
     lost = NodeResult("node-1", lost=True)
     killed = NodeResult("node-1", exit_code=-1)  # SSH reports a launcher killed by a signal as -1
     shell_killed = NodeResult("node-1", exit_code=137)
     failed = NodeResult("node-1", exit_code=1)  # torchrun's own verdict: its restarts ran out
-    assert all(RemoteRunner._may_rejoin("node-1", r, policy) for r in (lost, killed, shell_killed))
-    assert not RemoteRunner._may_rejoin("node-1", failed, policy)
-    assert not RemoteRunner._may_rejoin("node-0", lost, policy)  # the head hosts the rendezvous
-    assert not RemoteRunner._may_rejoin("node-1", lost, None)  # MAX_RESTARTS=0
+    assert all(JobRun._may_rejoin("node-1", r, policy) for r in (lost, killed, shell_killed))
+    assert not JobRun._may_rejoin("node-1", failed, policy)
+    assert not JobRun._may_rejoin("node-0", lost, policy)  # the head hosts the rendezvous
+    assert not JobRun._may_rejoin("node-1", lost, None)  # MAX_RESTARTS=0
     lost.relaunches = 1
-    assert not RemoteRunner._may_rejoin("node-1", lost, policy)  # budget spent
+    assert not JobRun._may_rejoin("node-1", lost, policy)  # budget spent
 
 
 @pytest.mark.parametrize("sig", StopSignals.SIGNALS)

@@ -1,0 +1,70 @@
+"""The persistent node shell over real SSH (a real local node's sshd): every command of a runner goes through
+one session per node; data, output, exit codes and failures come back exactly."""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+
+import pytest
+from localcluster import Cluster
+
+from multinode.nodeshell import ShellBroken
+from multinode.remote import RemoteRunner
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def runner(cluster3: Cluster):
+    with RemoteRunner(cluster3.inventory(), out=io.StringIO()) as r:
+        assert r.connect_all() == {f"node-{i}": None for i in range(3)}
+        yield r
+
+
+def test_commands_share_one_shell_per_node(runner: RemoteRunner):
+    # Every command is a child of the same shell process: one SSH session (and one login shell) for all of them.
+    parents = {runner.run_on("node-1", "echo $PPID").stdout for _ in range(5)}
+    assert len(parents) == 1 and parents.pop().strip().isdigit()
+    answers = runner.run_all("hostname")
+    assert {name: res.stdout.strip()[-6:] for name, res in answers.items()} == \
+        {f"node-{i}": f"node-{i}" for i in range(3)}
+
+
+def test_data_output_and_exit_codes_come_back_exactly(runner: RemoteRunner, tmp_path):
+    blob = os.urandom(1 << 20) + b"\nmn-lookalike 1 0\n"
+    path = f"{tmp_path}/blob.bin"
+    runner.put_bytes("node-2", path, blob, mode=0o600)
+    assert runner._exec_raw("node-2", f"cat {path}") == blob
+    assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+    # A command that leaves its data unread: the rest is drained and the next frame is read where it starts.
+    assert runner.execute("node-2", "head -c 3", b"abcdef" * 1000) == (0, b"abc", b"")
+    res = runner.run_on("node-2", "printf 'no newline'; printf 'to stderr' >&2; exit 3")
+    assert (res.exit_code, res.stdout, res.stderr) == (3, "no newline", "to stderr")
+    assert runner.run_on("node-2", "no-such-command-here").exit_code == 127
+
+
+def test_a_command_past_its_time_breaks_only_its_shell(runner: RemoteRunner):
+    with pytest.raises(ShellBroken, match="timed out after 1 s"):
+        runner.execute("node-0", "sleep 30", timeout=1)
+    res = runner.run_on("node-0", "echo again")
+    assert (res.exit_code, res.stdout) == (0, "again\n")  # a new shell on the same connection
+
+
+def test_a_busy_shell_makes_a_second_one(runner: RemoteRunner, tmp_path):
+    results, marker = {}, tmp_path / "running"
+
+    def long() -> None:
+        results["long"] = runner.run_on("node-1", f"touch {marker}; sleep 2; echo $PPID")
+
+    thread = threading.Thread(target=long)
+    thread.start()
+    end = time.monotonic() + 30
+    while not marker.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    results["short"] = runner.run_on("node-1", "echo $PPID")  # while the first shell sleeps
+    thread.join(30)
+    assert results["long"].ok and results["short"].ok
+    assert results["long"].stdout != results["short"].stdout  # two shells, each with its own process
