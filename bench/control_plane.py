@@ -134,6 +134,43 @@ class ControlPlane:
         return dict(summary.get("phases") or {})
 
 
+def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
+    """Why one shell per node: the median wall seconds of one round of ``true`` on every node, (a) each in a new
+    SSH session of an open connection -- what running every command as an exec (Fabric's ``run``) costs the
+    nodes: sshd starts the login shell and its rc files each time -- and (b) in the nodes' persistent shells
+    (:mod:`multinode.nodeshell`), over the same connections."""
+    import io
+
+    from multinode.remote import RemoteRunner
+
+    def in_new_session(runner: RemoteRunner, name: str) -> None:
+        channel = runner.connection(name).transport.open_session(timeout=30)
+        try:
+            channel.exec_command("true")
+            if channel.recv_exit_status() != 0:
+                raise RuntimeError(f"{name}: true failed in a new session")
+        finally:
+            channel.close()
+
+    names = [f"node-{i}" for i in range(cluster.nodes)]
+    times: dict[str, list[float]] = {"session": [], "shell": []}
+    with RemoteRunner(cluster.inventory, out=io.StringIO()) as runner:
+        if any(runner.connect_all().values()):
+            raise RuntimeError(f"session rounds at N={cluster.nodes}: a node did not answer")
+        runner.run_all("true", timeout=60)  # every node's first shell has run its login shell
+        for _ in range(repeats):
+            start = time.monotonic()
+            failed = {k: v for k, v in runner.parallel(lambda name: in_new_session(runner, name), names, 120).items() if v}
+            times["session"].append(time.monotonic() - start)
+            start = time.monotonic()
+            answers = runner.run_all("true", timeout=60)
+            times["shell"].append(time.monotonic() - start)
+            failed.update({k: v.error for k, v in answers.items() if not v.ok})
+            if failed:
+                raise RuntimeError(f"session rounds at N={cluster.nodes}: {failed}")
+    return {"session_round_s": median(times["session"]), "shell_round_s": median(times["shell"])}
+
+
 def measure_size(n: int, repeats: int) -> dict:
     """One fresh N-node cluster: up, a syncing warm-up run, ``repeats`` interleaved rounds, down (always)."""
     start = time.monotonic()
@@ -147,6 +184,7 @@ def measure_size(n: int, repeats: int) -> dict:
         for rep in range(repeats):
             for method in METHODS[rep % 2:] + METHODS[:rep % 2]:  # rotate: neither always first
                 samples[method].append(cp.measure(method))
+        rounds = session_rounds(cluster, repeats)
     finally:
         start = time.monotonic()
         cluster.down()
@@ -154,7 +192,8 @@ def measure_size(n: int, repeats: int) -> dict:
         print(f"control_plane: cluster {cluster.name} is down ({down_s:.1f} s)", flush=True)
     ours, pdsh = (median(s["exited_s"] for s in samples[m]) for m in METHODS)
     row = {"up_s": up_s, "down_s": down_s, "ours_s": ours, "pdsh_s": pdsh, "ours_over_pdsh": ours / pdsh,
-           "peak_mib": median(s["peak_mib"] for s in samples["ours"]), "phases": phase_medians(samples["ours"])}
+           "peak_mib": median(s["peak_mib"] for s in samples["ours"]), "phases": phase_medians(samples["ours"]),
+           **rounds}
     return {"row": row, "samples": samples}
 
 
@@ -208,6 +247,14 @@ def section(result: dict) -> str:
     phases: list[str] = []
     for n in sizes:
         phases += [p for p in result["rows"][str(n)]["phases"] if p not in phases]
+    if all("session_round_s" in result["rows"][str(n)] for n in sizes):
+        cells = [[str(n), f"{result['rows'][str(n)]['session_round_s']:.2f}", f"{result['rows'][str(n)]['shell_round_s']:.3f}"]
+                 for n in sizes]
+        lines += ["", "Why one shell per node (`bench.control_plane.session_rounds`): one round of `true` on every node "
+                  "over open connections, each in a new SSH session (what one exec per command, Fabric's `run`, costs: "
+                  "the node's sshd starts the login shell and its rc files every time) and in the nodes' persistent "
+                  "shells (median seconds):", "",
+                  md_table(["nodes", "new session per node (s)", "persistent shell (s)"], cells)]
     if phases:
         cells = [[str(n), *(f"{result['rows'][str(n)]['phases'][p]:.2f}" if p in result["rows"][str(n)]["phases"]
                             else "-" for p in phases)] for n in sizes]

@@ -149,6 +149,18 @@ class NodeShell:
         except Exception:  # closing a dead channel may raise; nothing to do about it
             pass
 
+    def end(self) -> None:
+        """Send end-of-input: the loop exits after its current command (a login shell still in its rc files
+        gets there too); :meth:`ended` says when the node reported the exit."""
+        self.broken = True
+        try:
+            self.channel.shutdown_write()
+        except Exception:  # the session is already gone
+            pass
+
+    def ended(self) -> bool:
+        return self.channel.closed or self.channel.exit_status_ready()
+
     def execute(self, script: str, data: bytes = b"", timeout: float | None = 60.0,
                 out: Callable[[bytes], None] | None = None, err: Callable[[bytes], None] | None = None,
                 answer_timeout: float | None = None) -> tuple[int, bytes, bytes]:

@@ -94,9 +94,30 @@ def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None
     for name, err in errors.items():
         if err is not None:
             raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")
-    parts = [f"{name} sent {len(p.send)} file{'s' * (len(p.send) != 1)} ({p.send_bytes} bytes), "
-             f"deleted {len(p.delete)}" for name, p in plans.items()]
-    files = project.manifest.files
-    print(f"sync {project.root} ({len(files)} files, {_human(project.manifest.total_bytes)}): " + "; ".join(parts),
-          file=out or runner.out, flush=True)
+    print(describe_sync(project, plans), file=out or runner.out, flush=True)
     return plans
+
+
+def describe_sync(project: Project, plans: dict[str, SyncPlan]) -> str:
+    """One line: the project, then every distinct outcome with the nodes that had it (64 nodes that each got
+    the one edited file make one entry, not 64)."""
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for name, p in plans.items():
+        groups.setdefault((len(p.send), p.send_bytes, len(p.delete)), []).append(name)
+    parts = [f"{node_list(names)} sent {sent} file{'s' * (sent != 1)} ({size} bytes), deleted {deleted}"
+             for (sent, size, deleted), names in groups.items()]
+    files = project.manifest.files
+    return f"sync {project.root} ({len(files)} files, {_human(project.manifest.total_bytes)}): " + "; ".join(parts)
+
+
+def node_list(names: list[str]) -> str:
+    """'node-0..node-3, node-7' for node-0, node-1, node-2, node-3, node-7 (runs of consecutive numbers)."""
+    runs: list[list[str]] = []
+    for name in names:
+        prefix, _, number = name.rpartition("-")
+        last = runs[-1][-1] if runs else ""
+        if number.isdigit() and last.rpartition("-")[0] == prefix and last.rpartition("-")[2] == str(int(number) - 1):
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)

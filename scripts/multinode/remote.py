@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL on a node
 CONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0)  # seconds between connection attempts to a node that does not answer
+SHELL_END_WAIT = 2.0  # at close, how long the nodes have to report their shells ended
 
 # Stop every process of one run on this node: match the exact environment entry, restricted to
 # this node's network namespace (simulated nodes share one /proc). TERM, wait, KILL, report.
@@ -123,6 +124,7 @@ class RemoteRunner:
         self.connect_timeout = connect_timeout
         self._connections: dict[str, Connection] = {}
         self._shells: dict[str, list[NodeShell]] = {}  # idle shells per node (multinode.nodeshell)
+        self._open: dict[str, list[NodeShell]] = {}  # every shell per node, idle or busy, until closed
         self._lock = threading.Lock()
         self.print_lock = threading.Lock()
 
@@ -133,9 +135,17 @@ class RemoteRunner:
         self.close()
 
     def close(self) -> None:
+        """End every shell and wait (SHELL_END_WAIT at most) for the nodes to report them gone -- a shell whose
+        login shell was still reading its rc files would otherwise outlive us for a moment --, then disconnect."""
         with self._lock:
-            shells = [shell for idle in self._shells.values() for shell in idle]
+            shells = [shell for opened in self._open.values() for shell in opened]
+            self._open.clear()
             self._shells.clear()
+        for shell in shells:
+            shell.end()
+        end = time.monotonic() + SHELL_END_WAIT
+        while any(not shell.ended() for shell in shells) and time.monotonic() < end:
+            time.sleep(0.02)
         for shell in shells:
             shell.close()
         for conn in list(self._connections.values()):
@@ -191,7 +201,8 @@ class RemoteRunner:
         """Forget (and close) a node's connection, e.g. after it stopped answering."""
         with self._lock:
             conn = self._connections.pop(name, None)
-            shells = self._shells.pop(name, [])
+            self._shells.pop(name, None)
+            shells = self._open.pop(name, [])
         for shell in shells:
             shell.close()
         if conn is not None:
@@ -212,19 +223,28 @@ class RemoteRunner:
         with self._lock:
             if self._shells.get(name):
                 return
-        self._release(name, NodeShell(self.connection(name).transport, self.connect_timeout))
+        self._release(name, self._open_shell(name, self.connect_timeout))
 
     # --- shells ---------------------------------------------------------------------
+
+    def _open_shell(self, name: str, open_timeout: float) -> NodeShell:
+        shell = NodeShell(self.connection(name).transport, open_timeout)
+        with self._lock:
+            self._open.setdefault(name, []).append(shell)
+        return shell
 
     def _acquire(self, name: str, open_timeout: float | None = None) -> NodeShell:
         with self._lock:
             idle = self._shells.get(name)
             if idle:
                 return idle.pop()
-        return NodeShell(self.connection(name).transport, open_timeout or self.connect_timeout)
+        return self._open_shell(name, open_timeout or self.connect_timeout)
 
     def _release(self, name: str, shell: NodeShell) -> None:
         if shell.broken:
+            with self._lock:
+                if shell in self._open.get(name, []):
+                    self._open[name].remove(shell)
             return
         with self._lock:
             if self._connections.get(name) is not None:

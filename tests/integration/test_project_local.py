@@ -44,8 +44,15 @@ def digest(value: str) -> str:
 
 def synced(stdout: str) -> dict[str, tuple[int, int]]:
     """{node: (files sent, files deleted)} from the sync line."""
-    found = re.findall(r"(node-\d) sent (\d+) files? \((\d+) bytes\), deleted (\d+)", stdout)
-    return {node: (int(sent), int(deleted)) for node, sent, _, deleted in found}
+    found = re.findall(r"((?:node-\d+(?:\.\.node-\d+)?(?:, )?)+) sent (\d+) files? \((\d+) bytes\), deleted (\d+)",
+                       stdout)
+    out = {}
+    for nodes, sent, _, deleted in found:
+        for part in nodes.split(", "):
+            first, _, last = part.partition("..")
+            for i in range(int(first[5:]), int((last or first)[5:]) + 1):
+                out[f"node-{i}"] = (int(sent), int(deleted))
+    return out
 
 
 def check_result(res: subprocess.CompletedProcess, cluster: Cluster, name: str) -> None:

@@ -71,6 +71,16 @@ def test_section_table_phases_and_verdicts():
     assert "N=8," not in text  # not judged
 
 
+def test_section_shows_the_session_rounds_when_every_row_has_them():
+    result = _result()
+    assert "Why one shell per node" not in cp.section(result)  # results measured before the rounds existed
+    for n in result["sizes"]:
+        result["rows"][str(n)].update(session_round_s=0.15 * n + 0.05, shell_round_s=0.0007 * n + 0.0011)
+    text = cp.section(result)
+    assert "| nodes | new session per node (s) | persistent shell (s) |" in text
+    assert "| 8 | 1.25 | 0.007 |" in text and "| 16 | 2.45 | 0.012 |" in text
+
+
 def test_section_without_phases_has_no_phase_table():
     result = _result()
     result["rows"]["16"]["phases"] = {}

@@ -250,3 +250,21 @@ def test_the_cli_reads_env_names_from_the_callers_environment(monkeypatch):
     assert [(v.name, v.value) for v in spec.env] == [("HF_TOKEN", SECRET), ("EPOCHS", "3")]
     assert spec.nproc == "auto" and spec.workdir == "proj" and spec.module == "pkg.train" and spec.args == ()
     assert SECRET not in repr(spec)
+
+
+def test_the_sync_line_groups_nodes_with_the_same_outcome():
+    from pathlib import Path
+
+    from multinode.project_sync import describe_sync, node_list
+    from multinode.workdir import Project
+
+    assert node_list([f"node-{i}" for i in range(64)]) == "node-0..node-63"
+    assert node_list(["node-0", "node-2", "node-3", "node-5"]) == "node-0, node-2..node-3, node-5"
+    assert node_list(["node-1"]) == "node-1"
+    local = Manifest({"a.py": FileEntry(3, 0o644, "x"), "pkg/b.py": FileEntry(5, 0o644, "y")})
+    edited = Manifest({**local.files, "pkg/b.py": FileEntry(5, 0o644, "z")})
+    plans = {f"node-{i}": plan_sync(edited, local) for i in range(63)}
+    plans["node-63"] = plan_sync(edited, Manifest({}))  # a new node gets everything
+    line = describe_sync(Project(Path("/p"), edited), plans)
+    assert line == ("sync /p (2 files, 8 B): node-0..node-62 sent 1 file (5 bytes), deleted 0; "
+                    "node-63 sent 2 files (8 bytes), deleted 0")
