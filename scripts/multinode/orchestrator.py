@@ -152,7 +152,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     from multinode.launchers.base import run_dir as node_run_dir
     from multinode.jobrun import Rejoin
     from multinode.remote import RemoteRunner
-    from multinode.skew import check_code, check_versions, versions_probe
+    from multinode.skew import check_code, check_versions, probe_cache, versions_probe
     from multinode.sync import sync_code, sync_mpi_credentials
     from multinode.watchdog import StallWatchdog
 
@@ -161,7 +161,9 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     start = time.monotonic()
     phases = Phases()
     # Host runtime: every node's software, in the pre-flight round (in containers every node runs the one image).
-    probe = versions_probe(inv.python, spec.uses_mpi) if inv.runtime == "host" else None
+    probes = {n.name: versions_probe(inv.python, spec.uses_mpi, probe_cache(inv.workdir_for(n.name), inv.python,
+                                                                           spec.uses_mpi))
+              for n in inv.nodes} if inv.runtime == "host" else None
     with RemoteRunner(inv, out=out) as runner:
         wait_for_ssh(runner, spec.preflight_timeout)
         phases.mark("connect")
@@ -172,9 +174,9 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             need_mpi_ssh=spec.uses_mpi and inv.runtime == "host",
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
-            probe=probe,
+            probes=probes,
         )
-        if probe is not None:
+        if probes is not None:
             check_versions(inv, answers, spec.skew)
         phases.mark("pre-flight")
         if spec.uses_gpu:

@@ -82,10 +82,10 @@ def preflight(
     need_mpi_ssh: bool = False,
     port: int | None = None,
     timeout: float = 30.0,
-    probe: str | None = None,
+    probes: dict[str, str] | None = None,
 ) -> dict[str, str]:
-    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``probe``: a command run
-    after the checks in the same round (e.g. :func:`multinode.skew.versions_probe`); {node: its output}."""
+    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``probes``: per node, a command
+    run after the checks in the same round (e.g. :func:`multinode.skew.versions_probe`); {node: its output}."""
     inv = runner.inventory
     start = time.monotonic()
     wait_for_ssh(runner, timeout)
@@ -99,7 +99,8 @@ def preflight(
                 node_checks.append(port_check(port))
             if need_mpi_ssh and len(inv.nodes) > 1:
                 node_checks.append(mpi_mesh_check(inv))
-        commands[node.name] = _check_script(node_checks) + (f"\n{probe} 2>&1" if probe else "")
+        probe = (probes or {}).get(node.name)
+        commands[node.name] = _check_script(node_checks) + (f"\n{{ {probe}; }} 2>&1" if probe else "")
     remaining = max(5.0, timeout - (time.monotonic() - start))
     results = runner.run_each(commands, timeout=remaining)
     for node in inv.nodes:

@@ -53,3 +53,35 @@ def test_a_node_with_another_torch_is_refused_and_named(node2_on_other_torch: Cl
     # It ran: node-2's ranks could not import that torch, and the job failed naming node-2.
     assert warned.returncode == 1 and "job failed first on node-2" in warned.stderr, warned.stdout + warned.stderr
     assert not any(cluster.job_processes().values())
+
+
+def test_the_software_probe_is_kept_on_the_node_until_what_it_read_changes(cluster3: Cluster, tmp_path):
+    """The answer is served from the node's cache while PYTHONPATH, PATH and every directory the probe read keep
+    their status; a package installed or removed there (an entry added or removed) makes it probe again."""
+    import io
+    import json
+    import os
+
+    from multinode.remote import RemoteRunner
+    from multinode.skew import versions_probe
+
+    inv = cluster3.inventory()
+    other = tmp_path / "other-env"
+    (other / "torch").mkdir(parents=True)
+    (other / "torch" / "__init__.py").write_text("")
+    version = other / "torch" / "version.py"
+    version.write_text("__version__ = '2.12.0+cpu'\n")
+    cache = f"{tmp_path}/cache/software.json"
+    probe = versions_probe(inv.python, mpi=False, cache=cache)
+    with RemoteRunner(inv, out=io.StringIO()) as runner:
+        def torch(pythonpath: str = str(other)) -> str:
+            res = runner.run_on("node-1", f"PYTHONPATH={pythonpath} {probe}", timeout=60)
+            assert res.ok, res.stdout + res.stderr
+            return json.loads(res.stdout.strip().splitlines()[-1])["torch"]
+
+        assert torch() == "2.12.0+cpu" and os.path.exists(cache)
+        version.write_text("__version__ = '2.11.0+cpu'\n")  # an edit in place: no entry added or removed
+        assert torch() == "2.12.0+cpu"  # the kept answer (the documented limit)
+        (other / "torch" / "extra.py").write_text("")  # what an install, removal or upgrade does to a directory
+        assert torch() == "2.11.0+cpu"
+        assert torch(pythonpath=str(tmp_path)) == "2.13.0+cpu"  # another PYTHONPATH: the node's own torch
