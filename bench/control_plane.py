@@ -15,21 +15,19 @@ a run's time is the control plane's own. Per N, on a fresh cluster of exactly N 
 *ours* and *pdsh* are interleaved (order rotated each round); each cell is the median of the rounds'
 "command to exit" seconds. Every run must exit 0 with all N ranks printed, else the section fails
 with the output's tail. The orchestrator's peak memory is the ``ru_maxrss`` that ``os.wait4`` returns
-for the CLI process (the larger of its own peak RSS and that of any child it waited for; Fabric runs
-in-process, so this is the CLI's Python). The per-phase breakdown comes from each *ours* run's
+for the CLI process, reaped by a small Python parent (MEASURE: reaped by this benchmark's own Python it would
+carry that process's peak over the exec; Fabric runs in-process, so this is the CLI's own Python). The per-phase breakdown comes from each *ours* run's
 ``summary.json`` ``"phases"`` ({name: seconds}, in order), where the orchestrator writes it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -65,23 +63,42 @@ def judged_sizes(sizes: list[int]) -> list[int]:
     return [n for n in sizes if n >= JUDGED_FROM] or [max(sizes)]
 
 
+# Runs argv[2:] as its child and writes "<seconds> <peak KiB>" to argv[1]. A process's ru_maxrss carries over
+# exec the peak of the memory it was forked from: reaped by this benchmark's own (large) Python it would report
+# that; forked from this small one it reports the command's own peak. The seconds run from the fork to the reap.
+MEASURE = r"""
+import os, signal, sys, time
+start = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execvp(sys.argv[2], sys.argv[2:])
+    finally:
+        os._exit(127)
+signal.signal(signal.SIGTERM, lambda *_: os.kill(pid, signal.SIGKILL))
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{time.monotonic() - start} {usage.ru_maxrss}\n")
+code = os.waitstatus_to_exitcode(status)
+sys.exit(code if code >= 0 else 128 - code)
+"""
+
+
 def timed(argv: list[str], env: dict[str, str], timeout: float) -> dict:
-    """Run ``argv`` to its exit: {seconds, code, output, peak_kib}. Reaped with ``os.wait4`` for its rusage;
+    """Run ``argv`` to its exit: {seconds, code, output, peak_kib}, measured by a small Python parent (MEASURE);
     its output goes to a file (no pipe to drain while it runs); killed at ``timeout``."""
-    with tempfile.TemporaryFile(mode="w+") as out:
-        start = time.monotonic()
-        proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
+    with tempfile.TemporaryFile(mode="w+") as out, tempfile.NamedTemporaryFile(mode="r") as measured:
+        proc = subprocess.Popen([sys.executable, "-S", "-c", MEASURE, measured.name, *argv], cwd=REPO, env=env,
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        seconds = time.monotonic() - start
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait for it again
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()  # the parent kills the command, then reports
+            code = proc.wait()
+        seconds, peak = (measured.read().split() or ["nan", "0"])
         out.seek(0)
         output = out.read()
-    return {"seconds": seconds, "code": proc.returncode, "output": output, "peak_kib": usage.ru_maxrss}
+    return {"seconds": float(seconds), "code": code, "output": output, "peak_kib": int(peak)}
 
 
 class ControlPlane:
@@ -240,7 +257,7 @@ def section(result: dict) -> str:
         "The job prints its rank and exits (no torch). *up* / *down*: `multinode up --nodes N` / `down`; *ours*: "
         "`multinode train --nodes N --script trivial.py` (default launcher), command to exit; *pdsh*: `pdsh -S -R ssh "
         "-f 64` of `cd <synced dir> && RANK=%n WORLD_SIZE=N python trivial.py` on the same nodes; *peak*: the "
-        "orchestrator's peak RSS (`ru_maxrss` from `wait4`).",
+        "orchestrator's peak RSS (`ru_maxrss` from `wait4`, in a small parent process).",
         "",
         md_table(["nodes", "up (s)", "ours (s)", "pdsh (s)", "ours / pdsh", "peak (MiB)", "down (s)"], rows),
     ]

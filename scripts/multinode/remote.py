@@ -39,7 +39,7 @@ from fabric import Config, Connection
 from multinode.errors import NodeError
 from multinode.inventory import Inventory, Node
 from multinode.jobrun import JobRun, NodeResult
-from multinode.nodeshell import NodeShell
+from multinode.nodeshell import NodeShell, ShellBroken
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,8 @@ def describe_ssh_error(err: BaseException) -> str:
         return "its host key is not in the cluster's known_hosts (refused)"
     if isinstance(err, paramiko.AuthenticationException):
         return "the cluster key was refused"
+    if isinstance(err, ShellBroken):  # the node shell's own words: "the SSH session ended", "no answer within 3 s"
+        return str(err)
     return f"{type(err).__name__}: {err}".strip().rstrip(":")
 
 
