@@ -147,7 +147,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             print(f"setup (once per node, again when it or the files it names change): {spec.setup}", file=out)
         return None
 
-    from multinode.preflight import preflight, start_mpi_sshds, wait_for_ssh
+    from multinode.preflight import preflight, start_mpi_sshds
     from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
     from multinode.launchers.base import run_dir as node_run_dir
     from multinode.jobrun import Rejoin
@@ -165,8 +165,6 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
                                                                            spec.uses_mpi))
               for n in inv.nodes} if inv.runtime == "host" else None
     with RemoteRunner(inv, out=out) as runner:
-        wait_for_ssh(runner, spec.preflight_timeout)
-        phases.mark("connect")
         answers = preflight(
             runner,
             checks=runtime_checks(inv),

@@ -19,25 +19,24 @@ import time
 
 from multinode.errors import UserError
 from multinode.inventory import Inventory
-from multinode.remote import RemoteRunner
+from multinode.remote import CommandResult, RemoteRunner
 
 
 class PreflightFailed(UserError):
     """A node cannot run the job; nothing was started."""
 
 
-def wait_for_ssh(runner: RemoteRunner, timeout: float) -> None:
-    """Connect to every node, retrying the ones that fail until ``timeout`` seconds have passed."""
-    inv = runner.inventory
-    failed = runner.connect_until([n.name for n in inv.nodes], time.monotonic() + timeout)
-    if failed:
-        name, why = next(iter(failed.items()))
-        node = inv.node(name)
-        others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise PreflightFailed(
-            f"{name} ({node.ssh_user}@{node.ssh_host}:{node.ssh_port}) does not answer SSH{others}: {why}; "
-            f"check the cluster with 'make status' (or 'make down' and 'make up')"
-        )
+def _refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:
+    """One line naming the first node that does not answer SSH (a refused key first: waiting cannot fix it)."""
+    if not failed:
+        return
+    name, why = next(iter(failed.items()))
+    node = inv.node(name)
+    others = f" (and {len(failed) - 1} more)" if len(failed) > 1 else ""
+    raise PreflightFailed(
+        f"{name} ({node.ssh_user}@{node.ssh_host}:{node.ssh_port}) does not answer SSH{others}: {why}; "
+        f"check the cluster with 'make status' (or 'make down' and 'make up')"
+    )
 
 
 def _check_script(checks: list[tuple[str, str]]) -> str:
@@ -87,8 +86,7 @@ def preflight(
     """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``probes``: per node, a command
     run after the checks in the same round (e.g. :func:`multinode.skew.versions_probe`); {node: its output}."""
     inv = runner.inventory
-    start = time.monotonic()
-    wait_for_ssh(runner, timeout)
+    end = time.monotonic() + timeout
     commands = {}
     for node in inv.nodes:
         node_checks = list(checks)
@@ -101,8 +99,26 @@ def preflight(
                 node_checks.append(mpi_mesh_check(inv))
         probe = (probes or {}).get(node.name)
         commands[node.name] = _check_script(node_checks) + (f"\n{{ {probe}; }} 2>&1" if probe else "")
-    remaining = max(5.0, timeout - (time.monotonic() - start))
-    results = runner.run_each(commands, timeout=remaining)
+    # Each node's checks start as soon as it is connected (no barrier after the connections): its login shell
+    # and checks run while other nodes still connect.
+    unreachable: dict[str, str] = {}
+    results: dict[str, CommandResult] = {}
+
+    def check(name: str) -> None:
+        why = runner.connect_until([name], end).get(name)
+        if why is not None:
+            unreachable[name] = why
+            return
+        results[name] = runner.run_on(name, commands[name], timeout=max(5.0, end - time.monotonic()))
+
+    errors = runner.parallel(check, list(commands), timeout=max(10.0, end - time.monotonic() + 10.0))
+    for name, err in errors.items():
+        if err is not None and name not in results:
+            unreachable.setdefault(name, str(err))
+    order = [n.name for n in inv.nodes]
+    fatal = {n: unreachable[n] for n in order if n in unreachable and ("host key" in unreachable[n]
+                                                                        or "key was refused" in unreachable[n])}
+    _refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
     for node in inv.nodes:
         res = results[node.name]
         if res.exit_code is None:
