@@ -28,7 +28,7 @@ from multinode.config import SKEW_MODES
 
 log = logging.getLogger(__name__)
 
-# Fills ``info`` with the node's versions; argv[1] == "mpi" adds the MPI library. CODE_HASH follows it.
+# Fills ``info`` with the node's versions; argv[1] == "mpi" adds the MPI library.
 VERSIONS = r'''
 import importlib.util, json, os, re, sys
 info = {"python": sys.version.split()[0]}
@@ -66,7 +66,7 @@ if sys.argv[1] == "mpi":
     info["MPI"] = (out.strip().splitlines() or ["not installed"])[0]
 '''
 
-# Appended to VERSIONS (argv: mpi|-, code directory, top-level paths): adds the SHA-256 of every synced file's
+# After ``info = {}`` (argv: -, code directory, top-level paths): adds the SHA-256 of every synced file's
 # relative path and content, sorted, to ``info`` and prints it as one JSON object.
 CODE_HASH = r'''
 import hashlib, json, os, sys
