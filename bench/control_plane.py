@@ -283,21 +283,13 @@ def section(result: dict) -> str:
 
 
 def plot(result: dict, out_dir) -> list:
-    from bench.report import figure
+    from bench.report import lines_by_nodes
 
-    path = Path(out_dir) / "control_plane.png"
     sizes = result["sizes"]
     series = {"ours (train, command to exit)": "ours_s", "pdsh (command to exit)": "pdsh_s", "multinode up": "up_s"}
-    with figure(path, figsize=(7, 4)) as (_, ax):
-        for label, key in series.items():
-            ax.plot(sizes, [result["rows"][str(n)][key] for n in sizes], marker="o", label=label)
-        ax.set_xticks(sizes)
-        ax.set_xlabel("nodes (1 process each)")
-        ax.set_ylabel("seconds (median)")
-        ax.set_title("control plane, trivial job")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    return [path]
+    return lines_by_nodes(Path(out_dir) / "control_plane.png", sizes,
+                          {label: [result["rows"][str(n)][key] for n in sizes] for label, key in series.items()},
+                          "seconds (median)", "control plane, trivial job")
 
 
 if __name__ == "__main__":

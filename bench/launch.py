@@ -187,20 +187,12 @@ def section(result: dict) -> str:
 
 
 def plot(result: dict, out_dir) -> list:
-    from bench.report import figure
+    from bench.report import lines_by_nodes
 
-    path = out_dir / "launch.png"
     sizes = result["sizes"]
-    with figure(path, figsize=(7, 4)) as (_, ax):
-        for method in METHODS:
-            ax.plot(sizes, [result["medians"][str(n)][method]["exited_s"] for n in sizes], marker="o", label=method)
-        ax.set_xticks(sizes)
-        ax.set_xlabel("nodes (1 process each)")
-        ax.set_ylabel("command to all exited (s, median)")
-        ax.set_title("launch overhead, hello job")
-        ax.grid(alpha=0.3)
-        ax.legend()
-    return [path]
+    return lines_by_nodes(out_dir / "launch.png", sizes,
+                          {m: [result["medians"][str(n)][m]["exited_s"] for n in sizes] for m in METHODS},
+                          "command to all exited (s, median)", "launch overhead, hello job")
 
 
 if __name__ == "__main__":

@@ -57,6 +57,20 @@ def figure(path: Path, **subplots):
         plt.close(fig)
 
 
+def lines_by_nodes(path: Path, sizes: list[int], series: dict[str, list[float]], ylabel: str, title: str) -> list[Path]:
+    """A plot of one line per series against the node counts (one process each); [path]."""
+    with figure(path, figsize=(7, 4)) as (_, ax):
+        for label, values in series.items():
+            ax.plot(sizes, values, marker="o", label=label)
+        ax.set_xticks(sizes)
+        ax.set_xlabel("nodes (1 process each)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return [path]
+
+
 def _first(pattern: str, text: str, default: str = "?") -> str:
     match = re.search(pattern, text, re.MULTILINE)
     return match[1].strip() if match else default
