@@ -112,12 +112,14 @@ class Reply:
 
     def feed_out(self, data: bytes) -> None:
         if not self.answered:
+            # Whatever comes before the acknowledgement is not this command's: a login shell's rc file that prints
+            # (a banner, conda's notices) says it before the first one. It is dropped, not taken as output.
             self._pending += data
-            if len(self._pending) < len(self.ack):
+            at = self._pending.find(self.ack)
+            if at < 0:
+                self._pending = self._pending[-(len(self.ack) - 1):]
                 return
-            if not self._pending.startswith(self.ack):
-                raise ShellBroken(f"unexpected reply {self._pending[:60]!r}")
-            self.answered, data, self._pending = True, self._pending[len(self.ack):], b""
+            self.answered, data, self._pending = True, self._pending[at + len(self.ack):], b""
         self.out.feed(data)
 
     def feed_err(self, data: bytes) -> None:
