@@ -238,7 +238,9 @@ def verdict(dump: RankDump) -> tuple[int, str] | None:
         return None
     if any(s.state in ("T", "t") for s in alive):
         return 0, "is stopped (state T: SIGSTOP, a debugger or job control); its peers wait for it in their collectives"
-    if all(s.state == "D" for s in alive):
+    if len(alive) >= 2 and all(s.state == "D" for s in alive):
+        # Two looks: a rank reading its files (importing torch) is in D for moments at a time, and one look at it
+        # then outranked a node that had failed on its own (seen on a loaded machine).
         return 1, "is in uninterruptible sleep (state D: blocked in the kernel -- I/O, a device or its driver)"
     if len(dump.samples) < 2 or len(alive) < len(dump.samples) or any(not s.frames or s.error for s in alive):
         return None  # one look cannot tell stuck from passing through; gone before the last look; no stack
