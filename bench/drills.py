@@ -15,6 +15,7 @@ outcomes; timings are only reported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
@@ -83,6 +84,20 @@ class Watcher:
                 return
             time.sleep(0.1)
         raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}")
+
+
+@contextlib.contextmanager
+def watched(proc: subprocess.Popen):
+    """(out, err): Watchers of a CLI process's stdout and stderr. Leaving the block kills the process if it still
+    runs; leaving it normally also waits until both streams have been read to their end."""
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        yield out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out.join(), err.join()
 
 
 def _cmdline(pid: int) -> list[bytes]:
@@ -169,8 +184,7 @@ def run_drill(cluster, name: str) -> DrillResult:
     # PYTHONFAULTHANDLER: if the orchestrator ever fails to exit, SIGABRT makes it print every thread's stack.
     proc = cluster.popen("train", "--nodes", "3", "--launcher", "torchrun", "--script", str(JOB),
                          f"--args=--steps -1 --timeout {PG_TIMEOUT}", PYTHONFAULTHANDLER="1")
-    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
-    try:
+    with watched(proc) as (out, err):  # after it, every line the orchestrator wrote has been read
         for i in range(3):
             out.wait_for(rf"^\[node-{i}\] \[rank\d\]: USER step 3 ")
         start = time.monotonic()
@@ -184,11 +198,6 @@ def run_drill(cluster, name: str) -> DrillResult:
             raise RuntimeError(f"{name}: the orchestrator did not exit within 180 s; its stderr and threads:\n"
                                + "".join(err.lines)[-10000:]) from None
         seconds = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out.join(), err.join()  # every line the orchestrator wrote has been read
     left_at_exit = cluster.job_processes()
     if recover:
         recover()
@@ -293,8 +302,7 @@ def run_elastic_drill(cluster, name: str) -> ElasticResult:
     args = " ".join(("--workload", "digits", str(ELASTIC_EPOCHS), str(SAVE_EVERY), *extra))
     begin = time.monotonic()
     proc = cluster.popen("train", "--nodes", "3", "--max-restarts", "1", f"--args={args}")
-    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
-    try:
+    with watched(proc) as (out, err):
         if fault_fn is not None:
             out.wait_for(rf"\[rank0\]: epoch {FAULT_AFTER_EPOCH}/{ELASTIC_EPOCHS} ", timeout=180)
             fault = time.monotonic()
@@ -304,11 +312,6 @@ def run_elastic_drill(cluster, name: str) -> ElasticResult:
             out.wait_for(hit, timeout=180)
             fault = out.first(hit)[0]
         proc.wait(timeout=240)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out.join(), err.join()
     done = max(int(m[1]) for when, line in zip(out.times, out.lines) if when <= fault
                for m in [re.search(r"\[rank0\]: epoch (\d+)/", line)] if m)
     resumed = out.first(r"resumed from snapshot: next epoch (\d+)", after=fault)

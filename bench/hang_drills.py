@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.drills import Watcher
+from bench.drills import watched
 
 REPO = Path(__file__).resolve().parents[1]
 HANG_JOB = REPO / "tests" / "integration" / "jobs" / "user_hang.py"
@@ -94,8 +94,7 @@ def run_hang_drill(cluster, name: str) -> HangResult:
     args = f"--hang-rank 2 --how {drill.how} --after {HANG_AFTER} --timeout {drill.pg_timeout}"
     proc = cluster.popen("train", "--nodes", "3", "--script", str(HANG_JOB), f"--args={args}",
                          f"--stall-timeout={drill.stall_timeout}", PYTHONFAULTHANDLER="1")
-    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
-    try:
+    with watched(proc) as (out, err):
         if fault is not None:
             out.wait_for(rf"^\[node-2\] \[rank2\]: USER step {HANG_AFTER} ")
             start = time.monotonic()
@@ -110,12 +109,6 @@ def run_hang_drill(cluster, name: str) -> HangResult:
             proc.wait(timeout=10)
             raise RuntimeError(f"{name}: the orchestrator did not exit within 120 s:\n" + "".join(err.lines)[-8000:]) from None
         seconds = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out.join()
-    err.join()
     stderr, stdout = "".join(err.lines), "".join(out.lines)
     named = re.search(r"job failed first on (node-\d+) \(rank (\d+)\)", stderr)
     cause = re.search(r"^\s*root cause: (.*)$", stderr, re.MULTILINE)

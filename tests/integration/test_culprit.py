@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.drills import Watcher
+from bench.drills import Watcher, watched
 from bench.hang_drills import HANG_DRILLS, rank_pid, run_hang_drill
 
 pytestmark = pytest.mark.integration
@@ -69,19 +69,12 @@ def test_a_stopped_rank_stalls_our_trainer_and_its_heartbeat_names_it(cluster3, 
     extra = ["--pg-timeout", pg_timeout] if pg_timeout else []
     proc = cluster3.popen("train", "--mode", mode, "--nodes", "3", "--stall-timeout", "8", *extra,
                           "--args=--workload digits 200 50")
-    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
-    try:
+    with watched(proc) as (out, err):
         out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=240)
         start = time.monotonic()
         os.kill(rank_pid(cluster3.state, node, rank), signal.SIGSTOP)
         assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
         seconds = time.monotonic() - start
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    out.join()
-    err.join()
     stderr, stdout = "".join(err.lines), "".join(out.lines)
     print(f"{mode} stall: {seconds:.1f} s from SIGSTOP to exit")
     assert re.search(r"no rank made progress \(step heartbeat\) for \d+ s \(STALL_TIMEOUT=8\)", stdout), stdout[-3000:]
