@@ -19,7 +19,7 @@ import time
 
 from multinode.errors import UserError
 from multinode.inventory import Inventory
-from multinode.remote import CommandResult, RemoteRunner
+from multinode.remote import CommandResult, RemoteRunner, refused
 
 
 class PreflightFailed(UserError):
@@ -116,8 +116,7 @@ def preflight(
         if err is not None and name not in results:
             unreachable.setdefault(name, str(err))
     order = [n.name for n in inv.nodes]
-    fatal = {n: unreachable[n] for n in order if n in unreachable and ("host key" in unreachable[n]
-                                                                        or "key was refused" in unreachable[n])}
+    fatal = {n: unreachable[n] for n in order if n in unreachable and refused(unreachable[n])}
     _refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
     for node in inv.nodes:
         res = results[node.name]

@@ -117,6 +117,12 @@ def describe_ssh_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}".strip().rstrip(":")
 
 
+def refused(why: str) -> bool:
+    """A connection failure (as :func:`describe_ssh_error` words it) that waiting cannot fix: the pinned host key
+    did not match or was missing, or the cluster key was refused."""
+    return "host key" in why or "key was refused" in why
+
+
 class RemoteRunner:
     """Connections to the nodes of one inventory, opened lazily and closed on exit."""
 
@@ -292,7 +298,7 @@ class RemoteRunner:
         while True:
             answers = self.connect_all(missing, timeout=max(1.0, min(self.connect_timeout + 2, end - time.monotonic())))
             failed = {name: why for name, why in answers.items() if why}
-            fatal = {name: why for name, why in failed.items() if "host key" in why or "key was refused" in why}
+            fatal = {name: why for name, why in failed.items() if refused(why)}
             pause = CONNECT_BACKOFF[min(attempt, len(CONNECT_BACKOFF) - 1)]
             if fatal or not failed or time.monotonic() + pause > end:
                 return {**fatal, **failed}

@@ -18,6 +18,7 @@ and runs anyway. The comparison (:func:`skew_table`) is pure.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -163,8 +164,12 @@ printf '%s\n' "$out"
 
 def probe_cache(workdir: str, python: str, mpi: bool) -> str:
     """Where a node keeps its probe's answer: one file per interpreter, mode and probe code."""
-    key = hashlib.sha256(f"{python}\0{mpi}\0{VERSIONS}{DEPENDS}{PROBE_CACHE}".encode()).hexdigest()[:12]
-    return f"{workdir}/.software/{key}.json"
+    return f"{workdir}/.software/{_probe_key(python, mpi)}.json"
+
+
+@functools.cache
+def _probe_key(python: str, mpi: bool) -> str:  # the same for every node of a run: hashed once
+    return hashlib.sha256(f"{python}\0{mpi}\0{VERSIONS}{DEPENDS}{PROBE_CACHE}".encode()).hexdigest()[:12]
 
 
 def versions_probe(python: str, mpi: bool, cache: str | None = None) -> str:
