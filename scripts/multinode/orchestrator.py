@@ -147,24 +147,31 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             print(f"setup (once per node, again when it or the files it names change): {spec.setup}", file=out)
         return None
 
+    from multinode.remote import RemoteRunner
+
+    launcher = launcher_for(spec)
+    runner = RemoteRunner(inv, out=out)
+    runner.prewarm()  # every node's login shell starts now, while the rest is imported and prepared
     from multinode.preflight import preflight, start_mpi_sshds
     from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
+    from multinode.project_sync import read_manifest
     from multinode.launchers.base import run_dir as node_run_dir
     from multinode.jobrun import Rejoin
-    from multinode.remote import RemoteRunner
     from multinode.skew import check_code, check_versions, probe_cache, versions_probe
     from multinode.sync import sync_code, sync_mpi_credentials
     from multinode.watchdog import StallWatchdog
 
     run_dir = state.run_dir(spec.run_id)
-    launcher = launcher_for(spec)
     start = time.monotonic()
     phases = Phases()
     # Host runtime: every node's software, in the pre-flight round (in containers every node runs the one image).
     probes = {n.name: versions_probe(inv.python, spec.uses_mpi, probe_cache(inv.workdir_for(n.name), inv.python,
                                                                            spec.uses_mpi))
               for n in inv.nodes} if inv.runtime == "host" else None
-    with RemoteRunner(inv, out=out) as runner:
+    reads = {"versions": probes} if probes is not None else {}
+    if project is not None:  # what each node holds of the project, for the sync: no round of its own
+        reads["manifest"] = {n.name: read_manifest(inv, n.name) for n in inv.nodes}
+    with runner:
         answers = preflight(
             runner,
             checks=runtime_checks(inv),
@@ -172,10 +179,10 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
             need_mpi_ssh=spec.uses_mpi and inv.runtime == "host",
             port=None if spec.uses_mpi else spec.rdzv_port,
             timeout=spec.preflight_timeout,
-            probes=probes,
+            reads=reads,
         )
         if probes is not None:
-            check_versions(inv, answers, spec.skew)
+            check_versions(inv, answers["versions"], spec.skew)
         phases.mark("pre-flight")
         if spec.uses_gpu:
             gpu_smoke(runner, inv, spec)
@@ -183,7 +190,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
         if project is not None:
             # The project, its SETUP and its module are ready on every node before the run directory exists:
             # a refused job leaves no trace (the nodes keep the synced files and environments for next time).
-            prepare_project(runner, spec, project, out)
+            prepare_project(runner, spec, project, out, manifests=answers["manifest"])
         else:
             sync_code(runner, sync, subdir="code")
             check_code(runner, sync, spec.skew)  # a project's files are checked by its own manifest

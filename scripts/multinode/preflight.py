@@ -14,6 +14,7 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import shlex
 import time
 
@@ -53,13 +54,19 @@ def port_check(port: int) -> tuple[str, str]:
     return (f"rendezvous port {port} is free", f"! ss -Hltnp 'sport = :{port}' | grep .")
 
 
-def head_reach_check(inv: Inventory) -> tuple[str, str]:
-    """From a non-head node: open a TCP connection to the head's sshd on its cluster address -- the
-    route, firewall or security group that would keep this node from the rendezvous shows here, in
-    a second, instead of as a rendezvous timeout once the job has started."""
+def head_reach_check(inv: Inventory, port: int | None = None) -> tuple[str, str]:
+    """From a non-head node: open a TCP connection to the head on its cluster address -- the route, firewall or
+    security group that would keep this node from the rendezvous shows here, in 3 s, instead of as a rendezvous
+    timeout once the job has started. With a rendezvous ``port`` that port itself (nothing listens there yet: the
+    head's refusal is the answer that proves it reachable, and a security group that drops the port shows as no
+    answer; and the head's sshd is not made to start a session for it), else (mpirun: no rendezvous) its sshd."""
     head = inv.head
-    return (f"{head.name} ({head.private_ip}) is reachable on the cluster network",
-            f"timeout 3 bash -c '</dev/tcp/{head.private_ip}/{head.ssh_port}'")
+    if port is None:
+        return (f"{head.name} ({head.private_ip}) is reachable on the cluster network",
+                f"timeout 3 bash -c '</dev/tcp/{head.private_ip}/{head.ssh_port}'")
+    return (f"{head.name} ({head.private_ip}) is reachable on the cluster network at port {port}",
+            f"r=$(LC_ALL=C timeout 3 bash -c '</dev/tcp/{head.private_ip}/{port}' 2>&1) || "
+            f"case $r in *refused*) ;; *) echo \"${{r:-no answer within 3 s}}\"; false;; esac")
 
 
 def mpi_mesh_check(inv: Inventory) -> tuple[str, str]:
@@ -81,24 +88,27 @@ def preflight(
     need_mpi_ssh: bool = False,
     port: int | None = None,
     timeout: float = 30.0,
-    probes: dict[str, str] | None = None,
-) -> dict[str, str]:
-    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``probes``: per node, a command
-    run after the checks in the same round (e.g. :func:`multinode.skew.versions_probe`); {node: its output}."""
+    reads: dict[str, dict[str, str]] | None = None,
+) -> dict[str, dict[str, str]]:
+    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``reads``: {label: {node: command}},
+    run after the checks in the same round, so they cost no round trip of their own (the software probe of
+    :func:`multinode.skew.versions_probe`, the project's manifest); returns {label: {node: its output}}."""
     inv = runner.inventory
     end = time.monotonic() + timeout
+    token = secrets.token_hex(8)  # separates the reads' outputs in the round's stdout
     commands = {}
     for node in inv.nodes:
         node_checks = list(checks)
         if node.name != inv.head.name:
-            node_checks.append(head_reach_check(inv))
+            node_checks.append(head_reach_check(inv, port))
         else:
             if port is not None:
                 node_checks.append(port_check(port))
             if need_mpi_ssh and len(inv.nodes) > 1:
                 node_checks.append(mpi_mesh_check(inv))
-        probe = (probes or {}).get(node.name)
-        commands[node.name] = _check_script(node_checks) + (f"\n{{ {probe}; }} 2>&1" if probe else "")
+        commands[node.name] = _check_script(node_checks) + "".join(
+            f"\nprintf '\\n%s\\n' {shlex.quote(f'{token} {label}')}; {{ {by_node[node.name]}; }} 2>&1"
+            for label, by_node in (reads or {}).items())
     # Each node's checks start as soon as it is connected (no barrier after the connections): its login shell
     # and checks run while other nodes still connect.
     unreachable: dict[str, str] = {}
@@ -118,16 +128,31 @@ def preflight(
     order = [n.name for n in inv.nodes]
     fatal = {n: unreachable[n] for n in order if n in unreachable and refused(unreachable[n])}
     _refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
+    answers: dict[str, dict[str, str]] = {label: {} for label in reads or {}}
     for node in inv.nodes:
         res = results[node.name]
         if res.exit_code is None:
             raise PreflightFailed(f"{node.name} stopped answering during pre-flight: {res.error}; check it with 'make status'")
-        failures = [line[5:] for line in res.stdout.splitlines() if line.startswith("FAIL ")]
+        checked, outputs = split_reads(res.stdout, token)
+        failures = [line[5:] for line in checked.splitlines() if line.startswith("FAIL ")]
         if failures:
             desc, _, output = failures[0].partition(": ")
             detail = f" ({output.strip()})" if output.strip() else ""
             raise PreflightFailed(f"{node.name}: pre-flight check '{desc}' failed{detail}{_hint(desc, port)}")
-    return {node.name: results[node.name].stdout for node in inv.nodes}
+        for label in answers:
+            answers[label][node.name] = outputs.get(label, "")
+    return answers
+
+
+def split_reads(stdout: str, token: str) -> tuple[str, dict[str, str]]:
+    """A pre-flight round's stdout: (what the checks printed, {label: what that read printed}). Each read's output
+    follows a line ``<token> <label>`` (after a newline of its own: the output before it may not end with one)."""
+    parts = stdout.split(f"\n{token} ")
+    outputs = {}
+    for part in parts[1:]:
+        label, _, output = part.partition("\n")
+        outputs[label] = output
+    return parts[0], outputs
 
 
 def _hint(failure: str, port: int | None) -> str:

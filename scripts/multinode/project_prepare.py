@@ -73,10 +73,11 @@ def check_module_on_node(runner: RemoteRunner, spec: LaunchSpec, resolved: Resol
 
 
 def prepare_project(runner: RemoteRunner, spec: LaunchSpec, resolved: ResolvedProject, out: TextIO,
-                    names: list[str] | None = None) -> None:
-    """Sync, SETUP and module check on every node (or ``names``); UserError/NodeError before any rank starts."""
+                    names: list[str] | None = None, manifests: dict[str, str] | None = None) -> None:
+    """Sync, SETUP and module check on every node (or ``names``); UserError/NodeError before any rank starts.
+    ``manifests``: the nodes' manifests where the pre-flight round read them (see :func:`sync_project`)."""
     inv = runner.inventory
-    sync_project(runner, resolved.project, names=names, out=out)
+    sync_project(runner, resolved.project, names=names, out=out, manifests=manifests)
     if spec.setup:
         write_env_files(runner, spec, names)
         try:

@@ -70,18 +70,25 @@ def _human(size: int) -> str:
     return f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB" if size < 1 << 20 else f"{size / 2**20:.1f} MiB"
 
 
+def read_manifest(inventory: Inventory, node: str) -> str:
+    """The shell command that prints the node's manifest of its last sync (nothing when there was none)."""
+    return f"cat {shlex.quote(manifest_path(inventory, node))} 2>/dev/null || true"
+
+
 def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None = None,
-                 out: TextIO | None = None) -> dict[str, SyncPlan]:
-    """Bring every node's copy of WORKDIR (or ``names``') up to ``project``; print one line; the plans."""
+                 out: TextIO | None = None, manifests: dict[str, str] | None = None) -> dict[str, SyncPlan]:
+    """Bring every node's copy of WORKDIR (or ``names``') up to ``project``; print one line; the plans.
+    ``manifests``: {node: the output of :func:`read_manifest`} where the caller read them already (in the
+    pre-flight round); otherwise they are read here, in a round of their own."""
     inv = runner.inventory
     names = names or [n.name for n in inv.nodes]
-    manifests = runner.run_each({name: f"cat {shlex.quote(manifest_path(inv, name))} 2>/dev/null || true"
-                                 for name in names})
-    plans: dict[str, SyncPlan] = {}
-    for name, res in manifests.items():
-        if not res.ok:
-            raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
-        plans[name] = plan_sync(project.manifest, Manifest.from_json(res.stdout))
+    if manifests is None:
+        manifests = {}
+        for name, res in runner.run_each({name: read_manifest(inv, name) for name in names}).items():
+            if not res.ok:
+                raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
+            manifests[name] = res.stdout
+    plans = {name: plan_sync(project.manifest, Manifest.from_json(manifests[name])) for name in names}
 
     def push(name: str) -> None:
         command = apply_command(project_dir(inv, name), manifest_path(inv, name))

@@ -129,3 +129,20 @@ def test_changed_host_key_is_refused(untouched: Cluster, tmp_path: Path):
     finally:
         known_hosts.write_text(pinned)
     assert_one_line_error(res, "node-1", "host key does not match the pinned one")
+
+
+def test_rendezvous_port_dropped_on_the_way(untouched: Cluster):
+    """A firewall (or security group) that drops the rendezvous port, where SSH passes: the nodes that cannot reach
+    the head there are refused at pre-flight, in seconds, not by a rendezvous timeout once the job started."""
+    from multinode.providers.local import namespaces_of
+
+    rule = ["INPUT", "-p", "tcp", "--dport", "29612", "-j", "DROP"]
+    head_ns = namespaces_of(untouched.name)[0]
+    subprocess.run(["ip", "netns", "exec", head_ns, "iptables", "-A", *rule], check=True)
+    try:
+        res = untouched.cli("train", "--rdzv-port", "29612")
+    finally:
+        subprocess.run(["ip", "netns", "exec", head_ns, "iptables", "-D", *rule], check=True)
+    line = assert_one_line_error(res, "node-1", "reachable on the cluster network at port 29612", "no answer within 3 s",
+                                 "security groups")
+    assert "node-2" not in line
