@@ -68,3 +68,16 @@ def test_a_busy_shell_makes_a_second_one(runner: RemoteRunner, tmp_path):
     thread.join(30)
     assert results["long"].ok and results["short"].ok
     assert results["long"].stdout != results["short"].stdout  # two shells, each with its own process
+
+
+def test_connections_send_small_packets_at_once(runner: RemoteRunner):
+    """Nagle's algorithm is off on our side of every connection, and each read re-arms quick ACKs (QuickAckSocket:
+    the 40 ms stalls it removes are measured in its docstring; tests assert no timings)."""
+    import socket
+
+    from multinode.remote import QuickAckSocket
+
+    sock = runner.connection("node-0").transport.sock
+    assert isinstance(sock, QuickAckSocket)
+    assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 1
+    assert runner.run_on("node-0", "echo ok").stdout == "ok\n"  # reads go through it
