@@ -191,7 +191,7 @@ class JobRun:
         threading.Thread(target=self._node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
 
     def _node_job(self, name: str) -> None:
-        from multinode.remote import describe_ssh_error
+        from multinode.sshconnect import describe_ssh_error
 
         result = self.results[name]
         result.started = time.monotonic()

@@ -152,26 +152,26 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSumma
     launcher = launcher_for(spec)
     runner = RemoteRunner(inv, out=out)
     runner.prewarm()  # every node's login shell starts now, while the rest is imported and prepared
-    from multinode.preflight import preflight, start_mpi_sshds
-    from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
-    from multinode.project_sync import read_manifest
-    from multinode.launchers.base import run_dir as node_run_dir
-    from multinode.jobrun import Rejoin
-    from multinode.skew import check_code, check_versions, probe_cache, versions_probe
-    from multinode.sync import sync_code, sync_mpi_credentials
-    from multinode.watchdog import StallWatchdog
+    with runner:  # closed however the rest ends
+        from multinode.preflight import preflight, start_mpi_sshds
+        from multinode.project_prepare import prepare_project, remove_env_files, write_env_files
+        from multinode.project_sync import read_manifest
+        from multinode.launchers.base import run_dir as node_run_dir
+        from multinode.jobrun import Rejoin
+        from multinode.skew import check_code, check_versions, probe_cache, versions_probe
+        from multinode.sync import sync_code, sync_mpi_credentials
+        from multinode.watchdog import StallWatchdog
 
-    run_dir = state.run_dir(spec.run_id)
-    start = time.monotonic()
-    phases = Phases()
-    # Host runtime: every node's software, in the pre-flight round (in containers every node runs the one image).
-    probes = {n.name: versions_probe(inv.python, spec.uses_mpi, probe_cache(inv.workdir_for(n.name), inv.python,
-                                                                           spec.uses_mpi))
-              for n in inv.nodes} if inv.runtime == "host" else None
-    reads = {"versions": probes} if probes is not None else {}
-    if project is not None:  # what each node holds of the project, for the sync: no round of its own
-        reads["manifest"] = {n.name: read_manifest(inv, n.name) for n in inv.nodes}
-    with runner:
+        run_dir = state.run_dir(spec.run_id)
+        start = time.monotonic()
+        phases = Phases()
+        # Host runtime: every node's software, in the pre-flight round (in containers every node runs the one image).
+        probes = {n.name: versions_probe(inv.python, spec.uses_mpi, probe_cache(inv.workdir_for(n.name), inv.python,
+                                                                               spec.uses_mpi))
+                  for n in inv.nodes} if inv.runtime == "host" else None
+        reads = {"versions": probes} if probes is not None else {}
+        if project is not None:  # what each node holds of the project, for the sync: no round of its own
+            reads["manifest"] = {n.name: read_manifest(inv, n.name) for n in inv.nodes}
         answers = preflight(
             runner,
             checks=runtime_checks(inv),

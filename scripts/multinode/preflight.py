@@ -20,7 +20,8 @@ import time
 
 from multinode.errors import UserError
 from multinode.inventory import Inventory
-from multinode.remote import CommandResult, RemoteRunner, refused
+from multinode.remote import CommandResult, RemoteRunner
+from multinode.sshconnect import refused
 
 
 class PreflightFailed(UserError):

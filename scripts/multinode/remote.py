@@ -4,8 +4,8 @@ is :class:`multinode.jobrun.JobRun`'s (whole-line streaming, deadlines, gang-sto
 
 Contract:
 
-* Every connection uses the cluster key only and the cluster's ``known_hosts`` only, with
-  Paramiko's ``RejectPolicy``: an unknown or changed host key is refused, never added.
+* Every connection is :func:`multinode.sshconnect.open_connection`'s: the cluster key only, the cluster's
+  pinned host keys only (an unknown or changed host key is refused, never added).
 * Commands run without a pty: a lost connection does not kill the remote job (it is stopped
   explicitly, by run id), and stdout/stderr stay separate streams.
 * Every command -- pre-flight, sync, checks, the job, the sweep -- runs in a persistent shell of the node
@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import posixpath
 import shlex
-import socket
 import sys
 import threading
 import time
@@ -40,7 +39,8 @@ from fabric import Config, Connection
 from multinode.errors import NodeError
 from multinode.inventory import Inventory, Node
 from multinode.jobrun import JobRun, NodeResult
-from multinode.nodeshell import NodeShell, ShellBroken
+from multinode.nodeshell import NodeShell
+from multinode.sshconnect import describe_ssh_error, open_connection, refused
 
 log = logging.getLogger(__name__)
 
@@ -71,33 +71,6 @@ while [ $i -lt $grace_ticks ]; do sleep 0.1; pids=$(list); [ -z "$pids" ] && bre
 left=$(list)
 echo "stopped $n${left:+ left $left}"
 """
-
-
-class QuickAckSocket:
-    """The TCP socket of one SSH connection, without the 40 ms stalls of Nagle's algorithm meeting delayed ACKs.
-
-    Paramiko sets no socket option. Measured on a local node (one connection, idle machine): authentication took
-    51 ms and opening the first session 44 ms, where 8 ms and 1.5 ms were the work. Our side's Nagle held the
-    authentication request behind an unacknowledged packet (TCP_NODELAY here); sshd leaves Nagle on until the first
-    command starts (OpenSSH packet.c, ssh_packet_set_interactive, called from session.c's exec), so its small replies
-    waited for our acknowledgement, which Linux delays by up to 40 ms: TCP_QUICKACK after every read (the kernel
-    turns quick-ack mode off again by itself). Everything else is the socket's own."""
-
-    def __init__(self, sock: socket.socket):
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock = sock
-
-    def recv(self, size: int) -> bytes:
-        data = self._sock.recv(size)
-        if data and hasattr(socket, "TCP_QUICKACK"):  # Linux only
-            try:
-                self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-            except OSError:  # the connection is closing
-                pass
-        return data
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
 
 
 @dataclass
@@ -132,24 +105,6 @@ def _parallel(fn: Callable[[str], Any], names: Iterable[str], timeout: float | N
     for name, thread in threads:
         thread.join(None if end is None else max(0.0, end - time.monotonic()))
     return {name: results.get(name, (False, TimeoutError(f"no answer within {timeout:.0f} s"))) for name, _ in threads}
-
-
-def describe_ssh_error(err: BaseException) -> str:
-    if isinstance(err, paramiko.BadHostKeyException):
-        return "its host key does not match the pinned one in known_hosts (refused; was the node replaced?)"
-    if isinstance(err, paramiko.SSHException) and "not found in known_hosts" in str(err):
-        return "its host key is not in the cluster's known_hosts (refused)"
-    if isinstance(err, paramiko.AuthenticationException):
-        return "the cluster key was refused"
-    if isinstance(err, ShellBroken):  # the node shell's own words: "the SSH session ended", "no answer within 3 s"
-        return str(err)
-    return f"{type(err).__name__}: {err}".strip().rstrip(":")
-
-
-def refused(why: str) -> bool:
-    """A connection failure (as :func:`describe_ssh_error` words it) that waiting cannot fix: the pinned host key
-    did not match or was missing, or the cluster key was refused."""
-    return "host key" in why or "key was refused" in why
 
 
 class RemoteRunner:
@@ -216,33 +171,8 @@ class RemoteRunner:
             conn = self._connections.get(name)
         if conn is not None and conn.is_connected:
             return conn
-        node = self._node(name)
-        conn = Connection(
-            host=node.ssh_host,
-            user=node.ssh_user,
-            port=node.ssh_port,
-            connect_timeout=self.connect_timeout,
-            config=self._fabric_config(),
-            connect_kwargs={
-                "sock": QuickAckSocket(socket.create_connection((node.ssh_host, node.ssh_port), self.connect_timeout)),
-                "key_filename": [self.inventory.ssh_key],
-                "look_for_keys": False,
-                "allow_agent": False,
-                "banner_timeout": self.connect_timeout,
-                "auth_timeout": self.connect_timeout,
-            },
-        )
-        # Fabric's client trusts ~/.ssh/known_hosts and auto-adds unknown keys; ours trusts the
-        # cluster's pinned keys only.
-        client = paramiko.SSHClient()
-        # Only this node's pinned keys, under the name paramiko looks them up by ("[host]:port" off port 22).
-        lookup = node.ssh_host if node.ssh_port == 22 else f"[{node.ssh_host}]:{node.ssh_port}"
-        for key_type, key in (self._pinned_keys().lookup(lookup) or {}).items():
-            client.get_host_keys().add(lookup, key_type, key)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
-        conn.client = client
-        conn.open()
-        conn.transport.set_keepalive(5)
+        conn = open_connection(self._node(name), self.inventory.ssh_key, self._pinned_keys(), self._fabric_config(),
+                               self.connect_timeout)
         with self._lock:
             self._connections[name] = conn
         return conn

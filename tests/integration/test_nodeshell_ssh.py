@@ -75,7 +75,7 @@ def test_connections_send_small_packets_at_once(runner: RemoteRunner):
     the 40 ms stalls it removes are measured in its docstring; tests assert no timings)."""
     import socket
 
-    from multinode.remote import QuickAckSocket
+    from multinode.sshconnect import QuickAckSocket
 
     sock = runner.connection("node-0").transport.sock
     assert isinstance(sock, QuickAckSocket)
