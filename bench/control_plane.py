@@ -23,6 +23,7 @@ carry that process's peak over the exec; Fabric runs in-process, so this is the 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -155,7 +156,8 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
     """Why one shell per node: the median wall seconds of one round of ``true`` on every node, (a) each in a new
     SSH session of an open connection -- what running every command as an exec (Fabric's ``run``) costs the
     nodes: sshd starts the login shell and its rc files each time -- and (b) in the nodes' persistent shells
-    (:mod:`multinode.nodeshell`), over the same connections."""
+    (:mod:`multinode.nodeshell`), over the same connections; and (c) one new session on node-0 alone (what N of
+    them at once would take if they only shared this host's cores: N x that / cores)."""
     import io
 
     from multinode.remote import RemoteRunner
@@ -170,12 +172,15 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
             channel.close()
 
     names = [f"node-{i}" for i in range(cluster.nodes)]
-    times: dict[str, list[float]] = {"session": [], "shell": []}
+    times: dict[str, list[float]] = {"alone": [], "session": [], "shell": []}
     with RemoteRunner(cluster.inventory, out=io.StringIO()) as runner:
         if any(runner.connect_all().values()):
             raise RuntimeError(f"session rounds at N={cluster.nodes}: a node did not answer")
         runner.run_all("true", timeout=60)  # every node's first shell has run its login shell
         for _ in range(repeats):
+            start = time.monotonic()
+            in_new_session(runner, names[0])
+            times["alone"].append(time.monotonic() - start)
             start = time.monotonic()
             failed = {k: v for k, v in runner.parallel(lambda name: in_new_session(runner, name), names, 120).items() if v}
             times["session"].append(time.monotonic() - start)
@@ -185,7 +190,51 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
             failed.update({k: v.error for k, v in answers.items() if not v.ok})
             if failed:
                 raise RuntimeError(f"session rounds at N={cluster.nodes}: {failed}")
-    return {"session_round_s": median(times["session"]), "shell_round_s": median(times["shell"])}
+    return {"session_alone_s": median(times["alone"]), "session_round_s": median(times["session"]),
+            "shell_round_s": median(times["shell"])}
+
+
+def connection_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
+    """What :class:`multinode.sshconnect.QuickAckSocket` saves: the median milliseconds from nothing to an open
+    session on node-0 (TCP connect, key exchange, authentication, the session's channel), ``repeats`` times each,
+    alternating, (a) with paramiko's own socket -- how every connection was made before -- and (b) as
+    :func:`multinode.sshconnect.open_connection` makes it. Same key, same pinned host key, one at a time."""
+    import paramiko
+    from fabric import Config
+
+    from multinode.sshconnect import open_connection
+
+    inv = cluster.inventory
+    node = inv.nodes[0]
+    pinned = paramiko.HostKeys(inv.known_hosts)
+    lookup = node.ssh_host if node.ssh_port == 22 else f"[{node.ssh_host}]:{node.ssh_port}"
+
+    def plain() -> None:
+        client = paramiko.SSHClient()
+        for key_type, key in (pinned.lookup(lookup) or {}).items():
+            client.get_host_keys().add(lookup, key_type, key)
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client.connect(node.ssh_host, node.ssh_port, node.ssh_user, key_filename=[inv.ssh_key], look_for_keys=False,
+                       allow_agent=False, timeout=30)
+        try:
+            client.get_transport().open_session(timeout=30).close()
+        finally:
+            client.close()
+
+    def ours() -> None:
+        conn = open_connection(node, inv.ssh_key, pinned, Config(overrides={"load_ssh_configs": False}), 30)
+        try:
+            conn.transport.open_session(timeout=30).close()
+        finally:
+            conn.close()
+
+    times: dict[str, list[float]] = {"plain": [], "ours": []}
+    for _ in range(repeats):
+        for label, connect in (("plain", plain), ("ours", ours)):
+            start = time.monotonic()
+            connect()
+            times[label].append((time.monotonic() - start) * 1000)
+    return {"connect_plain_ms": median(times["plain"]), "connect_ours_ms": median(times["ours"])}
 
 
 def measure_size(n: int, repeats: int) -> dict:
@@ -202,6 +251,7 @@ def measure_size(n: int, repeats: int) -> dict:
             for method in METHODS[rep % 2:] + METHODS[:rep % 2]:  # rotate: neither always first
                 samples[method].append(cp.measure(method))
         rounds = session_rounds(cluster, repeats)
+        rounds.update(connection_rounds(cluster, max(repeats, 5)))
     finally:
         start = time.monotonic()
         cluster.down()
@@ -224,7 +274,7 @@ def run(cluster: LocalCluster | None = None, quick: bool = False, sizes: tuple[i
         measured = measure_size(n, repeats)
         rows[str(n)], samples[str(n)] = measured["row"], measured["samples"]
     result = {"sizes": list(sizes), "repeats": repeats, "judged": judged_sizes(list(sizes)), "rows": rows,
-              "samples": samples}
+              "samples": samples, "cores": os.cpu_count()}
     return attach(result, judge(result), TARGET)
 
 
@@ -265,13 +315,35 @@ def section(result: dict) -> str:
     for n in sizes:
         phases += [p for p in result["rows"][str(n)]["phases"] if p not in phases]
     if all("session_round_s" in result["rows"][str(n)] for n in sizes):
-        cells = [[str(n), f"{result['rows'][str(n)]['session_round_s']:.2f}", f"{result['rows'][str(n)]['shell_round_s']:.3f}"]
-                 for n in sizes]
-        lines += ["", "Why one shell per node (`bench.control_plane.session_rounds`): one round of `true` on every node "
-                  "over open connections, each in a new SSH session (what one exec per command, Fabric's `run`, costs: "
-                  "the node's sshd starts the login shell and its rc files every time) and in the nodes' persistent "
-                  "shells (median seconds):", "",
-                  md_table(["nodes", "new session per node (s)", "persistent shell (s)"], cells)]
+        alone = all("session_alone_s" in result["rows"][str(n)] for n in sizes)  # measured since 2026-11-23
+        cores = result.get("cores") or os.cpu_count() or 1
+        cells = []
+        for n in sizes:
+            r = result["rows"][str(n)]
+            cells.append([str(n), f"{r['session_round_s']:.2f}", f"{r['shell_round_s']:.3f}"]
+                         + ([f"{r['session_alone_s']:.3f}", f"{n * r['session_alone_s'] / cores:.2f}"] if alone else []))
+        text = ("Why one shell per node (`bench.control_plane.session_rounds`): one round of `true` on every node "
+                "over open connections, each in a new SSH session (what one exec per command, Fabric's `run`, costs: "
+                "the node's sshd starts the login shell and its rc files every time) and in the nodes' persistent "
+                "shells")
+        if alone:
+            text += (f"; and one new session on node-0 alone, with N times that over this host's {cores} cores: what "
+                     "N login shells at once would take if they only shared the cores (median seconds). Where the "
+                     "round of new sessions takes longer than that, the login shells wait for each other: every "
+                     "simulated node logs in to the one home directory of this host, and root's `~/.bashrc` here runs "
+                     "pyenv's initialisation, whose rehash holds a lock file in it. Every run of ours and of pdsh "
+                     "starts one login shell per node and pays that wait; nodes with homes of their own do not.")
+        else:
+            text += " (median seconds):"
+        lines += ["", text, "", md_table(["nodes", "new session per node (s)", "persistent shell (s)"]
+                                         + (["one node alone (s)", "N x alone / cores (s)"] if alone else []), cells)]
+    if all("connect_plain_ms" in result["rows"][str(n)] for n in sizes):
+        cells = [[str(n), f"{result['rows'][str(n)]['connect_plain_ms']:.1f}",
+                  f"{result['rows'][str(n)]['connect_ours_ms']:.1f}"] for n in sizes]
+        lines += ["", "One connection, nothing to an open session on node-0 (`bench.control_plane.connection_rounds`, "
+                  "one at a time, median milliseconds): with paramiko's own socket, and as "
+                  "`multinode.sshconnect.open_connection` opens it (TCP_NODELAY, quick ACKs re-armed after each read):", "",
+                  md_table(["nodes", "paramiko's socket (ms)", "ours (ms)"], cells)]
     if phases:
         cells = [[str(n), *(f"{result['rows'][str(n)]['phases'][p]:.2f}" if p in result["rows"][str(n)]["phases"]
                             else "-" for p in phases)] for n in sizes]

@@ -112,3 +112,15 @@ def test_pdsh_line_runs_the_synced_job_on_every_node(make_inv):
     assert "-i /state/dev/id_ed25519" in plane.env("pdsh")["PDSH_SSH_ARGS_APPEND"]
     assert "PDSH_SSH_ARGS_APPEND" not in plane.env("ours")
     assert plane.ours()[-4:] == ["--nodes", "3", "--script", str(cp.JOB)]
+
+
+def test_section_compares_the_session_round_with_one_node_alone_and_shows_the_connection_table():
+    result = _result()
+    result["cores"] = 2
+    for n in result["sizes"]:
+        result["rows"][str(n)].update(session_round_s=0.15 * n, shell_round_s=0.001, session_alone_s=0.1,
+                                      connect_plain_ms=100.0, connect_ours_ms=20.0)
+    text = cp.section(result)
+    assert "| nodes | new session per node (s) | persistent shell (s) | one node alone (s) | N x alone / cores (s) |" in text
+    assert "| 16 | 2.40 | 0.001 | 0.100 | 0.80 |" in text  # 16 x 0.1 / 2 cores
+    assert "| 16 | 100.0 | 20.0 |" in text and "paramiko's socket (ms)" in text
