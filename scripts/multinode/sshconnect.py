@@ -21,8 +21,9 @@ from multinode.nodeshell import ShellBroken
 class QuickAckSocket:
     """The TCP socket of one SSH connection, without the 40 ms stalls of Nagle's algorithm meeting delayed ACKs.
 
-    Paramiko sets no socket option. Measured on a local node (one connection, idle machine): authentication took
-    51 ms and opening the first session 44 ms, where 8 ms and 1.5 ms were the work. Our side's Nagle held the
+    Paramiko sets no socket option. Timed step by step on a local node (one connection, idle machine), authentication
+    took 51 ms and opening the first session 44 ms, where 8 ms and 1.5 ms were the work (``bench.control_plane.
+    connection_rounds`` measures the whole connection both ways: docs/benchmarks.md). Our side's Nagle held the
     authentication request behind an unacknowledged packet (TCP_NODELAY here); sshd leaves Nagle on until the first
     command starts (OpenSSH packet.c, ssh_packet_set_interactive, called from session.c's exec), so its small replies
     waited for our acknowledgement, which Linux delays by up to 40 ms: TCP_QUICKACK after every read (the kernel
