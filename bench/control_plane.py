@@ -328,11 +328,11 @@ def section(result: dict) -> str:
                 "shells")
         if alone:
             text += (f"; and one new session on node-0 alone, with N times that over this host's {cores} cores: what "
-                     "N login shells at once would take if they only shared the cores (median seconds). Where the "
-                     "round of new sessions takes longer than that, the login shells wait for each other: every "
-                     "simulated node logs in to the one home directory of this host, and root's `~/.bashrc` here runs "
-                     "pyenv's initialisation, whose rehash holds a lock file in it. Every run of ours and of pdsh "
-                     "starts one login shell per node and pays that wait; nodes with homes of their own do not.")
+                     "N login shells at once take when they only share the cores (median seconds). A round of new "
+                     "sessions well above that is login shells waiting for each other: with one home for every "
+                     "node, root's `~/.bashrc` here (pyenv's initialisation, whose rehash holds a lock file in the "
+                     "home) made them take turns; each local node now logs in to a copy-on-write home of its own "
+                     "(`multinode.providers.nodehome`), as separate machines do.")
         else:
             text += " (median seconds):"
         lines += ["", text, "", md_table(["nodes", "new session per node (s)", "persistent shell (s)"]

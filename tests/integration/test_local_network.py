@@ -48,3 +48,24 @@ def test_leak_check_finds_a_process_of_the_cluster_the_provider_does_not(cluster
         stray.kill()
         stray.wait()
     assert not [line for line in leakcheck.processes(marks) if line.startswith(f"process {stray.pid} ")]
+
+
+def test_every_node_writes_to_a_home_of_its_own(cluster3: Cluster):
+    """Each node's login user sees this machine's home (its rc files, the interpreters in it) as it is, and what a
+    node writes there stays on that node (providers/nodehome.py: as on separate machines)."""
+    import io
+    import os
+    import uuid
+
+    from multinode.remote import RemoteRunner
+
+    name = f".multinode-home-probe-{uuid.uuid4().hex[:8]}"
+    home = os.path.expanduser("~")
+    with RemoteRunner(cluster3.inventory(), out=io.StringIO()) as runner:
+        wrote = runner.run_on("node-1", f"test -d ~/.ssh -o -f ~/.bashrc -o -f ~/.profile && echo node-1 > ~/{name} && cat ~/{name}")
+        assert (wrote.exit_code, wrote.stdout) == (0, "node-1\n"), wrote
+        for other in ("node-0", "node-2"):
+            seen = runner.run_on(other, f"test -e ~/{name}; echo $?")
+            assert seen.stdout.strip() == "1", f"{other} sees node-1's file: {seen}"
+        assert runner.run_on("node-1", "echo ~").stdout.strip() == home
+    assert not os.path.exists(os.path.join(home, name))  # and this machine does not either

@@ -2,7 +2,8 @@
 
 As root, each node is a network namespace on a bridge (see :mod:`localnet`) with its own IP, its
 own hostname (a UTS namespace) and its own real OpenSSH ``sshd``; nodes share this machine's
-filesystem but each gets its own work directory, so nothing relies on sharing. Without root,
+filesystem but each gets its own work directory, so nothing relies on sharing, and its own copy-on-write home
+directory (:mod:`nodehome`: login shells write there as on separate machines). Without root,
 each node is an ``sshd`` on its own loopback address (127.x.y.10+i, port 2222): same inventory,
 no isolation, one hostname -- `up` says so.
 
@@ -40,6 +41,7 @@ from multinode.errors import UserError
 from multinode.inventory import Inventory, Node
 from multinode.providers import localnet, slurm_local
 from multinode.providers.localnet import NetPlan, namespaces_of
+from multinode.providers.nodehome import own_home_steps, user_home
 from multinode.state import ClusterState
 
 SSHD = "/usr/sbin/sshd"
@@ -149,8 +151,9 @@ def _sshd_argv(state: ClusterState, plan: NetPlan, i: int) -> list[str]:
     sshd = [SSHD, "-D", "-f", str(ndir / "sshd_config"), "-E", str(ndir / "sshd.log")]
     if not isolated():
         return sshd
-    # Own UTS namespace: the node's hostname, inherited by every session (c10d resolves it).
-    steps = [f"hostname {plan.hostname(i)}"]
+    # Own UTS namespace: the node's hostname, inherited by every session (c10d resolves it). Own home (nodehome).
+    steps = [f"hostname {plan.hostname(i)}",
+             *own_home_steps(user_home(_user()), state.root, ndir)]
     if (_load_meta(state) or {}).get("containers"):
         steps = cgroup_mount_commands(Path("/proc/self/mounts").read_text()) + steps
     inner = " && ".join([*steps, f"exec {' '.join(sshd)}"])
