@@ -29,16 +29,17 @@ def user_home(user: str) -> Path:
 
 def own_home_steps(home: Path, state_root: Path, node_dir: Path) -> list[str]:
     """Shell steps, run as root in the node's mount namespace before its sshd starts, that give the node its own
-    copy-on-write ``home``; [] where the home stays shared (see the module doc)."""
+    copy-on-write ``home``; [] where the home stays shared (see the module doc). A kernel that refuses the overlay
+    leaves the home shared, as before, and says so in the node's ``sshd.log``: the node still starts."""
     home, state_root = Path(home).resolve(), Path(state_root).resolve()
-    upper, work = node_dir / "home", node_dir / "home.work"
+    upper, work, log = node_dir / "home", node_dir / "home.work", node_dir / "sshd.log"
     if home == Path("/") or not home.is_dir() or state_root == home or home in state_root.parents:
         return []
     if any(c in UNSAFE for c in f"{home}{upper}{work}"):
         return []
-    h, u, w = (shlex.quote(str(p)) for p in (home, upper, work))
+    h, u, w, lg = (shlex.quote(str(p)) for p in (home, upper, work, log))
     return [
-        f"mkdir -p {u} {w}",
-        f"chown --reference={h} {u} && chmod --reference={h} {u}",  # the merged home keeps the home's owner and mode
-        f"mount -t overlay multinode-home -o lowerdir={h},upperdir={u},workdir={w} {h}",
+        f"{{ mkdir -p {u} {w} && chown --reference={h} {u} && chmod --reference={h} {u} && "  # the merged home keeps its owner and mode
+        f"mount -t overlay multinode-home -o lowerdir={h},upperdir={u},workdir={w} {h}; }} 2>>{lg} || "
+        f"echo 'multinode: the home stays shared: the overlay could not be mounted' >>{lg}"
     ]
