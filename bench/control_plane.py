@@ -200,20 +200,15 @@ def connection_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
     alternating, (a) with paramiko's own socket -- how every connection was made before -- and (b) as
     :func:`multinode.sshconnect.open_connection` makes it. Same key, same pinned host key, one at a time."""
     import paramiko
-    from fabric import Config
 
-    from multinode.sshconnect import open_connection
+    from multinode.sshconnect import fabric_config, open_connection, pinned_client
 
     inv = cluster.inventory
     node = inv.nodes[0]
     pinned = paramiko.HostKeys(inv.known_hosts)
-    lookup = node.ssh_host if node.ssh_port == 22 else f"[{node.ssh_host}]:{node.ssh_port}"
 
     def plain() -> None:
-        client = paramiko.SSHClient()
-        for key_type, key in (pinned.lookup(lookup) or {}).items():
-            client.get_host_keys().add(lookup, key_type, key)
-        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        client = pinned_client(node, pinned)
         client.connect(node.ssh_host, node.ssh_port, node.ssh_user, key_filename=[inv.ssh_key], look_for_keys=False,
                        allow_agent=False, timeout=30)
         try:
@@ -222,7 +217,7 @@ def connection_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
             client.close()
 
     def ours() -> None:
-        conn = open_connection(node, inv.ssh_key, pinned, Config(overrides={"load_ssh_configs": False}), 30)
+        conn = open_connection(node, inv.ssh_key, pinned, fabric_config(), 30)
         try:
             conn.transport.open_session(timeout=30).close()
         finally:

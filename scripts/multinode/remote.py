@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,7 +41,7 @@ from multinode.errors import NodeError
 from multinode.inventory import Inventory, Node
 from multinode.jobrun import JobRun, NodeResult
 from multinode.nodeshell import NodeShell
-from multinode.sshconnect import describe_ssh_error, open_connection, refused
+from multinode.sshconnect import describe_ssh_error, fabric_config, open_connection, refused
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +121,7 @@ class RemoteRunner:
         self._lock = threading.Lock()
         self._config: Config | None = None
         self._known_hosts: paramiko.HostKeys | None = None
-        self._warming: dict[str, threading.Thread] = {}  # connections started by prewarm(), not yet awaited
-        self._warm_failed: dict[str, BaseException] = {}
+        self._warming: dict[str, Future] = {}  # connections prewarm() started, not yet awaited: their outcome
         self.print_lock = threading.Lock()
 
     def __enter__(self) -> "RemoteRunner":
@@ -136,8 +136,7 @@ class RemoteRunner:
         with self._lock:
             warming = list(self._warming.values())
             self._warming.clear()
-        for thread in warming:  # a connection still being made is closed with the others
-            thread.join(self.connect_timeout * 2)
+        wait(warming, self.connect_timeout * 2)  # a connection still being made is closed with the others
         with self._lock:
             shells = [shell for opened in self._open.values() for shell in opened]
             self._open.clear()
@@ -182,7 +181,7 @@ class RemoteRunner:
         nodes that was a measurable part of connecting)."""
         with self._lock:
             if self._config is None:
-                self._config = Config(overrides={"load_ssh_configs": False})
+                self._config = fabric_config()
             return self._config
 
     def _pinned_keys(self) -> paramiko.HostKeys:
@@ -212,32 +211,32 @@ class RemoteRunner:
             for name, (done, value) in answers.items()
         }
 
-    def prewarm(self, names: Iterable[str] | None = None) -> None:
+    def prewarm(self) -> None:
         """Start connecting to every node (and its first shell) in the background, and return at once: the nodes'
         login shells run while the caller still imports and plans. :meth:`connect_until` then waits for these
         attempts and retries and words what failed; nothing is reported here."""
-        for name in names or [n.name for n in self.inventory.nodes]:
-            thread = threading.Thread(target=self._prewarm_one, args=(name,), name=f"mn-warm-{name}", daemon=True)
+        for node in self.inventory.nodes:
+            future: Future = Future()
             with self._lock:
-                self._warming[name] = thread
-            thread.start()
+                self._warming[node.name] = future
+            threading.Thread(target=self._prewarm_one, args=(node.name, future), name=f"mn-warm-{node.name}",
+                             daemon=True).start()
 
-    def _prewarm_one(self, name: str) -> None:
+    def _prewarm_one(self, name: str, future: Future) -> None:
         try:
             self._connect_and_open(name)
         except Exception as err:  # the first attempt's failure, for connect_until() to word and retry
-            self._warm_failed[name] = err
+            future.set_exception(err)
+        else:
+            future.set_result(None)
 
     def _connect_warm(self, name: str) -> None:
         """Connect, and start the node's first shell: its login shell starts while the other nodes connect. Where
-        :meth:`prewarm` made this attempt already, its outcome."""
+        :meth:`prewarm` made this attempt already, its outcome (its failure raised again)."""
         with self._lock:
             warming = self._warming.pop(name, None)
         if warming is not None:
-            warming.join()  # bounded by the connect and shell-open timeouts
-            failed = self._warm_failed.pop(name, None)
-            if failed is not None:
-                raise failed
+            warming.result()  # bounded by the connect and shell-open timeouts
         self._connect_and_open(name)
 
     def _connect_and_open(self, name: str) -> None:

@@ -46,6 +46,22 @@ class QuickAckSocket:
         return getattr(self._sock, name)
 
 
+def fabric_config() -> Config:
+    """The Fabric config of every connection: no ~/.ssh/config (the inventory says how to reach each node)."""
+    return Config(overrides={"load_ssh_configs": False})
+
+
+def pinned_client(node: Node, pinned: paramiko.HostKeys) -> paramiko.SSHClient:
+    """A paramiko client that trusts ``node``'s pinned host keys only and refuses any other."""
+    client = paramiko.SSHClient()
+    # Only this node's pinned keys, under the name paramiko looks them up by ("[host]:port" off port 22).
+    lookup = node.ssh_host if node.ssh_port == 22 else f"[{node.ssh_host}]:{node.ssh_port}"
+    for key_type, key in (pinned.lookup(lookup) or {}).items():
+        client.get_host_keys().add(lookup, key_type, key)
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    return client
+
+
 def open_connection(node: Node, key_file: str, pinned: paramiko.HostKeys, config: Config, timeout: float) -> Connection:
     """An open Fabric connection to ``node``; paramiko's exceptions (or the socket's) when it cannot be made."""
     sock = QuickAckSocket(socket.create_connection((node.ssh_host, node.ssh_port), timeout))
@@ -64,13 +80,7 @@ def open_connection(node: Node, key_file: str, pinned: paramiko.HostKeys, config
             "auth_timeout": timeout,
         },
     )
-    client = paramiko.SSHClient()
-    # Only this node's pinned keys, under the name paramiko looks them up by ("[host]:port" off port 22).
-    lookup = node.ssh_host if node.ssh_port == 22 else f"[{node.ssh_host}]:{node.ssh_port}"
-    for key_type, key in (pinned.lookup(lookup) or {}).items():
-        client.get_host_keys().add(lookup, key_type, key)
-    client.set_missing_host_key_policy(paramiko.RejectPolicy())
-    conn.client = client
+    conn.client = pinned_client(node, pinned)
     conn.open()
     conn.transport.set_keepalive(5)
     return conn
