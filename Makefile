@@ -32,7 +32,7 @@ IMAGE_CONTEXT ?= docker
 # Without a Docker engine (CI here): buildah, chroot isolation (no nested namespaces needed).
 BUILDAH ?= buildah
 # Images whose pinned wheels are fetched once per machine into WHEEL_CACHE (keyed by the pins) and
-# installed from there with no index (multinode.wheelhouse); WHEEL_CACHE= lets pip read the index in the build.
+# installed from there with no index (multinode.images.wheelhouse); WHEEL_CACHE= lets pip read the index in the build.
 WHEEL_CACHE ?= /var/tmp/multinode-images/wheels
 WHEELHOUSE_IMAGES := cpu cuda
 
@@ -127,16 +127,16 @@ bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/
 
 image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to ECR=<registry>/TAG, else to the AWS cluster's repository as :IMAGE
 	$(if $(filter $(IMAGE),$(IMAGES)),,$(error IMAGE=$(IMAGE) is not an image; use IMAGE=cpu, IMAGE=cuda or IMAGE=rocm))
-	$(if $(PUSH),$(if $(or $(ECR),$(shell $(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE) 2>/dev/null)),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com or CLUSTER=<an AWS cluster that is up> whose repository it pushes to)))
+	$(if $(PUSH),$(if $(or $(ECR),$(shell $(PY) -m multinode.providers.aws.ecr_target $(CLUSTER) $(IMAGE) 2>/dev/null)),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com or CLUSTER=<an AWS cluster that is up> whose repository it pushes to)))
 	@set -eo pipefail; \
 	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
 	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot --layers"; echo "no Docker engine: using buildah"; fi; \
 	context="$(IMAGE_CONTEXT)"; \
-	$(if $(and $(WHEEL_CACHE),$(filter $(IMAGE),$(WHEELHOUSE_IMAGES))),context=$$($(PY) -m multinode.wheelhouse $(IMAGE) $(IMAGE_CONTEXT) $(WHEEL_CACHE)); trap 'rm -rf "$$context"' EXIT; build="$$build --build-arg OFFLINE=1";) \
+	$(if $(and $(WHEEL_CACHE),$(filter $(IMAGE),$(WHEELHOUSE_IMAGES))),context=$$($(PY) -m multinode.images.wheelhouse $(IMAGE) $(IMAGE_CONTEXT) $(WHEEL_CACHE)); trap 'rm -rf "$$context"' EXIT; build="$$build --build-arg OFFLINE=1";) \
 	echo "$$build $(IMAGE) -> $(TAG)"; \
 	$$build $(BUILD_ARGS) -f $$context/$(IMAGE)/Dockerfile -t $(TAG) $$context; \
 	if [ -n "$(PUSH)" ]; then \
-	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$$($(PY) -m multinode.providers.ecr_target $(CLUSTER) $(IMAGE))"); registry=$${dest%%/*}; \
+	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$$($(PY) -m multinode.providers.aws.ecr_target $(CLUSTER) $(IMAGE))"); registry=$${dest%%/*}; \
 	  region=$$(echo "$$registry" | cut -d. -f4); \
 	  echo "push $(TAG) -> $$dest (region $$region)"; \
 	  aws ecr get-login-password --region "$$region" | $$engine login --username AWS --password-stdin "$$registry"; \

@@ -26,7 +26,7 @@ import time
 from bench.jobs.allreduce_perf import bus_bandwidth  # noqa: F401  (the one definition, re-exported)
 from bench.nodes import JOBS, LocalCluster, bring_up, median
 from bench.verdicts import Target, attach, describe, shown, verdict
-from multinode.config import DEFAULT_MTU
+from multinode.core.config import DEFAULT_MTU
 
 JOB = JOBS / "allreduce_perf.py"
 ROW = re.compile(r"ALLREDUCE (\{.*\})")

@@ -156,11 +156,11 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
     """Why one shell per node: the median wall seconds of one round of ``true`` on every node, (a) each in a new
     SSH session of an open connection -- what running every command as an exec (Fabric's ``run``) costs the
     nodes: sshd starts the login shell and its rc files each time -- and (b) in the nodes' persistent shells
-    (:mod:`multinode.nodeshell`), over the same connections; and (c) one new session on node-0 alone (what N of
+    (:mod:`multinode.ssh.shell`), over the same connections; and (c) one new session on node-0 alone (what N of
     them at once would take if they only shared this host's cores: N x that / cores)."""
     import io
 
-    from multinode.remote import RemoteRunner
+    from multinode.ssh.runner import RemoteRunner
 
     def in_new_session(runner: RemoteRunner, name: str) -> None:
         channel = runner.connection(name).transport.open_session(timeout=30)
@@ -195,13 +195,13 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
 
 
 def connection_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
-    """What :class:`multinode.sshconnect.QuickAckSocket` saves: the median milliseconds from nothing to an open
+    """What :class:`multinode.ssh.connect.QuickAckSocket` saves: the median milliseconds from nothing to an open
     session on node-0 (TCP connect, key exchange, authentication, the session's channel), ``repeats`` times each,
     alternating, (a) with paramiko's own socket -- how every connection was made before -- and (b) as
-    :func:`multinode.sshconnect.open_connection` makes it. Same key, same pinned host key, one at a time."""
+    :func:`multinode.ssh.connect.open_connection` makes it. Same key, same pinned host key, one at a time."""
     import paramiko
 
-    from multinode.sshconnect import fabric_config, open_connection, pinned_client
+    from multinode.ssh.connect import fabric_config, open_connection, pinned_client
 
     inv = cluster.inventory
     node = inv.nodes[0]
@@ -327,7 +327,7 @@ def section(result: dict) -> str:
                      "sessions well above that is login shells waiting for each other: with one home for every "
                      "node, root's `~/.bashrc` here (pyenv's initialisation, whose rehash holds a lock file in the "
                      "home) made them take turns; each local node now logs in to a copy-on-write home of its own "
-                     "(`multinode.providers.nodehome`), as separate machines do.")
+                     "(`multinode.providers.local.home`), as separate machines do.")
         else:
             text += " (median seconds):"
         lines += ["", text, "", md_table(["nodes", "new session per node (s)", "persistent shell (s)"]
@@ -337,7 +337,7 @@ def section(result: dict) -> str:
                   f"{result['rows'][str(n)]['connect_ours_ms']:.1f}"] for n in sizes]
         lines += ["", "One connection, nothing to an open session on node-0 (`bench.control_plane.connection_rounds`, "
                   "one at a time, median milliseconds): with paramiko's own socket, and as "
-                  "`multinode.sshconnect.open_connection` opens it (TCP_NODELAY, quick ACKs re-armed after each read):", "",
+                  "`multinode.ssh.connect.open_connection` opens it (TCP_NODELAY, quick ACKs re-armed after each read):", "",
                   md_table(["nodes", "paramiko's socket (ms)", "ours (ms)"], cells)]
     if phases:
         cells = [[str(n), *(f"{result['rows'][str(n)]['phases'][p]:.2f}" if p in result["rows"][str(n)]["phases"]

@@ -64,7 +64,7 @@ class LocalCluster:
     @property
     def inventory(self):
         if self._inventory is None:
-            from multinode.state import ClusterState
+            from multinode.core.state import ClusterState
 
             self._inventory = ClusterState.for_cluster(self.name, root=self.home).load_inventory()
         return self._inventory
@@ -80,7 +80,7 @@ class LocalCluster:
 
     def ssh(self, i: int, command: str) -> list[str]:
         """argv of an OpenSSH session running ``command`` on node i (cluster key, pinned host keys)."""
-        from multinode.orchestrator import ssh_argv
+        from multinode.app.verbs import ssh_argv
 
         base = ssh_argv(self.inventory, str(i))
         return [*base[:-1], "-o", "BatchMode=yes", "-o", "LogLevel=ERROR", base[-1], command]
@@ -118,7 +118,7 @@ class LocalCluster:
 
     def sweep(self, run_id: str) -> None:
         """Stop whatever a failed hand-run left behind (processes tagged with its run id)."""
-        from multinode.remote import RemoteRunner
+        from multinode.ssh.runner import RemoteRunner
 
         with RemoteRunner(self.inventory, out=io.StringIO()) as runner:
             runner.stop_all(run_id)

@@ -1,4 +1,4 @@
-"""Command line: parsing only. Everything it does is a call into :mod:`multinode.orchestrator`.
+"""Command line: parsing only. Everything it does is a call into :mod:`multinode.app.verbs`.
 
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
     multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto] [--script PATH|"-m pkg.mod"] [--args "..."]
@@ -18,8 +18,8 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from multinode import orchestrator
-from multinode.config import (
+from multinode.app import verbs as orchestrator
+from multinode.core.config import (
     CLUSTER_TYPES,
     DEFAULT_CLUSTER,
     DEFAULT_MTU,
@@ -31,8 +31,8 @@ from multinode.config import (
     env_default,
     new_run_id,
 )
-from multinode.envvars import parse_env
-from multinode.errors import JobFailed, MultinodeError, UserError
+from multinode.core.envvars import parse_env
+from multinode.core.errors import JobFailed, MultinodeError, UserError
 
 log = logging.getLogger("multinode")
 

@@ -1,6 +1,6 @@
 """What is left of a local cluster on the whole host, found without the code under test.
 
-`down` judges itself with ``multinode.providers.local.leftovers``; the tests must not take its word.
+`down` judges itself with ``multinode.providers.local.provider.leftovers``; the tests must not take its word.
 This module derives every name from the cluster's name and MULTINODE_HOME on its own (the naming
 scheme documented in scripts/multinode/providers/localnet.py, re-implemented here) and looks at the
 host as a whole, through /proc, /run/netns, /etc/netns and ``ip link``:

@@ -30,7 +30,7 @@ class Cluster:
 
     @property
     def state(self):
-        from multinode.state import ClusterState
+        from multinode.core.state import ClusterState
 
         return ClusterState.for_cluster(self.name, root=self.home)
 

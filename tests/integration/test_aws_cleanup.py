@@ -22,9 +22,9 @@ import pytest
 from test_aws_moto import (REGION, _instances, _spec, ec2, moto_clients, moto_url, offline_terraform,  # noqa: F401
                            ssh_listener)
 
-from multinode.providers import aws_ec2
-from multinode.providers.aws import AwsProvider, reap
-from multinode.state import ClusterState
+from multinode.providers.aws import ec2 as aws_ec2
+from multinode.providers.aws.provider import AwsProvider, reap
+from multinode.core.state import ClusterState
 
 pytestmark = pytest.mark.integration
 

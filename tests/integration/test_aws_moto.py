@@ -29,12 +29,13 @@ import boto3
 import pytest
 import yaml
 
-from multinode.config import ClusterSpec
-from multinode.errors import NodeError, UserError
-from multinode.inventory import Inventory
-from multinode.providers import aws_ec2, aws_sweep
-from multinode.providers.aws import AwsProvider, inventory_from_outputs, new_ed25519, reap, verify_gone
-from multinode.state import ClusterState
+from multinode.core.config import ClusterSpec
+from multinode.core.errors import NodeError, UserError
+from multinode.core.inventory import Inventory
+from multinode.providers.aws import ec2 as aws_ec2
+from multinode.providers.aws import sweep as aws_sweep
+from multinode.providers.aws.provider import AwsProvider, inventory_from_outputs, new_ed25519, reap, verify_gone
+from multinode.core.state import ClusterState
 from terraform_offline import MODULE, require_terraform, terraform_env
 
 pytestmark = pytest.mark.integration

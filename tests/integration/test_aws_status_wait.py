@@ -17,8 +17,8 @@ import time
 import boto3
 import pytest
 
-from multinode.errors import NodeError
-from multinode.providers import aws_ec2
+from multinode.core.errors import NodeError
+from multinode.providers.aws import ec2 as aws_ec2
 
 pytestmark = pytest.mark.integration
 

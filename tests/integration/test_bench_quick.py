@@ -19,7 +19,7 @@ SECTIONS = {"collectives", "launch", "control_plane", "throughput", "mpi_vs_ddp"
 def test_every_benchmark_runs_and_writes_its_files(tmp_path):
     from leakcheck import require_root
 
-    from multinode.providers.localnet import namespaces_of
+    from multinode.providers.local.netns import namespaces_of
 
     require_root()  # the benchmark's cluster and its raw baselines need network namespaces
 

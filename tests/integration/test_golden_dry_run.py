@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from multinode.cli import main
-from multinode.inventory import Inventory, Node
+from multinode.core.inventory import Inventory, Node
 
 pytestmark = pytest.mark.integration
 

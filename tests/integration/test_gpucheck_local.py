@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 from localcluster import Cluster
 
-from multinode.inventory import Inventory
+from multinode.core.inventory import Inventory
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@
 * ``make image`` refuses bad values with one line and exit 2;
 * the CPU and CUDA images built for real by ``make image`` (buildah, chroot isolation) from an offline
   ``debootstrap --variant=minbase bookworm`` base tagged ``debian:12-slim``, offline from the wheelhouse
-  ``make image`` fills once per machine (``multinode.wheelhouse``): pins checked (for CUDA: torch's
+  ``make image`` fills once per machine (``multinode.images.wheelhouse``): pins checked (for CUDA: torch's
   CUDA 13.0 build, NCCL >= 2.29, sm_75 compiled in, cuDNN), MPI and sshd run;
 * a 2-node local cluster per image with ``runtime=docker`` (podman) and ``multinode train --nodes 2``:
   MODE=cpu with the static launcher and with torchrun's agents (a container per node), and MODE=mpi
@@ -126,7 +126,7 @@ def test_make_image_builds_cpu_and_cuda_offline_from_the_wheel_cache(args, wheel
               env={**os.environ, "MAKEFLAGS": ""})
     assert res.returncode == 0, res.stderr
     image = args[0].split("=")[1]
-    assert (f"-m multinode.wheelhouse {image} docker /tmp/wc" in res.stdout) == wheelhouse, res.stdout
+    assert (f"-m multinode.images.wheelhouse {image} docker /tmp/wc" in res.stdout) == wheelhouse, res.stdout
     assert ("--build-arg OFFLINE=1" in res.stdout) == wheelhouse
     assert "--layers" in res.stdout  # buildah keeps its layer cache only with --layers
 

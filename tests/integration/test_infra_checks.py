@@ -23,9 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from terraform_offline import locked_aws_version, require_terraform, terraform_env  # noqa: E402
 from test_aws_inventory import KEYS, OUTPUTS  # noqa: E402  (the realistic output fixture)
 
-from multinode.errors import UserError  # noqa: E402
-from multinode.providers.aws import inventory_from_outputs  # noqa: E402
-from multinode.state import ClusterState  # noqa: E402
+from multinode.core.errors import UserError  # noqa: E402
+from multinode.providers.aws.provider import inventory_from_outputs  # noqa: E402
+from multinode.core.state import ClusterState  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -36,7 +36,7 @@ def test_every_node_has_no_default_route_only_its_subnet(cluster3: Cluster):
 def test_leak_check_finds_a_process_of_the_cluster_the_provider_does_not(cluster3: Cluster):
     """A process outside every namespace whose environment names the cluster: leakcheck reports it,
     the provider's own leftovers() (which matches command lines under its state directory) does not."""
-    from multinode.providers.local import leftovers
+    from multinode.providers.local.provider import leftovers
 
     marks = leakcheck.marks(cluster3.name, cluster3.home)
     stray = subprocess.Popen(["python3", "-c", "import signal; signal.pause()"], env=cluster3.env())
@@ -57,7 +57,7 @@ def test_every_node_writes_to_a_home_of_its_own(cluster3: Cluster):
     import os
     import uuid
 
-    from multinode.remote import RemoteRunner
+    from multinode.ssh.runner import RemoteRunner
 
     name = f".multinode-home-probe-{uuid.uuid4().hex[:8]}"
     home = os.path.expanduser("~")

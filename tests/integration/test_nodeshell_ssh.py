@@ -11,8 +11,8 @@ import time
 import pytest
 from localcluster import Cluster
 
-from multinode.nodeshell import ShellBroken
-from multinode.remote import RemoteRunner
+from multinode.ssh.shell import ShellBroken
+from multinode.ssh.runner import RemoteRunner
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def test_connections_send_small_packets_at_once(runner: RemoteRunner):
     the 40 ms stalls it removes are measured in its docstring; tests assert no timings)."""
     import socket
 
-    from multinode.sshconnect import QuickAckSocket
+    from multinode.ssh.connect import QuickAckSocket
 
     sock = runner.connection("node-0").transport.sock
     assert isinstance(sock, QuickAckSocket)

@@ -175,7 +175,7 @@ def test_an_installed_module_runs_though_it_is_not_in_workdir(cluster3: Cluster,
 
 def test_what_is_sent_from_a_plain_directory_and_from_a_git_work_tree(tmp_path: Path):
     """The selection behind every sync (git runs here for real, so this lives with the integration tests)."""
-    from multinode.workdir import select_files
+    from multinode.code.workdir import select_files
 
     def make(root: Path) -> Path:
         for rel in ("train.py", "pkg/m.py", "pkg/__pycache__/m.cpython-311.pyc", ".venv/bin/python", "data/big.bin",

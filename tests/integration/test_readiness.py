@@ -17,12 +17,12 @@ import pytest
 from localcluster import bring_up, tear_down
 from test_aws_moto import FakeTerraform, _spec, ec2, moto_clients, moto_url, ssh_listener  # noqa: F401 (fixtures)
 
-from multinode.errors import NodeError
-from multinode.providers import aws_ec2
-from multinode.providers.aws import AwsProvider
-from multinode.readiness import Bootstrap, wait_ready
-from multinode.remote import RemoteRunner
-from multinode.state import ClusterState
+from multinode.core.errors import NodeError
+from multinode.providers.aws import ec2 as aws_ec2
+from multinode.providers.aws.provider import AwsProvider
+from multinode.providers.aws.readiness import Bootstrap, wait_ready
+from multinode.ssh.runner import RemoteRunner
+from multinode.core.state import ClusterState
 
 pytestmark = pytest.mark.integration
 

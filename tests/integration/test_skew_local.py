@@ -12,7 +12,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def node2_on_other_torch(cluster3: Cluster, tmp_path):
-    from multinode.providers.local import _node_dir, start_sshd, stop_sshd
+    from multinode.providers.local.provider import _node_dir, start_sshd, stop_sshd
 
     fake = tmp_path / "other-env" / "torch"
     fake.mkdir(parents=True)
@@ -62,8 +62,8 @@ def test_the_software_probe_is_kept_on_the_node_until_what_it_read_changes(clust
     import json
     import os
 
-    from multinode.remote import RemoteRunner
-    from multinode.skew import versions_probe
+    from multinode.ssh.runner import RemoteRunner
+    from multinode.checks.software import versions_probe
 
     inv = cluster3.inventory()
     other = tmp_path / "other-env"

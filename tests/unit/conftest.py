@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.inventory import Inventory, Node
+from multinode.core.inventory import Inventory, Node
 
 
 def make_inventory(n: int = 3, *, runtime: str = "host", accelerator: str = "none", image: str | None = None) -> Inventory:

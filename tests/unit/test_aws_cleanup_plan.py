@@ -7,11 +7,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from multinode.errors import UserError
-from multinode.inventory import Inventory, Node
-from multinode.providers.aws import expired
-from multinode.providers.aws_sweep import Target
-from multinode.providers.ecr_target import main, push_target
+from multinode.core.errors import UserError
+from multinode.core.inventory import Inventory, Node
+from multinode.providers.aws.provider import expired
+from multinode.providers.aws.sweep import Target
+from multinode.providers.aws.ecr_target import main, push_target
 
 NODE = Node(name="node-0", hostname="dev-node-0", private_ip="10.42.1.5", ssh_user="ubuntu", ssh_port=22,
             host_key="ssh-ed25519 AAAA")

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from multinode.config import ClusterSpec
-from multinode.errors import UserError
-from multinode.inventory import Inventory
-from multinode.providers.aws import (PRICES, AwsSettings, cost_line, ecr_repository_of, inventory_from_outputs,
+from multinode.core.config import ClusterSpec
+from multinode.core.errors import UserError
+from multinode.core.inventory import Inventory
+from multinode.providers.aws.provider import (PRICES, AwsSettings, cost_line, ecr_repository_of, inventory_from_outputs,
                                      known_hosts_lines, new_ed25519, registry_of)
-from multinode.state import ClusterState
+from multinode.core.state import ClusterState
 
 # What `terraform output -json` prints for infra/ec2 (2 x g4dn.xlarge), trimmed of nothing.
 OUTPUTS = {

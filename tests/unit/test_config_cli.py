@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from multinode import cli
-from multinode.config import ClusterSpec, LaunchSpec
-from multinode.errors import UserError
+from multinode.core.config import ClusterSpec, LaunchSpec
+from multinode.core.errors import UserError
 
 
 @pytest.mark.parametrize(

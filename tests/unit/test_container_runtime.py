@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import shlex
 
-from multinode.config import LaunchSpec
-from multinode.orchestrator import plan_job
-from multinode.providers.local import cgroup_mount_commands
-from multinode.runtimes import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
+from multinode.core.config import LaunchSpec
+from multinode.app.verbs import plan_job
+from multinode.providers.local.provider import cgroup_mount_commands
+from multinode.plan.runtime import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
 
 PODMAN = "podman --root /cache/storage --storage-driver overlay --runtime runc"
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from multinode.diagnose import (
+from multinode.diagnose.capture import (
     CAPTURE,
     Frame,
     RankDump,
@@ -21,7 +21,7 @@ from multinode.diagnose import (
     save,
     waiting,
 )
-from multinode.summary import RunSummary, describe as _describe
+from multinode.diagnose.summary import RunSummary, describe as _describe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
 
@@ -134,14 +134,14 @@ def test_summary_names_node_rank_why_and_where_the_stacks_are():
 
 
 def node_error(node: str, *lines: str):
-    from multinode.errors import NodeError
+    from multinode.core.errors import NodeError
 
     return NodeError(node, "job", 1, "exited with code 1", tail=list(lines))
 
 
 def test_a_node_that_failed_on_its_own_outranks_a_rank_merely_outside_a_collective():
     """A worker killed on node-1 (its log shows no peer's failure): ranks busy computing elsewhere are not blamed."""
-    from multinode.diagnose import root_cause
+    from multinode.diagnose.capture import root_cause
 
     busy = recorded("spin")  # rank 2 spinning outside a collective
     killed = node_error("node-1", "worker pid 7 died: Signals.SIGKILL")

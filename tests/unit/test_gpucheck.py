@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-from multinode.config import LaunchSpec
-from multinode.errors import UserError
-from multinode.gpucheck import SMOKE_SCRIPT, failure_line, plan_nproc, smoke_commands
-from multinode.launchers.base import collective_env
-from multinode.orchestrator import plan_job
-from multinode.runtimes import to_shell
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import UserError
+from multinode.checks.gpu import SMOKE_SCRIPT, failure_line, plan_nproc, smoke_commands
+from multinode.plan.launchers.base import collective_env
+from multinode.app.verbs import plan_job
+from multinode.plan.runtime import to_shell
 
 
 def answer(**kw) -> str:

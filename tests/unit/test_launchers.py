@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.config import LaunchSpec
-from multinode.errors import UserError
-from multinode.launchers import EntryPoint, get_launcher, launcher_for_mode
-from multinode.orchestrator import pick_root_cause, plan_job
-from multinode.errors import NodeError
-from multinode.runtimes import to_shell
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import UserError
+from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for_mode
+from multinode.app.verbs import pick_root_cause, plan_job
+from multinode.core.errors import NodeError
+from multinode.plan.runtime import to_shell
 
 
 ENTRY = EntryPoint("training/train.py", ("--workload", "digits", "4", "2"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from multinode.providers.nodehome import own_home_steps
+from multinode.providers.local.home import own_home_steps
 
 
 def test_the_home_is_overlaid_with_the_nodes_own_upper_layer(tmp_path: Path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.nodeshell import Reply, frame, start_command
+from multinode.ssh.shell import Reply, frame, start_command
 
 TOKEN = "mn0123456789abcdef"
 

@@ -9,13 +9,13 @@ from dataclasses import replace
 import pytest
 
 from multinode.cli import _nproc
-from multinode.config import LaunchSpec
-from multinode.envvars import EnvVar, env_file_content, parse_env
-from multinode.errors import UserError
-from multinode.launchers import EntryPoint, get_launcher, launcher_for
-from multinode.node_setup import named_files, setup_hash
-from multinode.runtimes import to_shell
-from multinode.workdir import FileEntry, Manifest, check_size, filter_paths, plan_sync
+from multinode.core.config import LaunchSpec
+from multinode.core.envvars import EnvVar, env_file_content, parse_env
+from multinode.core.errors import UserError
+from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for
+from multinode.code.setup import named_files, setup_hash
+from multinode.plan.runtime import to_shell
+from multinode.code.workdir import FileEntry, Manifest, check_size, filter_paths, plan_sync
 
 from conftest import make_inventory
 
@@ -226,7 +226,7 @@ def test_setup_runs_in_the_jobs_runtime_in_the_project_directory():
     files = Manifest({"requirements.txt": FileEntry(10, 0o644, "r1")})
     spec = LaunchSpec(nodes=2, run_id="r3", script="x.py", setup="pip install -r requirements.txt",
                       env=(EnvVar("HF_TOKEN", SECRET),))
-    from multinode.node_setup import plan_setup
+    from multinode.code.setup import plan_setup
 
     for runtime in ("host", "docker"):
         inv = make_inventory(2, runtime=runtime, image="img:1" if runtime == "docker" else None)
@@ -255,8 +255,8 @@ def test_the_cli_reads_env_names_from_the_callers_environment(monkeypatch):
 def test_the_sync_line_groups_nodes_with_the_same_outcome():
     from pathlib import Path
 
-    from multinode.project_sync import describe_sync, node_list
-    from multinode.workdir import Project
+    from multinode.code.sync import describe_sync, node_list
+    from multinode.code.workdir import Project
 
     assert node_list([f"node-{i}" for i in range(64)]) == "node-0..node-63"
     assert node_list(["node-0", "node-2", "node-3", "node-5"]) == "node-0, node-2..node-3, node-5"

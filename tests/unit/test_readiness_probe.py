@@ -1,12 +1,12 @@
-"""multinode.readiness, pure parts: the probe command per node and how its answers are read."""
+"""multinode.providers.aws.readiness, pure parts: the probe command per node and how its answers are read."""
 
 from __future__ import annotations
 
 import pytest
 
-from multinode.errors import UserError
-from multinode.inventory import Node
-from multinode.readiness import FAILED, READY, WAITING, Bootstrap, parse_probe, probe_command, tail_command
+from multinode.core.errors import UserError
+from multinode.core.inventory import Node
+from multinode.providers.aws.readiness import FAILED, READY, WAITING, Bootstrap, parse_probe, probe_command, tail_command
 
 GPU_NODE = Node(name="node-1", hostname="gpu-node-1", private_ip="10.42.1.5", ssh_user="ubuntu", ssh_port=22,
                 host_key="ssh-ed25519 AAAA", accelerator="nvidia", accelerator_count=1)

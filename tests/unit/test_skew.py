@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.config import LaunchSpec
-from multinode.errors import UserError
-from multinode.skew import code_hash, skew_table
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import UserError
+from multinode.checks.software import code_hash, skew_table
 
 SAME = {"python": "3.11.7", "torch": "2.13.0+cpu", "torch CUDA": None, "NCCL": None, "mpi4py": "4.1.2"}
 
@@ -51,7 +51,7 @@ def test_skew_setting():
 def test_the_probes_are_one_python_run_each():
     import shlex
 
-    from multinode.skew import CODE_HASH, VERSIONS, code_probe, versions_probe
+    from multinode.checks.software import CODE_HASH, VERSIONS, code_probe, versions_probe
 
     argv = shlex.split(versions_probe("/venv/bin/python", mpi=True))
     assert argv[:2] == ["/venv/bin/python", "-c"] and argv[2].startswith(VERSIONS) and argv[3:] == ["mpi"]
@@ -66,7 +66,7 @@ def test_versions_probe_reads_distributions_like_importlib_metadata(tmp_path):
     import subprocess
     import sys
 
-    from multinode.skew import versions_probe
+    from multinode.checks.software import versions_probe
 
     first, second = tmp_path / "a", tmp_path / "b"
     for root, nccl, mpi in ((first, "2.29.7", None), (second, "2.27.3", "4.1.2")):
@@ -88,8 +88,8 @@ def shlex_split(text: str) -> list[str]:
 def test_a_node_without_torch_is_refused_in_one_line():
     from types import SimpleNamespace
 
-    from multinode.preflight import PreflightFailed
-    from multinode.skew import check_versions
+    from multinode.checks.preflight import PreflightFailed
+    from multinode.checks.software import check_versions
 
     nodes = [SimpleNamespace(name=f"node-{i}") for i in range(3)]
     inv = SimpleNamespace(nodes=nodes, head=nodes[0], python="/v/bin/python")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from multinode.config import LaunchSpec
-from multinode.errors import UserError
-from multinode.launchers import EntryPoint
-from multinode.providers.slurm_local import SlurmLayout, slurm_conf
-from multinode.slurm_job import held_reason, job_state, pick_mpi_plugin, plan_sbatch
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import UserError
+from multinode.plan.launchers import EntryPoint
+from multinode.providers.local.slurm import SlurmLayout, slurm_conf
+from multinode.backends.slurm.script import held_reason, job_state, pick_mpi_plugin, plan_sbatch
 
 ENTRY = EntryPoint("training/train.py", ("--workload", "digits", "10", "5"))
 LAYOUT = SlurmLayout("dev", Path("/st/dev/provider/slurm"))
@@ -94,8 +94,8 @@ def test_job_state_from_scontrol():
 
 
 def test_no_restarts_on_slurm(inventory, tmp_path, monkeypatch):
-    from multinode import slurm_train
-    from multinode.state import ClusterState
+    from multinode.backends.slurm import train as slurm_train
+    from multinode.core.state import ClusterState
 
     inv = inventory.__class__(**{**inventory.__dict__, "extra": {"scheduler": "slurm"}})
     state = ClusterState.for_cluster("dev", root=tmp_path)
@@ -104,7 +104,7 @@ def test_no_restarts_on_slurm(inventory, tmp_path, monkeypatch):
 
 
 def test_unknown_scheduler_is_one_line_naming_it():
-    from multinode.providers.local import _check_scheduler
+    from multinode.providers.local.provider import _check_scheduler
 
     with pytest.raises(UserError, match=r"SCHEDULER='pbs' is not a scheduler; use SCHEDULER=slurm"):
         _check_scheduler("pbs")

@@ -8,9 +8,9 @@ import dataclasses
 import pytest
 from conftest import make_inventory
 
-from multinode import orchestrator
-from multinode.errors import UserError
-from multinode.state import ClusterState
+from multinode.app import verbs as orchestrator
+from multinode.core.errors import UserError
+from multinode.core.state import ClusterState
 
 
 @pytest.fixture

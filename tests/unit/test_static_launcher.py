@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.config import LaunchSpec
-from multinode.errors import UserError
-from multinode.launchers import EntryPoint, launcher_for
-from multinode.runtimes import to_shell
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import UserError
+from multinode.plan.launchers import EntryPoint, launcher_for
+from multinode.plan.runtime import to_shell
 
 ENTRY = EntryPoint("training/train.py", ("--workload", "digits", "4", "2"))
 

@@ -8,7 +8,7 @@ import subprocess
 import time
 import uuid
 
-from multinode.remote import STOP_SCRIPT
+from multinode.ssh.runner import STOP_SCRIPT
 
 
 def stop(run_id: str) -> str:

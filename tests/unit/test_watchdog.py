@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.config import DEFAULT_STALL_TIMEOUT, LaunchSpec
-from multinode.errors import UserError
-from multinode.watchdog import Progress, StallTracker, poll_interval
+from multinode.core.config import DEFAULT_STALL_TIMEOUT, LaunchSpec
+from multinode.core.errors import UserError
+from multinode.diagnose.watchdog import Progress, StallTracker, poll_interval
 
 
 def test_any_output_or_cpu_is_progress_until_a_heartbeat_exists():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from multinode.errors import UserError
-from multinode.wheelhouse import SOURCES, plan_wheelhouse
+from multinode.core.errors import UserError
+from multinode.images.wheelhouse import SOURCES, plan_wheelhouse
 
 DOCKER = Path(__file__).resolve().parents[2] / "docker"
 MACHINE = {"PATH": "/usr/bin", "PIP_FIND_LINKS": "/opt/wheels", "PIP_CONSTRAINT": "/etc/c.txt"}

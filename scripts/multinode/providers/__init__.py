@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from multinode.errors import UserError
+from multinode.core.errors import UserError
 from multinode.providers.base import Provider
 
 
 def _local() -> Provider:
-    from multinode.providers.local import LocalProvider
+    from multinode.providers.local.provider import LocalProvider
 
     return LocalProvider()
 
 
 def _aws() -> Provider:
-    from multinode.providers.aws import AwsProvider
+    from multinode.providers.aws.provider import AwsProvider
 
     return AwsProvider()
 

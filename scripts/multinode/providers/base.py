@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from multinode.config import ClusterSpec
-from multinode.inventory import Inventory
-from multinode.state import ClusterState
+from multinode.core.config import ClusterSpec
+from multinode.core.inventory import Inventory
+from multinode.core.state import ClusterState
 
 
 class Provider(Protocol):

@@ -22,10 +22,10 @@ import ipaddress
 import shutil
 from pathlib import Path
 
-from multinode.config import ClusterSpec
-from multinode.errors import UserError
-from multinode.inventory import Inventory, Node
-from multinode.state import ClusterState
+from multinode.core.config import ClusterSpec
+from multinode.core.errors import UserError
+from multinode.core.inventory import Inventory, Node
+from multinode.core.state import ClusterState
 
 REQUIRED = ("login", "ssh_key", "known_hosts", "workdir", "subnet")
 KNOWN = (*REQUIRED, "python", "partition")

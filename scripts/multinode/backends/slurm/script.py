@@ -1,0 +1,186 @@
+"""The SLURM path's planner: (inventory, launch spec, entry point) -> the sbatch script. Pure.
+
+The script is self-contained: ``make train DRY_RUN=1`` prints it, and ``sbatch job.sbatch`` on the
+login node runs the same job a user would get from ``make train``. Inside the allocation:
+
+* MODE=cpu/gpu: one task per node (``srun --ntasks-per-node=1``) runs torchrun with its c10d
+  endpoint on the allocation's first host (``scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1``,
+  ``is_host`` set on that host only, ``--rdzv-id=$SLURM_JOB_ID``): every node agrees on one master,
+  and ranks come from the rendezvous, not from ``--node-rank``.
+* MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank itself (PMIx/PMI2: the trainer sees an
+  MPI launch, MPI is the gradient data plane) when the cluster's srun has such a plugin; otherwise
+  ``mpirun`` inside the allocation (Open MPI reads the allocation from SLURM).
+
+Every task prefixes its lines ``[node-i]`` (ranks add ``[rankN]``), prints
+``multinode: node-i exited with code C`` when it fails, and ``--kill-on-bad-exit=1`` makes SLURM end
+the other tasks. All output lands in one file on the shared (here: common) filesystem,
+``<head workdir>/runs/<run id>/slurm-<job id>.out``, which the executor streams.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from multinode.core.config import LaunchSpec
+from multinode.core.inventory import Inventory
+from multinode.plan.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, run_dir, trainer_args
+from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
+
+# srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
+RUNDIR = "@RUNDIR@"  # stands for the task's "$rundir" in the trainer's arguments
+SRUN_MPI_PLUGINS = ("pmix", "pmix_v4", "pmix_v3", "pmi2")
+TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                   "DEADLINE", "PREEMPTED"}
+
+
+def sinfo_command() -> str:
+    """The node table `make status` shows (any SLURM login node)."""
+    return "sinfo -N -o '%N %P %T %c'"
+
+
+def pick_mpi_plugin(srun_mpi_list: str) -> str | None:
+    """The first PMI plugin ``srun --mpi=list`` offers that MPI ranks can use, or None (then: mpirun)."""
+    offered = {line.strip().split()[-1] for line in srun_mpi_list.splitlines()
+               if line.strip() and not line.strip().endswith(":") and "are..." not in line}
+    for plugin in SRUN_MPI_PLUGINS:
+        if plugin in offered:
+            return plugin
+    return None
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """What the executor submits and where it reads the job's output."""
+
+    run_id: str
+    script: str
+    script_path: str  # on the login node
+    job_dir: str  # the job's directory on the login node (holds the script and the output)
+    nodes: int
+    world_size: int
+    node_names: dict[str, str]  # SLURM NodeName (hostname) -> our node name
+
+    def output_path(self, job_id: str) -> str:
+        return f"{self.job_dir}/slurm-{job_id}.out"
+
+
+def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str) -> str:
+    """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report.
+
+    Nodes without a shared filesystem (the local provider) each have their own code and run directory,
+    chosen by ``$SLURMD_NODENAME``; on a shared filesystem every node runs the one synced copy and
+    writes under ``runs/<run id>/node-<SLURM_NODEID>``."""
+    args = shlex.join(trainer_args(entry, RUNDIR, spec)).replace(RUNDIR, '"$rundir"')
+    if inv.extra.get("shared_fs"):
+        where = [
+            "node=node-$SLURM_NODEID",
+            f"rundir={shlex.quote(inv.workdir_for(inv.head.name) + '/runs/' + spec.run_id)}/$node",
+            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}",
+        ]
+    else:
+        cases = [f"  {node.hostname}) node={node.name}; rundir={shlex.quote(run_dir(inv, node.name, spec.run_id))}; "
+                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))} ;;" for node in inv.nodes]
+        where = [
+            'case "$SLURMD_NODENAME" in',
+            *cases,
+            '  *) echo "multinode: $SLURMD_NODENAME is not a node of cluster ' + inv.cluster + '" >&2; exit 2 ;;',
+            "esac",
+        ]
+    # A user's project (WORKDIR) is the ranks' cwd and on their PYTHONPATH, as under the other launchers.
+    project = ['export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"'] if entry.subdir else []
+    body = [
+        *where,
+        *project,
+        'mkdir -p "$rundir"',
+        f"set -- {args}",
+        f'export GLOO_SOCKET_IFNAME="{iface_for_subnet(inv.subnet)}"',
+        f"{launch_line} 2>&1 | sed -u \"s/^/[$node] /\"",
+        "rc=${PIPESTATUS[0]}",
+        f'[ "$rc" = 0 ] || echo "[$node] multinode: $node exited with code $rc{who}"',
+        'exit "$rc"',
+    ]
+    return "\n".join(body)
+
+
+def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None = None,
+                partition: str | None = None) -> SlurmJob:
+    """The sbatch script for ``spec`` on the first ``spec.nodes`` nodes of ``inventory`` (on a shared
+    filesystem, the inventory holds the login node only and the scheduler picks ``spec.nodes`` nodes)."""
+    inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
+    head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
+    world = spec.nodes * spec.nproc
+    py = shlex.quote(inv.interpreter)
+    if spec.uses_mpi:
+        if mpi_plugin:
+            launcher = f"srun --mpi={mpi_plugin}"
+            steps = f"--nodes={spec.nodes} --ntasks={world} --ntasks-per-node={spec.nproc}"
+        else:
+            launcher = "mpirun"
+            steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
+        # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
+        launch_line = f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"'
+        tasks = f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}"
+        per_task = "one task per rank" if mpi_plugin else "mpirun in the allocation"
+        env_lines = [f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
+                     f"OMPI_MCA_oob_tcp_if_include={inv.subnet}"]
+    else:
+        rdzv_conf = (f"join_timeout={spec.rdzv_timeout},read_timeout={min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)},"
+                     'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
+        launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
+                       f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
+                       f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
+                       f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
+                       f'{shlex.join(entry.program())} "$@"')
+        tasks = f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
+        per_task = "one task per node running torchrun"
+        env_lines = ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '"]
+    body = _task_body(inv, spec, entry, launch_line, " (rank $SLURM_PROCID)" if spec.uses_mpi and mpi_plugin else "")
+    gpus = [f"#SBATCH --gpus-per-node={spec.nproc}"] if spec.uses_gpu else []
+    part = [f"#SBATCH --partition={partition}"] if partition else []
+    lines = [
+        "#!/bin/bash",
+        f"# multinode run {spec.run_id}: MODE={spec.mode}, {spec.nodes} node(s) x {spec.nproc} process(es), {per_task}",
+        f"# Submit by hand on the login node: sbatch {head_dir}/job.sbatch",
+        f"#SBATCH --job-name=multinode-{spec.run_id}",
+        f"#SBATCH --nodes={spec.nodes}",
+        f"#SBATCH --ntasks-per-node={spec.nproc if spec.uses_mpi else 1}",
+        *part,
+        *gpus,
+        f"#SBATCH --output={head_dir}/slurm-%j.out",
+        "set -uo pipefail",
+        f"mkdir -p {shlex.quote(head_dir)}",
+        *[f"export {k}={shlex.quote(v)}" for k, v in BASE_ENV.items()],
+        f"export MULTINODE_RUN_ID={shlex.quote(spec.run_id)}",
+        *env_lines,
+        'MULTINODE_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export MULTINODE_HEAD",
+        'echo "multinode: batch job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $MULTINODE_HEAD"',
+        "read -r -d '' MULTINODE_TASK <<'TASK'",
+        body,
+        "TASK",
+        f'{tasks} bash -c "$MULTINODE_TASK"',
+    ]
+    return SlurmJob(run_id=spec.run_id, script="\n".join(lines) + "\n", script_path=f"{head_dir}/job.sbatch",
+                    job_dir=head_dir, nodes=spec.nodes, world_size=world,
+                    node_names={n.hostname: n.name for n in inv.nodes})
+
+
+def held_reason(scontrol_line: str) -> str | None:
+    """Why a pending job will never start by itself (held, e.g. after a failed launch), else None."""
+    fields = dict(item.split("=", 1) for item in scontrol_line.split() if "=" in item)
+    reason = fields.get("Reason", "")
+    if fields.get("JobState") == "PENDING" and ("held" in reason.lower() or "launch_failed" in reason.lower()):
+        return reason
+    return None
+
+
+def job_state(scontrol_line: str) -> tuple[str | None, int | None]:
+    """(JobState, exit code) from ``scontrol show job -o <id>``; the exit code of a signal is 128+sig."""
+    fields = dict(item.split("=", 1) for item in scontrol_line.split() if "=" in item)
+    state = fields.get("JobState")
+    code = None
+    if "ExitCode" in fields and ":" in fields["ExitCode"]:
+        status, sig = (int(x) for x in fields["ExitCode"].split(":", 1))
+        code = 128 + sig if sig else status
+    return state, code

@@ -1,0 +1,311 @@
+"""One job on every node at once, watched until it ends: the part of the runner that owns a running job.
+
+:meth:`multinode.ssh.runner.RemoteRunner.run` makes a :class:`JobRun`; the runner keeps the connections, shells
+and short commands. Contract:
+
+* every node's command runs in one of its shells (:mod:`multinode.ssh.shell`) with ``MULTINODE_RUN_ID``
+  exported; its output is re-assembled into whole lines (:class:`LineSink`), so lines of different nodes never
+  interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console;
+* the first node that exits non-zero or loses its SSH session makes the run stop the job on every node
+  (processes whose environment carries the run id: torchrun starts workers in their own session, so a
+  process-tree or process-group kill would miss them) and raise :class:`~multinode.core.errors.JobFailed`. A
+  deadline, a stall (``stalled``) and Ctrl-C/SIGTERM/SIGHUP do the same; before the stop of a failure, deadline
+  or stall, the caller's ``before_stop`` hook may look at the live ranks;
+* elastic jobs (``rejoin``): a node whose session is lost or whose launcher is killed by a signal is not a
+  failure while it has restarts left. The run stops what is left of it on that node, waits for the node to
+  answer SSH again (rebooted or replaced), lets the caller prepare it (code sync) and starts its command again;
+  torchrun's rendezvous takes it back in. A launcher that exits with its own error code is a failure;
+* parallelism is plain daemon threads joined with deadlines: a node that stops answering can delay the run
+  by at most the deadline, never hang it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shlex
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from multinode.core.errors import Interrupted, JobFailed, NodeError
+from multinode.ssh.shell import TextSink
+
+if TYPE_CHECKING:
+    from multinode.ssh.runner import RemoteRunner
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 20
+LOST_GRACE = 15.0  # after a stop, how long a node's session may take to end before we drop it
+
+
+@dataclass
+class NodeResult:
+    """How one node's part of a job ended."""
+
+    node: str
+    exit_code: int | None = None  # None: lost (SSH died) or never finished
+    started: float = 0.0
+    finished: float | None = None
+    error: NodeError | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    lost: bool = False  # the SSH session died (node down or cut off), as opposed to an exit code
+    relaunches: int = 0  # times the runner started this node's command again (elastic jobs)
+
+    @property
+    def killed(self) -> bool:
+        """Lost, or the launcher died by a signal (SSH reports -1; a shell, 128 + signal)."""
+        return self.lost or self.exit_code is None or self.exit_code < 0 or self.exit_code >= 128
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Elastic policy for :meth:`RemoteRunner.run`: which nodes may be started again, how often, how."""
+
+    budget: int  # relaunches allowed per node
+    wait: float  # seconds a lost node has to answer SSH again
+    prepare: Callable[[str], None] = lambda name: None  # e.g. sync the code again (a replaced node has none)
+    exclude: tuple[str, ...] = ()  # nodes whose loss ends the job (the head: it hosts the rendezvous)
+
+
+Relabel = Callable[[str, str], tuple[str, str]]
+"""(node the line arrived from, line) -> (node it belongs to, line to show); e.g. mpirun's rank tags."""
+
+
+class LineSink:
+    """File-like target of one node's stdout or stderr: emits whole lines only."""
+
+    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque,
+                 relabel: Relabel | None = None):
+        self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
+        self.relabel = relabel or (lambda node, line: (node, line))
+        self.buffer = ""
+
+    def write(self, data: str) -> int:
+        self.buffer += data
+        if "\n" in self.buffer:
+            *lines, self.buffer = self.buffer.split("\n")
+            self._emit(lines)
+        return len(data)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buffer:
+            self._emit([self.buffer])
+            self.buffer = ""
+
+    def _emit(self, lines: list[str]) -> None:
+        lines = [line.rstrip("\r") for line in lines]
+        self.tail.extend(lines)
+        with self.lock:
+            if self.log_file:
+                self.log_file.write("".join(f"{line}\n" for line in lines))
+                self.log_file.flush()
+            if self.out:
+                shown = (self.relabel(self.node, line) for line in lines)
+                self.out.write("".join(f"[{node}] {line}\n" for node, line in shown))
+                self.out.flush()
+
+
+class StopRequested(Exception):
+    """A stop signal arrived while a job ran (see :class:`StopSignals`)."""
+
+
+class StopSignals:
+    """While a job runs, Ctrl-C, SIGTERM and SIGHUP (a closed terminal) only record themselves; the
+    run's watch loop reads that between events and stops the job on every node, as Ctrl-C does.
+    A KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
+    lock held and hang the gang-stop that follows; a default SIGTERM would leave the job running on
+    every node. A second signal does not cut the gang-stop short (LOST_GRACE bounds it). Outside the
+    main thread signals cannot be caught, and nothing changes."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, Any] = {}
+
+    def _record(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
+
+class JobRun:
+    """``shells[node]`` on every node of ``runner`` at once, under run id ``run_id`` (see the module doc)."""
+
+    def __init__(self, runner: "RemoteRunner", shells: dict[str, str], *, run_id: str, log_dir: Path,
+                 deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
+                 relabel: Relabel | None = None, rejoin: Rejoin | None = None,
+                 before_stop: Callable[[NodeError], None] | None = None,
+                 stalled: Callable[[], str | None] | None = None):
+        self.runner, self.shells, self.run_id, self.log_dir = runner, shells, run_id, log_dir
+        self.deadline, self.extra_stop, self.relabel, self.rejoin = deadline, extra_stop, relabel, rejoin
+        self.before_stop, self.stalled = before_stop, stalled
+        self.results = {name: NodeResult(name) for name in shells}
+        self.events: queue.Queue[str] = queue.Queue()
+        self.log_files: dict[str, TextIO] = {}
+
+    def run(self) -> dict[str, NodeResult]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_files = {name: open(self.log_dir / f"{name}.log", "a", encoding="utf-8") for name in self.shells}
+        with StopSignals() as stop:
+            for name in self.shells:
+                self.start(name)
+            try:
+                failure = self._watch(stop)
+            except StopRequested:
+                signum = stop.signum
+                what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+                self.runner.say(f"{what}: stopping the job on every node")
+                self._gang_stop(name_failures=False)
+                stopped = Interrupted(f"{what}; run {self.run_id} was stopped on every node")
+                stopped.exit_code = 128 + signum
+                raise stopped from None
+            finally:
+                for fh in self.log_files.values():
+                    fh.close()
+        if failure is not None:
+            err = JobFailed(failure)
+            err.results = self.results  # type: ignore[attr-defined]  # for the summary: every node's ending
+            raise err
+        return self.results
+
+    def start(self, name: str) -> None:
+        threading.Thread(target=self._node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
+
+    def _node_job(self, name: str) -> None:
+        from multinode.ssh.connect import describe_ssh_error
+
+        result = self.results[name]
+        result.started = time.monotonic()
+        result.exit_code, result.error, result.lost, result.finished = None, None, False, None
+        sinks = [TextSink(LineSink(name, self.runner.print_lock, self.log_files[name], self.runner.out, result.tail,
+                                   self.relabel)) for _ in range(2)]
+        command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.shells[name]}"
+        try:
+            result.exit_code, _, _ = self.runner.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
+        except Exception as err:  # lost SSH session: the node is gone or unreachable
+            result.lost = True
+            result.error = self._node_error(name, f"lost its SSH session ({describe_ssh_error(err)})")
+        finally:
+            for sink in sinks:
+                sink.close()
+            result.finished = time.monotonic()
+            self.events.put(name)
+
+    def _watch(self, stop: StopSignals) -> NodeError | None:
+        """Until every node ended: the first failure (a node's, the deadline's or a stall's), or None."""
+        pending = set(self.results)
+        head = next(iter(self.results))
+        end = None if self.deadline is None else time.monotonic() + self.deadline
+        while pending:
+            if stop.signum is not None:
+                raise StopRequested
+            try:
+                name = self.events.get(timeout=0.2)
+            except queue.Empty:
+                if end is not None and time.monotonic() > end:
+                    why = f"deadline of {self.deadline:.0f} s passed"
+                    return self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why, pending)
+                why = self.stalled() if self.stalled is not None else None
+                if why is not None:
+                    return self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why, pending)
+                continue
+            result = self.results[name]
+            if result.finished is None:
+                continue  # a relaunch started it again before this event was read
+            if result.error is None and result.exit_code not in (0, None):
+                result.error = self._node_error(name, f"exited with code {result.exit_code}")
+            if result.error is not None and self._may_rejoin(name, result, self.rejoin):
+                result.relaunches += 1
+                self.runner.say(f"{name} {result.error.message}: starting it again when it answers "
+                                f"(relaunch {result.relaunches}/{self.rejoin.budget})")
+                threading.Thread(target=self._relaunch, args=(name,), name=f"mn-rejoin-{name}", daemon=True).start()
+                continue
+            pending.discard(name)
+            if result.error is not None:
+                return self._fail(result.error, f"{name} failed ({result.error.message})", pending)
+        return None
+
+    def _fail(self, failure: NodeError, why: str, pending: set[str]) -> NodeError:
+        """Say why, give the caller its look at the live ranks, stop the job everywhere; the failure."""
+        self.runner.say(f"{why}: stopping the job on every node")
+        if self.before_stop is not None:
+            try:
+                self.before_stop(failure)
+            except Exception as err:  # a diagnosis that fails must not leave the job running
+                log.warning("before the stop: %s: %s", type(err).__name__, err)
+        self._gang_stop(pending)
+        return failure
+
+    @staticmethod
+    def _may_rejoin(name: str, result: NodeResult, rejoin: Rejoin | None) -> bool:
+        return (rejoin is not None and name not in rejoin.exclude and result.killed
+                and result.relaunches < rejoin.budget)
+
+    def _relaunch(self, name: str) -> None:
+        """Wait for the node to answer SSH, clear what is left of the run on it, prepare it, start it again.
+        If it does not come back within ``rejoin.wait``, its failure stands and ends the job."""
+        result, rejoin, runner = self.results[name], self.rejoin, self.runner
+        runner.drop(name)
+        why = runner.connect_until([name], time.monotonic() + rejoin.wait).get(name)
+        if why is None:
+            try:
+                runner.stop_all(self.run_id, self.extra_stop, names=[name])
+                rejoin.prepare(name)
+            except Exception as err:  # the node answered but cannot be prepared: its failure stands
+                why = f"could not be prepared again: {err}"
+        if why is not None:
+            result.error = self._node_error(name, f"did not come back within {rejoin.wait:.0f} s ({why})")
+            result.relaunches = rejoin.budget  # no further attempt
+            self.events.put(name)
+            return
+        runner.say(f"{name} answers again: relaunching its part of run {self.run_id}")
+        self.start(name)
+
+    def _gang_stop(self, pending: set[str] | None = None, name_failures: bool = True) -> None:
+        """Stop the run everywhere, then give the remaining sessions a bounded time to end.
+
+        A node that does not even answer the stop command is unreachable (crashed, or cut off): its
+        session is dropped at once and (``name_failures``) it is reported as lost, which makes it the likely
+        root cause.
+        """
+        pending = set(pending if pending is not None else (n for n, r in self.results.items() if r.finished is None))
+        end = time.monotonic() + LOST_GRACE
+        answers = self.runner.stop_all(self.run_id, self.extra_stop)
+        unreachable = {name for name in pending if answers[name].exit_code is None}
+        while pending - unreachable and time.monotonic() < end:
+            try:
+                pending.discard(self.events.get(timeout=0.2))
+            except queue.Empty:
+                continue
+        for name in pending:
+            result = self.results[name]
+            why = "stopped answering (unreachable: no answer to the stop)" if name in unreachable else \
+                f"did not end within {LOST_GRACE:.0f} s of the stop"
+            log.warning("%s: %s; dropping its connection", name, why)
+            if result.error is None and name_failures:
+                result.error = self._node_error(name, why)
+                result.finished = time.monotonic()
+            self.runner.drop(name)
+
+    def _node_error(self, name: str, message: str) -> NodeError:
+        return NodeError(name, "job", self.results[name].exit_code, message, tail=list(self.results[name].tail),
+                         log_path=str(self.log_dir / f"{name}.log"))

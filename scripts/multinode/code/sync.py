@@ -1,0 +1,130 @@
+"""Incremental WORKDIR sync: each node gets only what changed, in one stream.
+
+Per node: one short read of the manifest the node keeps (``<code>/.project-manifest.json``), then
+:func:`multinode.code.workdir.plan_sync` (pure), then ONE exec channel carrying one gzipped tar: the changed
+files, a NUL-separated deletion list, the directories to prune and the new manifest. The node drops its
+manifest first and writes the new one last, so a sync cut half-way makes the next one send everything
+it cannot vouch for. The node side is POSIX sh, tar and xargs only (on a docker-runtime node the host
+need not have Python). One line reports how many files and bytes went to each node.
+"""
+
+from __future__ import annotations
+
+import io
+import shlex
+import tarfile
+from typing import TextIO
+
+from multinode.core.errors import NodeError
+from multinode.core.inventory import Inventory
+from multinode.plan.launchers.base import code_dir
+from multinode.code.project import PROJECT_SUBDIR
+from multinode.ssh.runner import RemoteRunner
+from multinode.code.workdir import Manifest, Project, SyncPlan, plan_sync
+
+CONTROL = ".multinode-sync"  # inside the stream only; removed on the node once applied
+
+
+def project_dir(inventory: Inventory, node: str) -> str:
+    return f"{code_dir(inventory, node)}/{PROJECT_SUBDIR}"
+
+
+def manifest_path(inventory: Inventory, node: str) -> str:
+    return f"{code_dir(inventory, node)}/.project-manifest.json"
+
+
+def stream(project: Project, plan: SyncPlan) -> bytes:
+    """The .tar.gz for one node: changed files (mode from the manifest) + control files."""
+    buffer = io.BytesIO()
+
+    def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), 0o600
+        tar.addfile(info, io.BytesIO(data))
+
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for rel in plan.send:
+            info = tar.gettarinfo(str(project.root / rel), arcname=rel)
+            info.mode = project.manifest.files[rel].mode
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            with open(project.root / rel, "rb") as fh:
+                tar.addfile(info, fh)
+        add_bytes(tar, f"{CONTROL}/delete", b"".join(p.encode() + b"\0" for p in plan.delete))
+        add_bytes(tar, f"{CONTROL}/prune", b"".join(p.encode() + b"\0" for p in plan.prune))
+        add_bytes(tar, f"{CONTROL}/manifest.json", project.manifest.to_json().encode())
+    return buffer.getvalue()
+
+
+def apply_command(target: str, manifest: str) -> str:
+    """The node side of one stream (stdin: the tar.gz)."""
+    t, m, c = shlex.quote(target), shlex.quote(manifest), CONTROL
+    return (
+        f"mkdir -p {t} && cd {t} && rm -f {m} && tar -xzf - && "
+        f"xargs -0 -r rm -f -- < {c}/delete && {{ xargs -0 -r rmdir -- < {c}/prune 2>/dev/null || true; }} && "
+        f"mv -f {c}/manifest.json {m} && rm -rf {c}"
+    )
+
+
+def _human(size: int) -> str:
+    return f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB" if size < 1 << 20 else f"{size / 2**20:.1f} MiB"
+
+
+def read_manifest(inventory: Inventory, node: str) -> str:
+    """The shell command that prints the node's manifest of its last sync (nothing when there was none)."""
+    return f"cat {shlex.quote(manifest_path(inventory, node))} 2>/dev/null || true"
+
+
+def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None = None,
+                 out: TextIO | None = None, manifests: dict[str, str] | None = None) -> dict[str, SyncPlan]:
+    """Bring every node's copy of WORKDIR (or ``names``') up to ``project``; print one line; the plans.
+    ``manifests``: {node: the output of :func:`read_manifest`} where the caller read them already (in the
+    pre-flight round); otherwise they are read here, in a round of their own."""
+    inv = runner.inventory
+    names = names or [n.name for n in inv.nodes]
+    if manifests is None:
+        manifests = {}
+        for name, res in runner.run_each({name: read_manifest(inv, name) for name in names}).items():
+            if not res.ok:
+                raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
+            manifests[name] = res.stdout
+    plans = {name: plan_sync(project.manifest, Manifest.from_json(manifests[name])) for name in names}
+
+    def push(name: str) -> None:
+        command = apply_command(project_dir(inv, name), manifest_path(inv, name))
+        try:
+            runner.run_with_input(name, command, stream(project, plans[name]), timeout=300)
+        except NodeError as err:
+            raise NodeError(name, command, err.returncode, f"code sync failed: {err.message}") from None
+
+    errors = runner.parallel(push, [name for name in names if not plans[name].empty], timeout=330)
+    for name, err in errors.items():
+        if err is not None:
+            raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")
+    print(describe_sync(project, plans), file=out or runner.out, flush=True)
+    return plans
+
+
+def describe_sync(project: Project, plans: dict[str, SyncPlan]) -> str:
+    """One line: the project, then every distinct outcome with the nodes that had it (64 nodes that each got
+    the one edited file make one entry, not 64)."""
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for name, p in plans.items():
+        groups.setdefault((len(p.send), p.send_bytes, len(p.delete)), []).append(name)
+    parts = [f"{node_list(names)} sent {sent} file{'s' * (sent != 1)} ({size} bytes), deleted {deleted}"
+             for (sent, size, deleted), names in groups.items()]
+    files = project.manifest.files
+    return f"sync {project.root} ({len(files)} files, {_human(project.manifest.total_bytes)}): " + "; ".join(parts)
+
+
+def node_list(names: list[str]) -> str:
+    """'node-0..node-3, node-7' for node-0, node-1, node-2, node-3, node-7 (runs of consecutive numbers)."""
+    runs: list[list[str]] = []
+    for name in names:
+        prefix, _, number = name.rpartition("-")
+        last = runs[-1][-1] if runs else ""
+        if number.isdigit() and last.rpartition("-")[0] == prefix and last.rpartition("-")[2] == str(int(number) - 1):
+            runs[-1].append(name)
+        else:
+            runs.append([name])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)

@@ -1,0 +1,161 @@
+"""The cluster inventory: the one contract between providers and everything downstream.
+
+Every provider (local namespaces, AWS via ``terraform output -json``) produces an
+:class:`Inventory`; launchers, runtimes and the remote runner consume it and never ask
+which provider made it (the shape follows SkyPilot's ``ClusterInfo``/``InstanceInfo``:
+head first, one record per node).
+
+It is stored as ``.multinode/<cluster>/inventory.json``. Paths inside it (SSH key,
+known_hosts) are absolute so any process on the control machine can use them.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from multinode.core.errors import UserError
+
+ACCELERATORS = ("none", "nvidia", "amd")
+RUNTIMES = ("host", "docker")
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Node:
+    """One machine of the cluster, as the control machine reaches it."""
+
+    name: str  # stable logical name: node-0 (the head), node-1, ...
+    hostname: str  # the node's own hostname
+    private_ip: str  # address on the cluster network: rendezvous, gloo/NCCL/MPI traffic
+    ssh_user: str
+    ssh_port: int
+    host_key: str  # pinned public host key, "ssh-ed25519 AAAA..."; a different key is refused
+    public_ip: str | None = None  # address the control machine SSHes to, when it differs
+    accelerator: str = "none"  # one of ACCELERATORS
+    accelerator_count: int = 0
+    instance_id: str | None = None  # cloud instance id (None for local nodes)
+
+    def __post_init__(self) -> None:
+        if self.accelerator not in ACCELERATORS:
+            raise UserError(
+                f"node {self.name}: accelerator {self.accelerator!r} is not one of {', '.join(ACCELERATORS)}"
+            )
+        if self.accelerator == "none" and self.accelerator_count:
+            raise UserError(f"node {self.name}: accelerator_count={self.accelerator_count} but accelerator is 'none'")
+        if not 0 < self.ssh_port < 65536:
+            raise UserError(f"node {self.name}: ssh_port {self.ssh_port} is not a TCP port")
+        ipaddress.ip_address(self.private_ip)
+
+    @property
+    def ssh_host(self) -> str:
+        """The address the control machine connects to."""
+        return self.public_ip or self.private_ip
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """A provisioned cluster: head node first."""
+
+    cluster: str
+    provider: str  # registry name of the provider that made it ("local", "aws")
+    nodes: tuple[Node, ...]
+    subnet: str  # CIDR of the cluster network; MPI/gloo/NCCL interfaces are pinned to it
+    ssh_key: str  # absolute path of the client private key on the control machine
+    known_hosts: str  # absolute path of the pinned known_hosts file on the control machine
+    workdir: str  # directory on every node where code is synced and runs write (node-local, not shared)
+    python: str = "python3"  # interpreter on the nodes (host runtime)
+    runtime: str = "host"  # one of RUNTIMES: run in the node's environment or inside `docker run`
+    image: str | None = None  # container image for the docker runtime
+    extra: dict[str, Any] = field(default_factory=dict)  # provider-private details; nobody else reads them
+
+    def __post_init__(self) -> None:
+        if not self.nodes:
+            raise UserError(f"cluster {self.cluster!r} has no nodes")
+        if self.runtime not in RUNTIMES:
+            raise UserError(f"runtime {self.runtime!r} is not one of {', '.join(RUNTIMES)}")
+        if self.runtime == "docker" and not self.image:
+            raise UserError(f"cluster {self.cluster!r}: the docker runtime needs an image")
+        names = [n.name for n in self.nodes]
+        if len(set(names)) != len(names):
+            raise UserError(f"cluster {self.cluster!r}: duplicate node names {names}")
+        net = ipaddress.ip_network(self.subnet, strict=False)
+        for node in self.nodes:
+            if ipaddress.ip_address(node.private_ip) not in net:
+                raise UserError(f"node {node.name}: private_ip {node.private_ip} is outside subnet {self.subnet}")
+
+    @property
+    def head(self) -> Node:
+        return self.nodes[0]
+
+    @property
+    def accelerator(self) -> str:
+        """The accelerator every node has ("none" when any node has none)."""
+        kinds = {n.accelerator for n in self.nodes}
+        return kinds.pop() if len(kinds) == 1 else "none"
+
+    @property
+    def interpreter(self) -> str:
+        """The Python that runs the job: the node's own (host runtime) or the image's (docker runtime)."""
+        return self.python if self.runtime == "host" else self.extra.get("container_python", "python3")
+
+    def workdir_for(self, node_name: str) -> str:
+        """The node's work directory (``workdir`` may hold ``{node}``: local nodes share one disk)."""
+        return self.workdir.replace("{node}", node_name)
+
+    def first(self, count: int) -> "Inventory":
+        """The same cluster restricted to its first ``count`` nodes (head included)."""
+        if not 0 < count <= len(self.nodes):
+            raise UserError(
+                f"NODES={count} but cluster {self.cluster!r} has {len(self.nodes)} nodes; "
+                f"run 'make up NODES={count}' or lower NODES."
+            )
+        return replace(self, nodes=self.nodes[:count])
+
+    def node(self, key: str | int) -> Node:
+        """Look a node up by index or name."""
+        if isinstance(key, int) or str(key).isdigit():
+            index = int(key)
+            if 0 <= index < len(self.nodes):
+                return self.nodes[index]
+        else:
+            for n in self.nodes:
+                if n.name == key:
+                    return n
+        raise UserError(f"no node {key!r} in cluster {self.cluster!r}; nodes are 0..{len(self.nodes) - 1}")
+
+    # --- serialisation -------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["schema"] = SCHEMA_VERSION
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Inventory":
+        data = dict(data)
+        schema = data.pop("schema", SCHEMA_VERSION)
+        if schema != SCHEMA_VERSION:
+            raise UserError(f"inventory schema {schema} is not {SCHEMA_VERSION}; run 'make down' and 'make up' again")
+        nodes = tuple(Node(**n) for n in data.pop("nodes"))
+        return cls(nodes=nodes, **data)
+
+    def save(self, path: Path) -> None:
+        """Write atomically, so a crash never leaves half an inventory."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".inventory.")
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.to_dict(), fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Inventory":
+        return cls.from_dict(json.loads(path.read_text()))

@@ -1,0 +1,121 @@
+"""How a run ended, as the user reads it: the ``RunSummary`` saved as ``summary.json`` and printed at the end,
+the trainer's ``RESULT`` line (or its metrics) it quotes, and the rank-0 metrics fetched from the head node.
+Shared by every way a job runs (SSH launchers, SLURM)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import NodeError
+from multinode.core.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+# mpirun --tag-output can glue the next chunk's tag ("[1,0]<stdout>:") to a line that an
+# unbuffered print() wrote in two pieces (text, then the newline).
+RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    run_id: str
+    mode: str
+    nodes: int
+    world_size: int
+    exit_codes: dict[str, int | None]
+    wall_seconds: float
+    result: dict | None
+    log_dir: str
+    metrics: str | None
+    failed_node: str | None = None
+    failed_rank: int | None = None
+    cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
+    stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
+    phases: dict[str, float] | None = None  # wall seconds of each phase, in order (see Phases)
+
+
+class Phases:
+    """Where a run's time goes: ``mark(name)`` ends the phase ``name`` now (it began at the previous mark).
+    Saved in summary.json (``phases``) and measured across node counts by ``python -m bench.control_plane``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.monotonic()
+
+    def mark(self, name: str) -> None:
+        now = time.monotonic()
+        self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 3)
+        self._last = now
+
+
+def parse_result(lines: list[str]) -> dict | None:
+    """The trainer's final ``RESULT {json}`` line, if the script printed one."""
+    for line in reversed(lines):
+        match = RESULT_LINE.search(line)
+        if match:
+            try:
+                return json.loads(match[1])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def result_from_metrics(metrics: str | None) -> dict | None:
+    """Our trainer's final ``test`` row of metrics.jsonl: the result when the RESULT line was not seen whole
+    (mpirun forwards every rank's output through one pipe, and a long line can arrive cut)."""
+    if not metrics or not Path(metrics).exists():
+        return None
+    for line in reversed(Path(metrics).read_text().splitlines()):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("event") == "test":
+            return {k: v for k, v in row.items() if k != "event"}
+    return None
+
+
+def fetch_metrics(runner, inv: Inventory, spec: LaunchSpec, run_dir: Path) -> str | None:
+    """Copy rank 0's metrics.jsonl from the head node into the local run directory."""
+    if spec.script is not None:
+        return None
+    remote = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}/metrics.jsonl"
+    local = run_dir / "metrics.jsonl"
+    try:
+        runner.get_file(inv.head.name, remote, local)
+    except (OSError, NodeError) as err:
+        log.warning("no metrics fetched from %s: %s", remote, err)
+        return None
+    return str(local)
+
+
+def describe(summary: RunSummary) -> str:
+    """The summary block printed at the end of a run."""
+    status = "FAILED" if summary.failed_node else "ok"
+    lines = [f"run {summary.run_id} {status}: MODE={summary.mode}, {summary.nodes} node(s), world size "
+             f"{summary.world_size}, wall {summary.wall_seconds:.1f} s"]
+    for node, code in summary.exit_codes.items():
+        lines.append(f"  {node}: exit {'lost' if code is None else code}")
+    if summary.failed_node:
+        rank = "unknown" if summary.failed_rank is None else summary.failed_rank
+        lines.append(f"  first failure: {summary.failed_node}, rank {rank}")
+        if summary.cause:
+            lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
+        if summary.stacks:
+            lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
+    if summary.result:
+        acc = summary.result.get("test_accuracy")
+        if acc is not None:
+            lines.append(f"  test accuracy: {acc:.4f}")
+        if "collective_ok" in summary.result:
+            lines.append(f"  collective correct: {summary.result['collective_ok']}")
+    lines.append(f"  logs: {summary.log_dir}")
+    if summary.metrics:
+        lines.append(f"  metrics: {summary.metrics}")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""One ``mpirun`` on the head node; Open MPI starts the other ranks over SSH.
+
+The job is written as one MPMD app context per node (``-np P --host IP:P --wdir DIR``), so each
+node runs the code from its own node-local directory: nothing assumes a shared filesystem. A
+hostfile listing the nodes is also written on the head for anyone re-running by hand.
+
+Open MPI's TCP traffic (both the out-of-band channel and the byte transfer layer) is pinned to
+the cluster subnet by CIDR, which Open MPI accepts directly: no interface name is hard-coded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from multinode.core.config import LaunchSpec
+from multinode.core.inventory import Inventory
+from multinode.plan.launchers.base import (
+    BASE_ENV,
+    EntryPoint,
+    LaunchPlan,
+    NodeCommand,
+    entry_dir,
+    env_file,
+    iface_for_subnet,
+    node_python,
+    nproc_of,
+    project_env,
+    run_dir,
+    trainer_args,
+)
+
+# Environment forwarded to every rank (mpirun does not forward the environment by itself).
+FORWARDED = ("MULTINODE_RUN_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME")
+
+# mpirun's own reports of the first failed rank:
+#   "  Process name: [[12345,1],1]"  (non-zero exit, under "The first process to do so was:")
+#   "mpirun noticed that process rank 1 with PID 4242 on node 10.0.0.11 exited on signal 9 (Killed)."
+MPIRUN_FAILED_RANK = (
+    re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]"),
+    re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited"),
+)
+
+
+# --tag-output prefixes every rank's line with "[jobid,rank]<stdout>:".
+TAGGED_LINE = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?")
+
+
+def relabel_by_rank(rank_nodes: Sequence[str]):
+    """Lines of every rank arrive through the head's mpirun: show them under the rank's own node."""
+
+    def relabel(node: str, line: str) -> tuple[str, str]:
+        match = TAGGED_LINE.match(line)
+        if not match or int(match[1]) >= len(rank_nodes):
+            return node, line
+        rank = int(match[1])
+        return rank_nodes[rank], f"[rank{rank}]: {line[match.end():]}"
+
+    return relabel
+
+
+def mpi_ssh_args(inventory: Inventory) -> str:
+    """How mpirun on the head SSHes to the other nodes: the cluster key and pinned host keys only."""
+    port = inventory.extra.get("mpi_ssh_port", inventory.head.ssh_port)
+    opts = [
+        f"-p {port}",
+        f"-i {inventory.extra.get('mpi_ssh_key', inventory.ssh_key)}",
+        f"-o UserKnownHostsFile={inventory.extra.get('mpi_known_hosts', inventory.known_hosts)}",
+        "-o StrictHostKeyChecking=yes",
+        "-o BatchMode=yes",
+        "-o ConnectTimeout=10",
+    ]
+    return " ".join(opts)
+
+
+class MpirunLauncher:
+    name = "mpirun"
+
+    def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
+        inv = inventory.first(spec.nodes)
+        head = inv.head
+        head_dir = inv.workdir_for(head.name)
+        hostfile = f"{head_dir}/runs/{spec.run_id}/hostfile"
+        argv: list[str] = [
+            "mpirun",
+            "--hostfile", hostfile,
+            # Several simulated nodes share cores; pinning would put every node's rank on core 0.
+            "--bind-to", "none",
+            "--mca", "pml", "ob1",
+            "--mca", "btl", "self,vader,tcp",
+            "--mca", "btl_tcp_if_include", inv.subnet,
+            "--mca", "oob_tcp_if_include", inv.subnet,
+            "--mca", "plm_rsh_args", mpi_ssh_args(inv),
+            # The daemons Open MPI starts over SSH on the other nodes carry the run id too (their sshd gives them a
+            # fresh environment): the gang-stop and the leak checks find them like the ranks, instead of waiting for
+            # each orted to notice that mpirun is gone.
+            "--mca", "orte_launch_agent", f"env MULTINODE_RUN_ID={spec.run_id} orted",
+            # Fail the whole job as soon as one rank exits non-zero.
+            "--mca", "orte_abort_on_non_zero_status", "1",
+            "--tag-output",
+        ]
+        for name in FORWARDED:
+            argv += ["-x", name]
+        contexts = []
+        for node in inv.nodes:
+            count = nproc_of(spec, node)
+            # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context, put
+            # before the node's own (a site's module setup) by a shell on the node; `env` alone would replace it.
+            project = project_env(inv, node.name, entry).get("PYTHONPATH")
+            prepend = ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"', project] \
+                if project else ["env"]
+            ctx = [
+                "-np", str(count),
+                "--host", f"{node.private_ip}:{count}",
+                "--wdir", entry_dir(inv, node.name, entry),
+                # ENV: the head sources the values from its env file; mpirun carries them by name. In every app
+                # context: a -x before the first one reaches only that context's ranks (measured here: the
+                # other nodes' ranks see none of FORWARDED either).
+                *(arg for var in spec.env for arg in ("-x", var.name)),
+                # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
+                # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
+                *prepend, f"MULTINODE_RUN_ID={spec.run_id}",
+                node_python(inv, spec, node.name), *entry.program(),
+                *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
+            ]
+            contexts.append(ctx)
+        for i, ctx in enumerate(contexts):
+            if i:
+                argv.append(":")
+            argv += ctx
+        env = dict(BASE_ENV)
+        if head.ssh_user == "root":
+            # Without these Open MPI refuses to run as root -- and still exits 0.
+            env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+        counts = tuple(nproc_of(spec, node) for node in inv.nodes)
+        content = "".join(f"{n.private_ip} slots={c}\n" for n, c in zip(inv.nodes, counts))
+        command = NodeCommand(
+            node=head.name,
+            argv=tuple(argv),
+            cwd=entry_dir(inv, head.name, entry),
+            env=env,
+            node_env={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},
+            files={hostfile: content},
+            env_file=env_file(inv, head.name, spec.run_id) if spec.env else None,
+            secret_env=tuple(var.name for var in spec.env),
+            nproc=counts[0],
+        )
+        return LaunchPlan(
+            run_id=spec.run_id,
+            launcher=self.name,
+            commands=(command,),
+            participants=tuple(n.name for n in inv.nodes),
+            world_size=sum(counts),
+            procs=counts,
+        )
+
+    def relabel(self, plan: LaunchPlan):
+        """mpirun's lines arrive on the head, tagged by global rank: show each under its rank's node."""
+        return relabel_by_rank([node for node, count in zip(plan.participants, plan.procs) for _ in range(count)])
+
+    def failed_rank(self, log_lines: Sequence[str]) -> int | None:
+        for line in log_lines:
+            for pattern in MPIRUN_FAILED_RANK:
+                match = pattern.search(line)
+                if match:
+                    return int(match[1])
+        return None

@@ -1,0 +1,88 @@
+"""Static launch, no torchrun agents: the orchestrator starts every rank itself (``LAUNCHER=static``).
+
+For fixed-size jobs (no ``ELASTIC``, no ``MAX_RESTARTS``) the torchrun agent on every node buys
+nothing but its cost: each agent imports torch before it even starts its workers (1-4 s per node on
+a small machine, in series with the worker's own import), and polls for the workers' exit. Here each
+node runs a small POSIX-sh starter instead, which gives every local process the env:// contract
+torchrun would give it -- ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``,
+``GROUP_RANK``, ``MASTER_ADDR`` (the head's cluster IP), ``MASTER_PORT`` (the rendezvous port) -- so
+``init_process_group()`` rendezvouses on a TCPStore hosted by rank 0 on the head.
+
+What torchrun gave and the starter keeps: every line prefixed ``[rankN]: `` (stdout and stderr
+merged per rank, whole lines), the node's exit code is the first failed rank's, and a failure is
+reported in torchrun's own "rank : N (local_rank: L)" form so the orchestrator names the rank.
+Gang-stop, run-id tagging and logs are the runner's, unchanged. What it does not do: restarts,
+elastic membership, or a rendezvous timeout of its own (``init_process_group``'s timeout applies).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from multinode.core.config import LaunchSpec
+from multinode.core.inventory import Inventory, Node
+from multinode.plan.launchers.base import (
+    EntryPoint,
+    LaunchPlan,
+    node_python,
+    nproc_of,
+    per_node_plan,
+    run_dir,
+    trainer_args,
+)
+from multinode.plan.launchers.torchrun import root_cause_rank
+
+# $1 = this node's first global rank, $2 = processes on this node, $3 = directory for per-rank exit files;
+# the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
+# exit code and, for a failure, its time into a file (a pipeline's status is sed's in POSIX sh). Then the
+# earliest failure is reported the way torchrun does, and is the node's exit code.
+# One line (statements joined with spaces), so the plan prints as one shell line.
+STARTER = " ".join(part.strip() for part in [
+    'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; i=0;',
+    'while [ "$i" -lt "$nproc" ]; do',
+    '  rank=$((base + i));',
+    '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; c=$?; t=0; [ "$c" = 0 ] || t=$(date +%s%N); echo "$c $t" > "$status_dir/rank$rank"; }',
+    '    | sed -u "s/^/[rank$rank]: /" &',
+    '  i=$((i + 1));',
+    'done; wait; first=; first_t=; code=0;',
+    'for f in "$status_dir"/rank*; do',
+    '  read -r c t < "$f" || { c=1; t=0; };',
+    '  if [ "$c" != 0 ] && { [ -z "$first_t" ] || [ "$t" -lt "$first_t" ]; }; then first=${f##*/rank}; first_t=$t; code=$c; fi;',
+    'done;',
+    'if [ -n "$first" ]; then',
+    '  echo "Root Cause (first observed failure):" >&2;',
+    '  echo "  rank      : $first (local_rank: $((first - base)))" >&2;',
+    '  echo "  exitcode  : $code" >&2;',
+    'fi; exit "$code"',
+])
+
+
+class StaticLauncher:
+    name = "static"
+
+    def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
+        inv = inventory.first(spec.nodes)
+        counts = [nproc_of(spec, node) for node in inv.nodes]
+
+        def node_command(node_rank: int, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:
+            directory = run_dir(inv, node.name, spec.run_id)
+            argv = (
+                "sh", "-c", STARTER, "multinode-static", str(sum(counts[:node_rank])), str(counts[node_rank]),
+                f"{directory}/ranks", node_python(inv, spec, node.name), *entry.program(),
+                *trainer_args(entry, directory, spec),
+            )
+            return argv, {
+                "WORLD_SIZE": str(sum(counts)),
+                "LOCAL_WORLD_SIZE": str(counts[node_rank]),
+                "GROUP_RANK": str(node_rank),
+                "MASTER_ADDR": inv.head.private_ip,
+                "MASTER_PORT": str(spec.rdzv_port),
+            }
+
+        return per_node_plan(self.name, inv, spec, node_command, entry)
+
+    def relabel(self, plan: LaunchPlan):
+        return None  # every node streams its own ranks' lines
+
+    def failed_rank(self, log_lines: Sequence[str]) -> int | None:
+        return root_cause_rank(log_lines)  # the starter reports failures in torchrun's form

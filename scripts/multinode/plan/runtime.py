@@ -1,0 +1,142 @@
+"""Runtimes: how a planned node command becomes the shell line sent over SSH.
+
+* ``host``: run in the node's own environment (the local provider: the project's venv).
+* ``docker``: run inside the mode's image with ``docker run --network=host`` -- the host network,
+  so rendezvous, gloo, NCCL and MPI see the node's real interfaces and addresses -- plus the
+  accelerator's devices (``--gpus all`` for NVIDIA; ``/dev/kfd`` + ``/dev/dri`` and the ``video``
+  group for AMD). The node's work directory is mounted at the same path, so plans don't change.
+  The container CLI is ``docker`` unless the inventory says otherwise: ``extra["container_cli"]`` is
+  a command line, so it may carry global options (our local tests: ``podman --root DIR
+  --storage-driver overlay --runtime runc``); ``extra["container_args"]`` are added to every ``run``.
+
+MODE=mpi: mpirun runs in the head's container and starts the other ranks over SSH. For those ranks
+to run in the image too, every other node runs the image's own sshd (port 2222, see docker/sshd_config)
+in a container of the run (:func:`mpi_sshd_shell`), with the node's pinned host key and the cluster's
+authorized key mounted; ``stop_containers`` removes it with the run. The paths come from
+``extra["container_sshd"]`` (``host_key`` may hold ``{node}``); defaults suit a cloud node.
+
+Node-evaluated environment (``NodeCommand.node_env``) is computed on the host shell first and
+passed into the container by name, so ``ip`` need not exist in the image; ENV values are sourced
+from the node's env file by the host shell and passed the same way, never on the command line.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from multinode.core.errors import UserError
+from multinode.core.inventory import Inventory, Node
+from multinode.plan.launchers.base import NodeCommand
+
+# GPU nodes also lift the locked-memory limit: NCCL/RCCL and UCX pin host buffers for GPU copies.
+# CPU nodes keep the engine's default (raising it needs CAP_SYS_RESOURCE, which a sandbox may lack).
+UNLIMITED_MEMLOCK = ("--ulimit", "memlock=-1")
+ACCELERATOR_FLAGS = {
+    "none": (),
+    "nvidia": ("--gpus", "all", *UNLIMITED_MEMLOCK),
+    # ROCm needs the kernel driver (kfd), the render nodes (dri) and the video group.
+    "amd": ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--security-opt", "seccomp=unconfined",
+            *UNLIMITED_MEMLOCK),
+}
+
+
+# Where the image's sshd (MODE=mpi) finds the node's host key and the authorized keys on the node.
+CONTAINER_SSHD_DEFAULTS = {"host_key": "/etc/ssh/ssh_host_ed25519_key", "authorized_keys": "$HOME/.ssh/authorized_keys"}
+
+
+def container_name(run_id: str, node: str) -> str:
+    return f"mn-{run_id}-{node}"
+
+
+def sshd_container_name(run_id: str, node: str) -> str:
+    return f"mn-{run_id}-{node}-sshd"
+
+
+def container_cli(inventory: Inventory) -> list[str]:
+    """The container CLI as argv: ``docker``, or e.g. ``podman --root DIR --runtime runc``."""
+    return shlex.split(inventory.extra.get("container_cli", "docker"))
+
+
+def host_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
+    return command.shell()
+
+
+def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
+    workdir = inventory.workdir_for(node.name)
+    argv = [
+        *container_cli(inventory), "run", "--rm",
+        "--name", container_name(run_id, node.name),
+        "--network=host",
+        # Data-loader workers and NCCL use /dev/shm; Docker's 64 MiB default breaks both.
+        "--ipc=host",
+        "-v", f"{workdir}:{workdir}",
+        "-w", command.cwd,
+        "-e", "MULTINODE_RUN_ID",
+    ]
+    argv += inventory.extra.get("container_args", [])
+    for key, value in command.env.items():
+        argv += ["-e", f"{key}={value}"]
+    for key in (*command.node_env, *command.secret_env):  # by name: the values come from the host shell
+        argv += ["-e", key]
+    argv += ACCELERATOR_FLAGS[node.accelerator]
+    argv.append(inventory.image or "")
+    argv += command.argv
+    exports = [f'export {k}="{expr}"' for k, expr in command.node_env.items()]
+    return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *command.sourced(), *exports, "exec " + shlex.join(argv)])
+
+
+def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
+    """The line that starts the image's sshd on ``node`` in the background (docker runtime, MODE=mpi)."""
+    paths = {**CONTAINER_SSHD_DEFAULTS, **inventory.extra.get("container_sshd", {})}
+    workdir = inventory.workdir_for(node)
+    argv = [
+        *container_cli(inventory), "run", "-d", "--rm",
+        "--name", sshd_container_name(run_id, node),
+        "--network=host", "--ipc=host",
+        "-v", f"{workdir}:{workdir}",
+        "-v", f"{paths['host_key'].format(node=node)}:/etc/multinode/ssh_host_ed25519_key:ro",
+        *inventory.extra.get("container_args", []),
+        *ACCELERATOR_FLAGS[inventory.node(node).accelerator],
+        inventory.image or "",
+    ]
+    # Double quotes, not shlex: the node's shell expands $HOME in the default authorized_keys path.
+    keys = f'-v "{paths["authorized_keys"]}:/etc/multinode/authorized_keys:ro"'
+    return f"{shlex.join(argv[:-1])} {keys} {shlex.quote(argv[-1])} >/dev/null"
+
+
+RUNTIMES: dict[str, Callable[[NodeCommand, Inventory, Node, str], str]] = {"host": host_shell, "docker": docker_shell}
+
+
+def to_shell(command: NodeCommand, inventory: Inventory, run_id: str) -> str:
+    """The exact line to run on ``command.node`` for this inventory's runtime."""
+    try:
+        render = RUNTIMES[inventory.runtime]
+    except KeyError:
+        raise UserError(f"unknown runtime {inventory.runtime!r}; valid runtimes: {', '.join(RUNTIMES)}") from None
+    return render(command, inventory, inventory.node(command.node), run_id)
+
+
+def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
+    """Extra stop step for the docker runtime: remove the run's containers (None for host)."""
+    if inventory.runtime != "docker":
+        return None
+    cli = shlex.join(container_cli(inventory))
+    # One name per call: podman 4.3's `rm -f missing present` removes neither and still exits 0.
+    names = [container_name(run_id, node), sshd_container_name(run_id, node)]
+    return "; ".join(f"{cli} rm -f {shlex.quote(name)} >/dev/null 2>&1" for name in names) + "; true"
+
+
+def runtime_checks(inventory: Inventory) -> list[tuple[str, str]]:
+    """Pre-flight shell checks for this runtime: (description, command that exits 0 when fine). GPUs are
+    checked after these, by the smoke test inside the runtime (:mod:`multinode.checks.gpu`)."""
+    if inventory.runtime == "docker":
+        cli = container_cli(inventory)
+        inspect = f"{shlex.join(cli)} image inspect {shlex.quote(inventory.image or '')} >/dev/null"
+        checks = [(f"{cli[0]} and image {inventory.image}", inspect)]
+    else:
+        py = shlex.quote(inventory.python)
+        # The interpreter only, in the shell: whether it has torch (and which) is the software probe's answer
+        # (multinode.checks.software, one Python run per node and job; a second one here cost 0.4 s at 32 nodes).
+        checks = [("python", f"command -v {py} >/dev/null || {{ echo 'no such interpreter: '{py}; false; }}")]
+    return checks

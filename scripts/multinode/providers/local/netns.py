@@ -1,0 +1,198 @@
+"""The simulated cluster network: one network namespace per node on a Linux bridge (root only).
+
+Pure part: :class:`NetPlan` derives every name and address from the cluster name, so `down`
+finds everything even when `up` crashed before writing anything else, and clusters (and
+concurrent tests) never collide:
+
+    namespace  mn-<cluster>-<i>          node i, hostname <cluster>-node-<i>
+    bridge     mnb<hash6>                 holds <subnet>.1
+    veth       mnh<hash6><i> (host side) / eth0 (inside the namespace)
+    subnet     10.<200..249>.<x>.0/24     node i at .10+i; the first free one on this host
+
+The network is closed: namespaces get no default route, only their subnet, and the host's
+``ip_forward`` is never touched, so a node can reach its peers and nothing else.
+Each namespace gets its own ``/etc/netns/<ns>/{hosts,resolv.conf}`` (every node's hostname;
+nameserver 127.0.0.1 so reverse lookups fail at once instead of waiting for an unreachable DNS).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from multinode.core.errors import UserError
+
+NETNS_ETC = Path("/etc/netns")
+FIRST_HOST = 10
+
+
+def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+    res = subprocess.run(argv, capture_output=True, text=True)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed: {res.stderr.strip()}")
+    return res
+
+
+def _hash(cluster: str) -> str:
+    return hashlib.sha256(cluster.encode()).hexdigest()[:6]
+
+
+def host_networks() -> list[ipaddress.IPv4Network]:
+    """Every IPv4 network this host already has an address or a route in."""
+    nets = []
+    for line in run("ip", "-o", "-4", "addr", "show").stdout.splitlines():
+        nets.append(ipaddress.ip_interface(line.split()[3]).network)
+    for line in run("ip", "-4", "route", "show").stdout.splitlines():
+        dest = line.split()[0]
+        if dest != "default":
+            nets.append(ipaddress.ip_network(dest if "/" in dest else f"{dest}/32", strict=False))
+    return nets
+
+
+def pick_subnet(cluster: str, taken: list[ipaddress.IPv4Network], base_octet: int = 10) -> ipaddress.IPv4Network:
+    """A /24 derived from the cluster name; the next one if it overlaps a network of this host."""
+    start = int(_hash(cluster), 16) % (50 * 256)
+    for offset in range(50 * 256):
+        slot = (start + offset) % (50 * 256)
+        net = ipaddress.ip_network(f"{base_octet}.{200 + slot // 256}.{slot % 256}.0/24")
+        if not any(net.overlaps(other) for other in taken):
+            return net
+    raise UserError(f"no free 10.200-249.x.0/24 subnet on this host for cluster {cluster!r}; run 'make down' on old clusters")
+
+
+@dataclass(frozen=True)
+class NetPlan:
+    """Names and addresses of a local cluster's network (pure: no I/O)."""
+
+    cluster: str
+    nodes: int
+    subnet: str
+    mtu: int
+
+    @property
+    def tag(self) -> str:
+        return _hash(self.cluster)
+
+    @property
+    def bridge(self) -> str:
+        return f"mnb{self.tag}"
+
+    @property
+    def gateway(self) -> str:
+        return str(ipaddress.ip_network(self.subnet)[1])
+
+    @property
+    def prefixlen(self) -> int:
+        return ipaddress.ip_network(self.subnet).prefixlen
+
+    def netns(self, i: int) -> str:
+        return f"mn-{self.cluster}-{i}"
+
+    def veth(self, i: int) -> str:
+        return f"mnh{self.tag}{i}"  # <= 15 chars (IFNAMSIZ) for up to 64 nodes
+
+    def ip(self, i: int) -> str:
+        return str(ipaddress.ip_network(self.subnet)[FIRST_HOST + i])
+
+    def hostname(self, i: int) -> str:
+        return f"{self.cluster}-node-{i}"
+
+    def hosts_file(self) -> str:
+        lines = ["127.0.0.1 localhost", "::1 localhost"]
+        lines += [f"{self.ip(i)} {self.hostname(i)}" for i in range(self.nodes)]
+        return "\n".join(lines) + "\n"
+
+
+def namespaces_of(cluster: str) -> list[str]:
+    """This cluster's namespaces that exist now, in node order."""
+    pattern = re.compile(rf"^mn-{re.escape(cluster)}-(\d+)$")
+    found = []
+    for line in run("ip", "netns", "list", check=False).stdout.splitlines():
+        match = pattern.match(line.split()[0]) if line.strip() else None
+        if match:
+            found.append((int(match[1]), match[0]))
+    return [name for _, name in sorted(found)]
+
+
+def links_of(cluster: str) -> list[str]:
+    """This cluster's bridge and host-side veths that exist now."""
+    tag = _hash(cluster)
+    names = []
+    for line in run("ip", "-o", "link", "show", check=False).stdout.splitlines():
+        name = line.split(":")[1].strip().split("@")[0]
+        if name == f"mnb{tag}" or re.fullmatch(rf"mnh{tag}\d+", name):
+            names.append(name)
+    return names
+
+
+def netns_pids(ns: str) -> list[int]:
+    return [int(p) for p in run("ip", "netns", "pids", ns, check=False).stdout.split()]
+
+
+def create(plan: NetPlan) -> None:
+    """Bridge, namespaces, veths, addresses, hosts/resolv.conf. Raises on the first failure."""
+    run("ip", "link", "add", plan.bridge, "type", "bridge")
+    run("ip", "link", "set", plan.bridge, "mtu", str(plan.mtu))
+    run("ip", "addr", "add", f"{plan.gateway}/{plan.prefixlen}", "dev", plan.bridge)
+    run("ip", "link", "set", plan.bridge, "up")
+    for i in range(plan.nodes):
+        ns, veth, peer = plan.netns(i), plan.veth(i), f"mnp{plan.tag}{i}"
+        etc = NETNS_ETC / ns
+        etc.mkdir(parents=True, exist_ok=True)
+        (etc / "hosts").write_text(plan.hosts_file())
+        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+        (etc / "hostname").write_text(plan.hostname(i) + "\n")
+        run("ip", "netns", "add", ns)
+        run("ip", "link", "add", veth, "mtu", str(plan.mtu), "type", "veth", "peer", "name", peer, "mtu", str(plan.mtu))
+        run("ip", "link", "set", veth, "master", plan.bridge, "up")
+        run("ip", "link", "set", peer, "netns", ns)
+        batch = "\n".join([
+            "link set lo up",
+            f"link set {peer} name eth0",
+            f"addr add {plan.ip(i)}/{plan.prefixlen} dev eth0",
+            "link set eth0 up",
+        ])
+        subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True, capture_output=True)
+
+
+def stop_processes(namespaces: list[str], grace: float = 1.0) -> int:
+    """SIGTERM everything in the namespaces, then SIGKILL what is left; return how many there were."""
+    import os
+    import signal
+
+    pids = {pid for ns in namespaces for pid in netns_pids(ns)}
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        end = time.monotonic() + wait
+        while time.monotonic() < end and any(netns_pids(ns) for ns in namespaces):
+            time.sleep(0.05)
+        if not any(netns_pids(ns) for ns in namespaces):
+            break
+    return len(pids)
+
+
+def destroy(cluster: str) -> tuple[int, int, int]:
+    """Remove the cluster's veths (first: `ip netns del` frees them asynchronously), namespaces,
+    bridge and /etc/netns entries. Idempotent. Returns (namespaces, links, processes) removed."""
+    namespaces = namespaces_of(cluster)
+    processes = stop_processes(namespaces)
+    links = links_of(cluster)
+    tag = _hash(cluster)
+    for link in sorted(links, key=lambda name: name.startswith(f"mnb{tag}")):  # veths, then the bridge
+        run("ip", "link", "del", link, check=False)
+    for ns in namespaces:
+        run("ip", "netns", "del", ns, check=False)
+    for etc in NETNS_ETC.glob(f"mn-{cluster}-*"):
+        if re.fullmatch(rf"mn-{re.escape(cluster)}-\d+", etc.name):
+            shutil.rmtree(etc, ignore_errors=True)
+    return len(namespaces), len(links), processes
