@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.drills import Watcher, watched
-from bench.hang_drills import HANG_DRILLS, rank_pid, run_hang_drill
+from bench.drills.common import Watcher, watched
+from bench.drills.hangs import HANG_DRILLS, rank_pid, run_hang_drill
 
 pytestmark = pytest.mark.integration
 JOBS = Path(__file__).parent / "jobs"

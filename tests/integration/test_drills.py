@@ -1,4 +1,4 @@
-"""Failure drills (bench/drills.py) as tests: each fault ends the job non-zero, names the node that
+"""Failure drills (bench/drills/) as tests: each fault ends the job non-zero, names the node that
 caused it, and leaves no process of ours on any node. Timings are reported by `python -m
 bench.drills` (docs/reliability.md), never asserted."""
 
@@ -6,16 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.drills import (
-    DRILLS,
-    ELASTIC_DRILLS,
-    PRESTART_DRILLS,
-    SAVE_EVERY,
-    SIGNALLED,
-    run_drill,
-    run_elastic_drill,
-    run_prestart_drill,
-)
+from bench.drills.crashes import DRILLS, PRESTART_DRILLS, SIGNALLED, run_drill, run_prestart_drill
+from bench.drills.elastic import ELASTIC_DRILLS, SAVE_EVERY, run_elastic_drill
 
 pytestmark = pytest.mark.integration
 

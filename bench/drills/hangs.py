@@ -21,11 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.drills import watched
+from bench.drills.common import PG_TIMEOUT, REPO, watched
 
-REPO = Path(__file__).resolve().parents[1]
 HANG_JOB = REPO / "tests" / "integration" / "jobs" / "user_hang.py"
-PG_TIMEOUT = 10
 HANG_AFTER = 3  # steps before rank 2 hangs
 
 
@@ -117,31 +115,3 @@ def run_hang_drill(cluster, name: str) -> HangResult:
     return HangResult(name, proc.returncode, round(seconds, 1), named[1] if named else None,
                       int(named[2]) if named else None, cause[1] if cause else stderr[-3000:],
                       stacks[1] if stacks else None, float(took[1]) if took else None, cluster.job_processes())
-
-
-def markdown(results: list[HangResult]) -> str:
-    if not results:
-        return ""
-    lines = [
-        "",
-        "## Hangs: naming the rank that stopped making progress",
-        "",
-        f"`tests/integration/jobs/user_hang.py` on 3 nodes (LAUNCHER=auto: static), process-group timeout "
-        f"{PG_TIMEOUT} s unless the drill says otherwise, stall watchdog off unless it says STALL_TIMEOUT; rank 2 on "
-        f"node-2 hangs after {HANG_AFTER} steps. When the first waiting rank times out (or the watchdog sees no output "
-        "and no CPU time on any rank for STALL_TIMEOUT), the orchestrator captures every live rank (process state "
-        "from /proc, py-spy stack, two looks half a second apart) before the gang-stop, and names the rank that is not "
-        "waiting on its peers. Seconds run from the hang to the orchestrator's exit; the requirement is at most the "
-        "detecting timeout + 10 s (20 s; 18 s with STALL_TIMEOUT=8). The failure drills above pay for the same "
-        "capture before their gang-stop (one look when a node failed on its own, two otherwise): their seconds to "
-        "exit include it.",
-        "",
-        "| drill | exit | seconds to exit | node, rank named | capture (s) | processes left | root cause line |",
-        "|---|---:|---:|---|---:|---:|---|",
-    ]
-    for r in results:
-        left = sum(len(v) for v in r.left_at_exit.values())
-        cause = r.root_cause.replace("|", "\\|")
-        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.named_node}, rank {r.named_rank} | "
-                     f"{'-' if r.capture_seconds is None else r.capture_seconds} | {left} | {cause} |")
-    return "\n".join(lines) + "\n"

@@ -1,0 +1,83 @@
+"""What every drill shares: the repository's paths, the process-group timeout the drill jobs run with,
+watching a CLI process's output as it runs, and finding a job's processes on a node."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PG_TIMEOUT = 10
+
+
+class Watcher:
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.times: list[float] = []  # time.monotonic() at which each line arrived
+
+        def read() -> None:
+            for line in stream:
+                self.times.append(time.monotonic())
+                self.lines.append(line)
+
+        self.thread = threading.Thread(target=read, daemon=True)
+        self.thread.start()
+
+    def join(self, timeout: float = 30) -> None:
+        """Until the stream's end has been read (the process has exited and closed it), with a deadline."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise TimeoutError(f"output still open {timeout} s after the process exited")
+
+    def first(self, pattern: str, after: float = 0.0) -> tuple[float, re.Match] | None:
+        """(arrival time, match) of the first line matching ``pattern`` that arrived after ``after``."""
+        for when, line in zip(list(self.times), list(self.lines)):
+            match = re.search(pattern, line)
+            if when >= after and match:
+                return when, match
+        return None
+
+    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if any(re.search(pattern, line) for line in list(self.lines)):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}")
+
+
+@contextlib.contextmanager
+def watched(proc: subprocess.Popen):
+    """(out, err): Watchers of a CLI process's stdout and stderr. Leaving the block kills the process if it still
+    runs; leaving it normally also waits until both streams have been read to their end."""
+    out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    try:
+        yield out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out.join(), err.join()
+
+
+def cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def find_pid(state, node: str, agent: bool, script: bytes = b"user_allreduce.py") -> int:
+    """The pid of the job's torchrun agent (``agent``) or of its worker running ``script`` on ``node``."""
+    from multinode.providers.local.provider import job_pids
+
+    for pid in job_pids(state, node):
+        cmd = cmdline(pid)
+        is_agent = b"torch.distributed.run" in cmd
+        if any(part.endswith(script) for part in cmd) and is_agent == agent:
+            return pid
+    raise RuntimeError(f"no {'torchrun agent' if agent else 'worker'} on {node}")

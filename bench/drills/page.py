@@ -1,0 +1,88 @@
+"""docs/reliability.md: the drills' results as tables."""
+
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+from bench.drills.common import PG_TIMEOUT
+from bench.drills.crashes import DrillResult
+from bench.drills.elastic import ELASTIC_EPOCHS, FAULT_AFTER_EPOCH, SAVE_EVERY, ElasticResult
+from bench.drills.hangs import HANG_AFTER, HangResult
+
+
+def markdown(results: list[DrillResult], elastic: list[ElasticResult] = ()) -> str:
+    lines = [
+        "# Reliability drills",
+        "",
+        f"Measured by `python -m bench.drills` on {datetime.now(timezone.utc):%Y-%m-%d} on this machine "
+        f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when the page was written), local "
+        f"cluster of 3 nodes (network namespaces, sshd per node), torchrun c10d, gloo, process-group timeout "
+        f"{PG_TIMEOUT} s, rendezvous read timeout 10 s, no restarts. The fault hits node-1 (or the orchestrator) "
+        "after every node has done a few all_reduce steps; for the faults present before the job starts "
+        "(sshd down, rendezvous unreachable) the seconds run from the command to its exit.",
+        "",
+        "| drill | exit | seconds to exit | first node named | processes left at exit | left after recovery |",
+        "|---|---:|---:|---|---:|---:|",
+    ]
+    for r in results:
+        at_exit = sum(len(v) for v in r.left_at_exit.values())
+        after = sum(len(v) for v in r.left_after_recovery.values())
+        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.first_named or '-'} | {at_exit} | {after} |")
+    lines += [
+        "",
+        "Seconds to exit run from the fault to the orchestrator's exit: detection, stopping every node, and",
+        "(for a node that stopped answering) the bounded wait for its SSH session before it is dropped.",
+        "A node cut off from the network cannot be reached to be stopped; its ranks end on their own when",
+        "their process-group timeout expires, which the 'left after recovery' column checks.",
+    ]
+    if elastic:
+        lines += [
+            "",
+            "## With restarts (elastic)",
+            "",
+            f"Our digits trainer on 3 nodes, `MAX_RESTARTS=1`, {ELASTIC_EPOCHS} epochs with a snapshot every "
+            f"{SAVE_EVERY}; the fault hits node-1 once rank 0 has finished epoch {FAULT_AFTER_EPOCH}. A killed worker is "
+            "restarted by its node's torchrun agent; a node that dies is started again by the orchestrator once it "
+            "answers SSH (its peers' agents keep the rendezvous open), and every rank resumes from the freshest snapshot.",
+            "",
+            "| drill | exit | test accuracy | epochs done at fault | resumed from epoch | epochs lost (max "
+            f"{SAVE_EVERY}) | seconds fault -> resumed | wall (s) | processes left |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in elastic:
+            acc = "-" if r.test_accuracy is None else f"{r.test_accuracy:.4f}"
+            lines.append(f"| {r.name} | {r.exit_code} | {acc} | {r.epochs_done_at_fault} | "
+                         f"{'-' if r.resumed_from is None else r.resumed_from} | "
+                         f"{'-' if r.epochs_lost is None else r.epochs_lost} | "
+                         f"{'-' if r.seconds_to_resume is None else r.seconds_to_resume} | {r.wall_seconds} | "
+                         f"{sum(len(v) for v in r.left_at_exit.values())} |")
+    return "\n".join(lines) + "\n"
+
+
+def hangs_markdown(results: list[HangResult]) -> str:
+    if not results:
+        return ""
+    lines = [
+        "",
+        "## Hangs: naming the rank that stopped making progress",
+        "",
+        f"`tests/integration/jobs/user_hang.py` on 3 nodes (LAUNCHER=auto: static), process-group timeout "
+        f"{PG_TIMEOUT} s unless the drill says otherwise, stall watchdog off unless it says STALL_TIMEOUT; rank 2 on "
+        f"node-2 hangs after {HANG_AFTER} steps. When the first waiting rank times out (or the watchdog sees no output "
+        "and no CPU time on any rank for STALL_TIMEOUT), the orchestrator captures every live rank (process state "
+        "from /proc, py-spy stack, two looks half a second apart) before the gang-stop, and names the rank that is not "
+        "waiting on its peers. Seconds run from the hang to the orchestrator's exit; the requirement is at most the "
+        "detecting timeout + 10 s (20 s; 18 s with STALL_TIMEOUT=8). The failure drills above pay for the same "
+        "capture before their gang-stop (one look when a node failed on its own, two otherwise): their seconds to "
+        "exit include it.",
+        "",
+        "| drill | exit | seconds to exit | node, rank named | capture (s) | processes left | root cause line |",
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
+    for r in results:
+        left = sum(len(v) for v in r.left_at_exit.values())
+        cause = r.root_cause.replace("|", "\\|")
+        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.named_node}, rank {r.named_rank} | "
+                     f"{'-' if r.capture_seconds is None else r.capture_seconds} | {left} | {cause} |")
+    return "\n".join(lines) + "\n"
