@@ -112,6 +112,45 @@ def setup_logging(rank: int) -> None:
                         stream=sys.stdout)
 
 
+def spawn_ranks(cfg: Config, launch: dist_env.Launch, argv: list[str] | None) -> int:
+    """``--spawn N`` in a process no launcher started: every rank's checks once, then N ranks of :func:`main`."""
+    if launch.distributed:
+        raise ConfigError(f"--spawn {cfg.distributed.spawn} but {launch.launcher} already started "
+                          f"{launch.world_size} processes; drop --spawn or the launcher")
+    as_rank = dist_env.Launch("spawn", 0, cfg.distributed.spawn, 0, "127.0.0.1")
+    plan(cfg, as_rank, pick_device(cfg, as_rank))  # every rank's checks, once, before anything starts
+    from training import spawn
+
+    return spawn.run(main, sys.argv[1:] if argv is None else list(argv), cfg.distributed.spawn,
+                     cfg.distributed.timeout)
+
+
+def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.device, plane: str,
+                 result: dict) -> bool:
+    """Our Trainer on ``workload``, its figures added to ``result``; False when ``--stop-after-epoch`` stopped it."""
+    from training.trainer import StoppedAfterEpoch, Trainer
+
+    log = logging.getLogger("training")
+    t = cfg.training
+    log.info("%s: %s, world size %d, backend %s, per-rank batch %d, global batch %d, %d epochs",
+             t.workload, world.launch.launcher, world.world_size, world.backend or "none",
+             t.batch_size, t.batch_size * world.world_size, t.total_epochs)
+    trainer = Trainer(cfg, world, workload, device, plane)
+    result.update(epochs=t.total_epochs, seed=t.seed, batch_size=t.batch_size,
+                  global_batch=t.batch_size * world.world_size)
+    result["data_plane"] = data_plane_name(trainer, world)
+    try:
+        result.update(trainer.train())
+    except StoppedAfterEpoch as stop:
+        log.warning("%s", stop)
+        return False
+    finally:
+        trainer.close()
+        del trainer
+        gc.collect()
+    return True
+
+
 def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -> int:
     """Parse, plan, train. ``launch`` is given only to a rank that ``--spawn`` started."""
     try:
@@ -119,15 +158,7 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
         spawned = launch is not None
         launch = launch or dist_env.detect(os.environ)
         if cfg.distributed.spawn and not spawned:
-            if launch.distributed:
-                raise ConfigError(f"--spawn {cfg.distributed.spawn} but {launch.launcher} already started "
-                                  f"{launch.world_size} processes; drop --spawn or the launcher")
-            as_rank = dist_env.Launch("spawn", 0, cfg.distributed.spawn, 0, "127.0.0.1")
-            plan(cfg, as_rank, pick_device(cfg, as_rank))  # every rank's checks, once, before anything starts
-            from training import spawn
-
-            return spawn.run(sys.argv[1:] if argv is None else list(argv), cfg.distributed.spawn,
-                             cfg.distributed.timeout)
+            return spawn_ranks(cfg, launch, argv)
         device = pick_device(cfg, launch)
         backend, plane = plan(cfg, launch, device)
         from training import workloads
@@ -150,25 +181,8 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
     try:
         if workload is None:
             result.update(hello(world, device))
-        else:
-            from training.trainer import StoppedAfterEpoch, Trainer
-
-            log.info("%s: %s, world size %d, backend %s, per-rank batch %d, global batch %d, %d epochs",
-                     t.workload, world.launch.launcher, world.world_size, world.backend or "none",
-                     t.batch_size, t.batch_size * world.world_size, t.total_epochs)
-            trainer = Trainer(cfg, world, workload, device, plane)
-            result.update(epochs=t.total_epochs, seed=t.seed, batch_size=t.batch_size,
-                          global_batch=t.batch_size * world.world_size)
-            result["data_plane"] = data_plane_name(trainer, world)
-            try:
-                result.update(trainer.train())
-            except StoppedAfterEpoch as stop:
-                log.warning("%s", stop)
-                return 3
-            finally:
-                trainer.close()
-                del trainer
-                gc.collect()
+        elif not run_workload(cfg, world, workload, device, plane, result):
+            return 3
         if world.rank == 0:
             print("RESULT " + json.dumps(result), flush=True)
         ok = result.get("collective_ok", True)
