@@ -7,7 +7,7 @@
 * early stopping decided on rank 0 and broadcast, so every rank stops at the same epoch;
 * snapshots of the NEXT epoch (a resumed run never repeats one) with optimizer, scheduler, scaler
   and RNG states, written by global rank 0 atomically; on resume the rank holding the freshest
-  snapshot broadcasts it (after an elastic restart that need not be rank 0);
+  snapshot broadcasts it (after an elastic restart that need not be rank 0) -- :mod:`training.checkpoint`;
   ``--stop-after-epoch k`` ends every rank right after epoch k's snapshot (StoppedAfterEpoch);
 * ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
   communication time, and a final test line.
@@ -30,7 +30,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from training import snapshot
+from training import checkpoint
 from training.config import Config
 from training.dist_env import World
 from training.mpi_plane import MpiGradients
@@ -87,7 +87,7 @@ class Trainer:
         self.start_epoch = 0
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
-        self._restore()
+        checkpoint.restore(self)
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()
@@ -159,37 +159,6 @@ class Trainer:
                 tensor = tensor.to(self.device)
             dist.all_reduce(tensor)
         return tensor.cpu().tolist()
-
-    # --- snapshots ------------------------------------------------------------------------
-
-    def _restore(self) -> None:
-        state = snapshot.load_everywhere(self.t.snapshot_dir, self.world.rank, self.gather, self.broadcast)
-        if state is None:
-            return
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        snapshot.set_rng_state(state["rng"])
-        self.start_epoch = state["next_epoch"]
-        self.initial_test_loss = state.get("initial_test_loss")
-        self.best, self.stale = state.get("early_stopping", (float("inf"), 0))
-        log.info("resumed from snapshot: next epoch %d", self.start_epoch)
-
-    def _save(self, next_epoch: int) -> None:
-        if self.world.rank != 0 or not self.t.snapshot_dir:
-            return
-        crash = None
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if next_epoch - 1 == self.t.crash_during_snapshot and first_attempt:
-            crash = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731  (a drill: die mid-write)
-        path = snapshot.save(self.t.snapshot_dir, {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-            "rng": snapshot.rng_state(), "next_epoch": next_epoch, "workload": self.t.workload,
-            "initial_test_loss": self.initial_test_loss, "early_stopping": (self.best, self.stale),
-        }, before_rename=crash)
-        log.info("snapshot saved: %s (next epoch %d)", path, next_epoch)
 
     # --- training ---------------------------------------------------------------------
 
@@ -290,17 +259,17 @@ class Trainer:
                 stop = self.stale >= self.t.patience
             saved = (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs
             if saved:
-                self._save(epoch + 1)
+                checkpoint.save(self, epoch + 1)
             if epoch == self.t.crash_after_epoch and self.world.rank == 0:
                 os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
             if epoch == self.t.stop_after_epoch:
                 if not saved:
-                    self._save(epoch + 1)  # whatever save_every says: the point is to resume from here
+                    checkpoint.save(self, epoch + 1)  # whatever save_every says: the point is to resume from here
                 raise StoppedAfterEpoch(f"stopped after epoch {epoch + 1} as asked (--stop-after-epoch {epoch})")
             if self.broadcast(stop):
                 log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, self.stale)
                 if not saved:
-                    self._save(epoch + 1)
+                    checkpoint.save(self, epoch + 1)
                 break
         test = self.evaluate(self.test_loader)
         result = {"epochs_run": epochs_run, "test_loss": test["loss"]}
