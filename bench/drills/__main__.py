@@ -17,7 +17,7 @@ from bench.drills.hangs import HANG_DRILLS, run_hang_drill
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=bench.drills.__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.drills", description=bench.drills.__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "reliability.md")
     parser.add_argument("--only", action="append", help="run only drills whose name contains this")
     args = parser.parse_args()
