@@ -7,7 +7,7 @@ import dataclasses
 import shlex
 
 from multinode.core.config import LaunchSpec
-from multinode.app.verbs import plan_job
+from multinode.app.run import plan_job
 from multinode.providers.local.provider import cgroup_mount_commands
 from multinode.plan.runtime import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
 

@@ -18,14 +18,10 @@ import secrets
 import shlex
 import time
 
-from multinode.core.errors import UserError
+from multinode.core.errors import PreflightFailed, UserError
 from multinode.core.inventory import Inventory
 from multinode.ssh.runner import CommandResult, RemoteRunner
 from multinode.ssh.connect import refused
-
-
-class PreflightFailed(UserError):
-    """A node cannot run the job; nothing was started."""
 
 
 def _refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:

@@ -1,37 +1,19 @@
-"""Step 2 of ``train``: the job checked against the cluster and planned, before anything runs.
+"""The job checked against the cluster before anything runs: pure, no I/O.
 
-Pure but for reading SCRIPT/WORKDIR on the control machine: the entry point (our trainer, or the user's
-project), the GPU request against the inventory, and the launcher's plan (argv and env per node).
+What the launchers cannot see on their own: a GPU mode on CPU nodes, more processes per node than a GPU node
+has GPUs. The run's plan phase (:mod:`multinode.app.run`) calls these before the launcher plans.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
-from multinode.checks.gpu import plan_nproc
 from multinode.core.inventory import Inventory
-from multinode.plan.launchers import EntryPoint, LaunchPlan, launcher_for
-from multinode.code.project import ResolvedProject, resolve_project
-
-REPO_ROOT = Path(__file__).resolve().parents[3]
-TRAINING_DIR = REPO_ROOT / "training"
-OUR_ENTRY = "training/train.py"
+from multinode.plan.launchers.base import nproc_of
 
 
-def resolve_entry(spec: LaunchSpec) -> tuple[EntryPoint, list[tuple[Path, str]] | ResolvedProject]:
-    """The entry point and what to sync: our trainer as [(local path, path under the node's code dir)],
-    or the user's project (SCRIPT in WORKDIR, or a -m module), synced incrementally."""
-    if spec.script is None:
-        return EntryPoint(OUR_ENTRY, spec.args, ours=True), [(TRAINING_DIR, "training")]
-    resolved = resolve_project(spec)
-    return resolved.entry, resolved
-
-
-def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[tuple[Path, str]] | ResolvedProject]:
-    """Validate the job against the cluster and plan it. No I/O beyond reading SCRIPT/WORKDIR locally."""
-    inv = inventory.first(spec.nodes)
+def check_gpu_request(inv: Inventory, spec: LaunchSpec) -> None:
+    """A GPU mode needs GPU nodes, and at most one process per GPU."""
     if spec.uses_gpu and inv.accelerator == "none":
         raise UserError(
             f"MODE={spec.mode} needs GPU nodes but cluster {inv.cluster!r} has CPU nodes; "
@@ -39,5 +21,15 @@ def plan_job(inventory: Inventory, spec: LaunchSpec) -> tuple[LaunchPlan, list[t
         )
     if spec.uses_gpu:
         plan_nproc(inv, spec)
-    entry, sync = resolve_entry(spec)
-    return launcher_for(spec).plan(inv, spec, entry), sync
+
+
+def plan_nproc(inventory: Inventory, spec: LaunchSpec) -> None:
+    """Refuse, before anything runs, more processes per node than the inventory says a GPU node has
+    (NPROC=auto is one per GPU by construction)."""
+    for node in inventory.nodes:
+        nproc = nproc_of(spec, node)
+        if node.accelerator != "none" and node.accelerator_count and nproc > node.accelerator_count:
+            raise UserError(
+                f"NPROC={nproc} but {node.name} has {node.accelerator_count} GPU(s): one process per GPU; "
+                f"use NPROC={node.accelerator_count} or fewer (or NPROC=auto)"
+            )

@@ -1,6 +1,6 @@
 """The one runner for everything that happens on nodes: Fabric connections in parallel, with pinned host
-keys, each node's persistent shells, short commands and files, the stop by run id; a job on every node at once
-is :class:`multinode.backends.ssh.job.JobRun`'s (whole-line streaming, deadlines, gang-stop, rejoin).
+keys, each node's persistent shells, short commands and files, the stop by run id. A job on every node at once
+is :class:`multinode.ssh.job.JobRun`'s (whole-line streaming, deadlines, gang-stop, rejoin), built on this runner.
 
 Contract:
 
@@ -39,7 +39,6 @@ from fabric import Config, Connection
 
 from multinode.core.errors import NodeError
 from multinode.core.inventory import Inventory, Node
-from multinode.backends.ssh.job import JobRun, NodeResult
 from multinode.ssh.shell import NodeShell
 from multinode.ssh.connect import describe_ssh_error, fabric_config, open_connection, refused
 
@@ -327,32 +326,26 @@ class RemoteRunner:
 
     # --- files ------------------------------------------------------------------------
 
-    def _exec_raw(self, name: str, command: str, data: bytes = b"", timeout: float = 60.0,
-                  open_timeout: float | None = None) -> bytes:
-        """Run ``command`` with ``data`` on stdin; return stdout. In a node shell: no SFTP subsystem needed."""
+    def run_with_input(self, name: str, command: str, data: bytes = b"", timeout: float = 60.0,
+                       open_timeout: float | None = None) -> bytes:
+        """Run ``command`` on a node with ``data`` on its stdin; its stdout, or NodeError on a non-zero exit.
+        In a node shell: no SFTP subsystem needed."""
         code, out, err = self.execute(name, command, data, timeout=timeout, open_timeout=open_timeout)
         if code != 0:
             text = err.decode(errors="replace").strip()
             raise NodeError(name, command, code, text or f"{command!r} failed")
         return out
 
-    def run_with_input(self, name: str, command: str, data: bytes, timeout: float = 60.0) -> bytes:
-        """Run ``command`` on a node with ``data`` on its stdin; its stdout, or NodeError on a non-zero exit."""
-        return self._exec_raw(name, command, data, timeout)
-
     def put_bytes(self, name: str, path: str, data: bytes, mode: int | None = None) -> None:
         """Write a file on a node (parents created, replaced atomically)."""
         quoted, tmp = shlex.quote(path), shlex.quote(f"{path}.tmp{threading.get_ident()}")
         chmod = f" && chmod {mode:o} {tmp}" if mode is not None else ""
-        self._exec_raw(name, f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cat > {tmp}{chmod} && mv -f {tmp} {quoted}", data)
-
-    def write_file(self, name: str, path: str, content: str) -> None:
-        self.put_bytes(name, path, content.encode())
+        self.run_with_input(name, f"mkdir -p {shlex.quote(posixpath.dirname(path))} && cat > {tmp}{chmod} && mv -f {tmp} {quoted}", data)
 
     def get_file(self, name: str, remote: str, local: Path) -> None:
         """Copy a node's file to the control machine; OSError if it does not exist."""
         try:
-            data = self._exec_raw(name, f"cat {shlex.quote(remote)}")
+            data = self.run_with_input(name, f"cat {shlex.quote(remote)}")
         except NodeError as err:
             raise OSError(f"{name}: cannot read {remote}: {err.message}") from None
         local.parent.mkdir(parents=True, exist_ok=True)
@@ -372,7 +365,7 @@ class RemoteRunner:
         def stop(name: str) -> CommandResult:
             # A short channel-open timeout: a node that cannot open a channel in 3 s is unreachable.
             try:
-                out = self._exec_raw(name, commands[name], timeout=STOP_GRACE + 5, open_timeout=3)
+                out = self.run_with_input(name, commands[name], timeout=STOP_GRACE + 5, open_timeout=3)
             except Exception as err:  # no answer, or the stop itself failed
                 return CommandResult(name, None, error=describe_ssh_error(err))
             return CommandResult(name, 0, out.decode(errors="replace"))
@@ -386,11 +379,3 @@ class RemoteRunner:
             elif "left" in res.stdout:
                 log.warning("%s: processes of run %s survived SIGKILL: %s", name, run_id, res.stdout.strip())
         return results
-
-    def run(self, shells: dict[str, str], **how: Any) -> dict[str, NodeResult]:
-        """Run ``shells[node]`` on every node at once; return when all ended, raise on the first failure (with
-        ``rejoin``, a lost or killed node is first started again while its budget lasts). ``how``: run_id, log_dir,
-        deadline, extra_stop, relabel, rejoin, before_stop (the caller's look at the live ranks before a failure's
-        gang-stop; it must bound its own time), stalled (why the job stopped making progress, or None): see
-        :class:`multinode.backends.ssh.job.JobRun`."""
-        return JobRun(self, shells, **how).run()

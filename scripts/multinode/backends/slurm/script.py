@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
-from multinode.plan.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, run_dir, trainer_args
+from multinode.core.nodepaths import env_file, run_dir
+from multinode.plan.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, node_python, trainer_args
 from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
@@ -60,6 +61,7 @@ class SlurmJob:
     nodes: int
     world_size: int
     node_names: dict[str, str]  # SLURM NodeName (hostname) -> our node name
+    launch: str = ""  # how the ranks start, in words: "srun + torchrun", "srun --mpi=pmix", "mpirun"
 
     def output_path(self, job_id: str) -> str:
         return f"{self.job_dir}/slurm-{job_id}.out"
@@ -76,11 +78,12 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         where = [
             "node=node-$SLURM_NODEID",
             f"rundir={shlex.quote(inv.workdir_for(inv.head.name) + '/runs/' + spec.run_id)}/$node",
-            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}",
+            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}{_node_setup(inv, spec, inv.head.name)}",
         ]
     else:
         cases = [f"  {node.hostname}) node={node.name}; rundir={shlex.quote(run_dir(inv, node.name, spec.run_id))}; "
-                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))} ;;" for node in inv.nodes]
+                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))}{_node_setup(inv, spec, node.name)} ;;"
+                 for node in inv.nodes]
         where = [
             'case "$SLURMD_NODENAME" in',
             *cases,
@@ -103,6 +106,14 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
     return "\n".join(body)
 
 
+def _node_setup(inv: Inventory, spec: LaunchSpec, node: str) -> str:
+    """A node's own part of the environment: the interpreter of its SETUP environment, its ENV file (sourced: the
+    values never appear in the script)."""
+    parts = [f"py={shlex.quote(node_python(inv, spec, node))}"] if spec.setup else []
+    parts += [f". {shlex.quote(env_file(inv, node, spec.run_id))}"] if spec.env else []
+    return "".join(f"; {part}" for part in parts)
+
+
 def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None = None,
                 partition: str | None = None) -> SlurmJob:
     """The sbatch script for ``spec`` on the first ``spec.nodes`` nodes of ``inventory`` (on a shared
@@ -110,7 +121,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
     inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
     head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
     world = spec.nodes * spec.nproc
-    py = shlex.quote(inv.interpreter)
+    py = '"$py"' if spec.setup else shlex.quote(inv.interpreter)  # SETUP: each node's own environment
     if spec.uses_mpi:
         if mpi_plugin:
             launcher = f"srun --mpi={mpi_plugin}"
@@ -163,7 +174,8 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
     ]
     return SlurmJob(run_id=spec.run_id, script="\n".join(lines) + "\n", script_path=f"{head_dir}/job.sbatch",
                     job_dir=head_dir, nodes=spec.nodes, world_size=world,
-                    node_names={n.hostname: n.name for n in inv.nodes})
+                    node_names={n.hostname: n.name for n in inv.nodes},
+                    launch=(f"srun --mpi={mpi_plugin}" if mpi_plugin else "mpirun") if spec.uses_mpi else "srun + torchrun")
 
 
 def held_reason(scontrol_line: str) -> str | None:

@@ -15,18 +15,17 @@ from collections.abc import Sequence
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
+from multinode.core.nodepaths import env_file, run_dir
 from multinode.plan.launchers.base import (
     BASE_ENV,
     EntryPoint,
     LaunchPlan,
     NodeCommand,
     entry_dir,
-    env_file,
     iface_for_subnet,
     node_python,
     nproc_of,
     project_env,
-    run_dir,
     trainer_args,
 )
 

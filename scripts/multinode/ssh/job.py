@@ -1,11 +1,12 @@
-"""One job on every node at once, watched until it ends: the part of the runner that owns a running job.
+"""One command on every node at once, watched until it ends: the job of the SSH backend, and SETUP.
 
-:meth:`multinode.ssh.runner.RemoteRunner.run` makes a :class:`JobRun`; the runner keeps the connections, shells
-and short commands. Contract:
+The runner (:mod:`multinode.ssh.runner`) keeps the connections, shells and short commands; this module owns a
+running job. Contract:
 
 * every node's command runs in one of its shells (:mod:`multinode.ssh.shell`) with ``MULTINODE_RUN_ID``
   exported; its output is re-assembled into whole lines (:class:`LineSink`), so lines of different nodes never
   interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console;
+* built on :class:`multinode.ssh.runner.RemoteRunner` (its shells and stop); the runner knows nothing of it;
 * the first node that exits non-zero or loses its SSH session makes the run stop the job on every node
   (processes whose environment carries the run id: torchrun starts workers in their own session, so a
   process-tree or process-group kill would miss them) and raise :class:`~multinode.core.errors.JobFailed`. A
@@ -31,13 +32,13 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 from multinode.core.errors import Interrupted, JobFailed, NodeError
+from multinode.ssh.connect import describe_ssh_error
+from multinode.ssh.runner import RemoteRunner
 from multinode.ssh.shell import TextSink
 
-if TYPE_CHECKING:
-    from multinode.ssh.runner import RemoteRunner
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class StopSignals:
 class JobRun:
     """``shells[node]`` on every node of ``runner`` at once, under run id ``run_id`` (see the module doc)."""
 
-    def __init__(self, runner: "RemoteRunner", shells: dict[str, str], *, run_id: str, log_dir: Path,
+    def __init__(self, runner: RemoteRunner, shells: dict[str, str], *, run_id: str, log_dir: Path,
                  deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
                  relabel: Relabel | None = None, rejoin: Rejoin | None = None,
                  before_stop: Callable[[NodeError], None] | None = None,
@@ -182,17 +183,15 @@ class JobRun:
                 for fh in self.log_files.values():
                     fh.close()
         if failure is not None:
-            err = JobFailed(failure)
-            err.results = self.results  # type: ignore[attr-defined]  # for the summary: every node's ending
-            raise err
+            ended = sorted(self.results.values(), key=lambda r: r.finished or 0)
+            raise JobFailed(failure, failures=[r.error for r in ended if r.error is not None],
+                            exit_codes={name: r.exit_code for name, r in self.results.items()})
         return self.results
 
     def start(self, name: str) -> None:
         threading.Thread(target=self._node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
 
     def _node_job(self, name: str) -> None:
-        from multinode.ssh.connect import describe_ssh_error
-
         result = self.results[name]
         result.started = time.monotonic()
         result.exit_code, result.error, result.lost, result.finished = None, None, False, None
