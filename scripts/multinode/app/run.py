@@ -17,7 +17,7 @@ container) is one object bound to the inventory and run id (:mod:`multinode.plan
    run directory, the plan's files, the ENV files, the MPI credentials;
 4. **launch** and 5. **watch**: the backend's, with the stall watchdog polling every node; a failure, stall or
    deadline first lets :meth:`Run.capture` look at the live ranks, then stops the job on every node;
-6. **diagnose** (a failed job): the root cause from the ranks alive at failure time and the nodes' logs;
+6. **diagnose** (a failed plan): the root cause from the ranks alive at failure time and the nodes' logs;
 7. **summarize**: exit codes, wall time, result, phases -- ``summary.json`` is written here and nowhere else.
 The sweep (every process tagged with the run id, and the runtime's containers) runs however the job ended.
 """
@@ -48,7 +48,7 @@ from multinode.core.state import ClusterState
 from multinode.diagnose.capture import Capture, capture, own_failure, pick_root_cause, root_cause, save
 from multinode.diagnose.summary import Phases, RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
 from multinode.diagnose.watchdog import StallWatchdog
-from multinode.plan.job import check_gpu_request
+from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import Runtime, runtime_for
 from multinode.ssh.runner import RemoteRunner
 
@@ -56,7 +56,7 @@ from multinode.ssh.runner import RemoteRunner
 def plan_job(inventory: Inventory, spec: LaunchSpec):
     """The plan phase of an SSH run, as a function: (launch plan, what is synced). No I/O beyond reading the
     code on the control machine."""
-    run = Run(ClusterState("plan", Path(".")), inventory, spec)
+    run = Run(ClusterState.for_cluster(inventory.cluster), inventory, spec)
     return run.plan(), run.code
 
 
@@ -71,7 +71,7 @@ class Run:
         self.run_dir = state.run_dir(spec.run_id)
         self.phases = Phases()
         self.code: ResolvedProject | None = None
-        self.job = None  # the backend's plan (a LaunchPlan, an sbatch script)
+        self.backend_plan = None  # the backend's plan: a LaunchPlan (ssh), a SlurmJob (slurm)
         self.runner: RemoteRunner | None = None
         self.captured: Capture | None = None
         self._start = time.monotonic()
@@ -79,24 +79,24 @@ class Run:
     # --- the template ------------------------------------------------------------------
 
     def execute(self) -> RunSummary | None:
-        self.job = self.plan()
+        self.backend_plan = self.plan()
         if self.spec.dry_run:
-            print(self.backend.describe(self, self.job), file=self.out)
+            print(self.backend.describe(self, self.backend_plan), file=self.out)
             return None
         runner = self.runner = RemoteRunner(self.inv, out=self.out)
         runner.prewarm()  # every node's login shell starts now, while the rest is prepared
         with runner:  # closed however the rest ends
-            self.job = self.prepare(self.job, self.preflight())
+            self.backend_plan = self.prepare(self.backend_plan, self.preflight())
             try:
                 watchdog = self.launch()
                 end = self.watch(watchdog)
             except JobFailed as err:
-                raise self.diagnose(self.job, err) from None
+                raise self.diagnose(self.backend_plan, err) from None
             finally:
                 self.sweep()
             metrics = fetch_metrics(runner, self.inv, self.spec, self.run_dir) if self.backend.reaches_every_node \
                 else None
-        return self.summarize(self.job, end, metrics)
+        return self.summarize(self.backend_plan, end, metrics)
 
     # --- phases --------------------------------------------------------------------------
 
@@ -129,27 +129,27 @@ class Run:
             self.phases.mark("GPU smoke test")
         return answers["manifest"]
 
-    def prepare(self, job, manifests: dict[str, str]):
+    def prepare(self, plan, manifests: dict[str, str]):
         """Code, SETUP and the module ready on every node, then the run directory and the job's files."""
         runner, spec = self.runner, self.spec
         # Before the run directory exists: a refused job leaves no trace (the nodes keep what was synced).
         prepare_project(runner, spec, self.code, self.out, manifests=manifests)
         if self.code.ours:
             check_code(runner, [(TRAINING_DIR, "training")], spec.skew)
-        job = self.backend.finish_plan(self, job)
+        plan = self.backend.finish_plan(self, plan)
         self.phases.mark("sync")
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.backend.record(self, job)
+        self.backend.record(self, plan)
         if spec.uses_mpi:
             sync_mpi_credentials(runner)
-        self.backend.write_files(self, job)
-        return job
+        self.backend.write_files(self, plan)
+        return plan
 
     def prepare_again(self, node: str) -> None:
         """A node that comes back (rebooted or replaced) gets the code, the job's files and the ENV file again."""
         prepare_project(self.runner, self.spec, self.code, self.out, names=[node])
         write_env_files(self.runner, self.spec, names=[node])
-        self.backend.write_files(self, self.job, names=[node])
+        self.backend.write_files(self, self.backend_plan, names=[node])
 
     def launch(self) -> StallWatchdog | None:
         """What must be in place the moment the job starts (inside the sweep's reach): the ENV files, the
@@ -166,7 +166,7 @@ class Run:
     def watch(self, watchdog: StallWatchdog | None) -> JobEnd:
         """The backend runs the job and watches it until it ends (JobFailed when it failed)."""
         try:
-            return self.backend.run(self, self.job, watchdog)
+            return self.backend.run(self, self.backend_plan, watchdog)
         finally:
             if watchdog is not None:
                 watchdog.stop()
@@ -199,13 +199,13 @@ class Run:
         remove_env_files(self.runner, self.spec)
         self.phases.mark("sweep")
 
-    def diagnose(self, job, err: JobFailed) -> JobFailed:
+    def diagnose(self, plan, err: JobFailed) -> JobFailed:
         """The root cause: a stopped or uninterruptible rank; else the first node that failed on its own (its log
         does not read like a reaction to another's failure); else a rank stuck outside any collective; else the
         first failure. Saves the summary and returns the error the user sees."""
         failures = err.failures or [err.first]
         first = pick_root_cause(failures, err.first)
-        rank = self.backend.failed_rank(self, job, first.node, self._log_lines(first))
+        rank = self.backend.failed_rank(self, plan, first.node, self._log_lines(first))
         culprit = root_cause(self.captured.dumps, failures) if self.captured else None
         if culprit is not None:
             log_path = self.run_dir / f"{culprit.node}.log"
@@ -214,16 +214,16 @@ class Run:
             rank = culprit.rank
         stacks = str(save(self.run_dir / "stacks", self.captured.per_node, self.captured.errors)) \
             if self.captured else None
-        summary = self._summary(job, err.exit_codes, result=None, metrics=None, failed_node=first.node,
+        summary = self._summary(plan, err.exit_codes, result=None, metrics=None, failed_node=first.node,
                                 failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks)
         self._save(summary)
         return JobFailed(first, rank=rank, summary=describe(summary))
 
-    def summarize(self, job, end: JobEnd, metrics: str | None) -> RunSummary:
+    def summarize(self, plan, end: JobEnd, metrics: str | None) -> RunSummary:
         head_log = self.run_dir / f"{self.inv.head.name}.log"
         lines = head_log.read_text(errors="replace").splitlines() if head_log.exists() else []
         result = parse_result(end.lines or lines) or result_from_metrics(metrics)
-        summary = self._summary(job, end.exit_codes, result=result, metrics=metrics)
+        summary = self._summary(plan, end.exit_codes, result=result, metrics=metrics)
         self.phases.mark("summary")
         self._save(summary)
         print(describe(summary), file=self.out)
@@ -235,9 +235,9 @@ class Run:
         path = Path(failure.log_path) if failure.log_path else self.run_dir / f"{failure.node}.log"
         return path.read_text(errors="replace").splitlines() if path.exists() else failure.tail
 
-    def _summary(self, job, exit_codes: dict[str, int | None], **how) -> RunSummary:
+    def _summary(self, plan, exit_codes: dict[str, int | None], **how) -> RunSummary:
         return RunSummary(run_id=self.spec.run_id, mode=self.spec.mode, nodes=self.spec.nodes,
-                          world_size=job.world_size, exit_codes=exit_codes,
+                          world_size=plan.world_size, exit_codes=exit_codes,
                           wall_seconds=round(time.monotonic() - self._start, 2), log_dir=str(self.run_dir),
                           phases=self.phases.seconds, **how)
 

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.plan.launchers import EntryPoint
-
-if TYPE_CHECKING:
-    from multinode.app.run import Run
-    from multinode.diagnose.watchdog import StallWatchdog
 
 
 @dataclass(frozen=True)
@@ -24,6 +20,8 @@ class JobEnd:
 
 
 class Backend(Protocol):
+    """What a backend supplies to the run (``run`` below is the :class:`multinode.app.run.Run` that calls it)."""
+
     name: str
     reaches_every_node: bool  # the run can SSH to every node of the job (skew check, watchdog, stacks)
     unchecked: str  # what the run says it skipped when it cannot reach every node

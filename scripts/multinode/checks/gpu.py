@@ -144,9 +144,9 @@ def gpu_smoke(runner, inventory: Inventory, spec: LaunchSpec) -> None:
         return
     smoke_run = f"{spec.run_id}-gpucheck"  # its own container names: nothing to clash with the job's
     runtime = runtime_for(inventory, smoke_run)
-    shells = {name: runtime.wrap(cmd) for name, cmd in commands.items()}
-    results = runner.run_each(shells, timeout=SMOKE_TIMEOUT)
-    for name in shells:
+    lines = {name: runtime.wrap(cmd) for name, cmd in commands.items()}
+    results = runner.run_each(lines, timeout=SMOKE_TIMEOUT)
+    for name in lines:
         res = results[name]
         if res.exit_code is None:
             raise PreflightFailed(f"{name} stopped answering during the GPU smoke test: {res.error}")

@@ -108,11 +108,11 @@ def run_setup(runner: RemoteRunner, spec: LaunchSpec, manifest: Manifest, cwd_fo
     inv = runner.inventory
     commands = plan_setup(inv, spec, manifest, cwd_for)
     runtime = runtime_for(inv, spec.run_id)
-    shells = {name: runtime.wrap(cmd) for name, cmd in commands.items() if names is None or name in names}
+    lines = {name: runtime.wrap(cmd) for name, cmd in commands.items() if names is None or name in names}
     # Its output is streamed; the logs go to a scratch directory: a refused job leaves no run directory.
     with tempfile.TemporaryDirectory(prefix="multinode-setup-") as scratch:
         try:
-            JobRun(runner, shells, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
+            JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
                    extra_stop=runtime.stop_line).run()
         except JobFailed as err:
             first = err.first

@@ -149,25 +149,25 @@ class StopSignals:
 
 
 class JobRun:
-    """``shells[node]`` on every node of ``runner`` at once, under run id ``run_id`` (see the module doc)."""
+    """``command_lines[node]`` (one shell line per node) on every node of ``runner`` at once, under run id ``run_id`` (see the module doc)."""
 
-    def __init__(self, runner: RemoteRunner, shells: dict[str, str], *, run_id: str, log_dir: Path,
+    def __init__(self, runner: RemoteRunner, command_lines: dict[str, str], *, run_id: str, log_dir: Path,
                  deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
                  relabel: Relabel | None = None, rejoin: Rejoin | None = None,
                  before_stop: Callable[[NodeError], None] | None = None,
                  stalled: Callable[[], str | None] | None = None):
-        self.runner, self.shells, self.run_id, self.log_dir = runner, shells, run_id, log_dir
+        self.runner, self.command_lines, self.run_id, self.log_dir = runner, command_lines, run_id, log_dir
         self.deadline, self.extra_stop, self.relabel, self.rejoin = deadline, extra_stop, relabel, rejoin
         self.before_stop, self.stalled = before_stop, stalled
-        self.results = {name: NodeResult(name) for name in shells}
+        self.results = {name: NodeResult(name) for name in command_lines}
         self.events: queue.Queue[str] = queue.Queue()
         self.log_files: dict[str, TextIO] = {}
 
     def run(self) -> dict[str, NodeResult]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_files = {name: open(self.log_dir / f"{name}.log", "a", encoding="utf-8") for name in self.shells}
+        self.log_files = {name: open(self.log_dir / f"{name}.log", "a", encoding="utf-8") for name in self.command_lines}
         with StopSignals() as stop:
-            for name in self.shells:
+            for name in self.command_lines:
                 self.start(name)
             try:
                 failure = self._watch(stop)
@@ -197,7 +197,7 @@ class JobRun:
         result.exit_code, result.error, result.lost, result.finished = None, None, False, None
         sinks = [TextSink(LineSink(name, self.runner.print_lock, self.log_files[name], self.runner.out, result.tail,
                                    self.relabel)) for _ in range(2)]
-        command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.shells[name]}"
+        command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.command_lines[name]}"
         try:
             result.exit_code, _, _ = self.runner.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
         except Exception as err:  # lost SSH session: the node is gone or unreachable
