@@ -45,7 +45,9 @@ from multinode.core.errors import JobFailed, NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.state import ClusterState
-from multinode.diagnose.capture import Capture, capture, own_failure, pick_root_cause, root_cause, save
+from multinode.diagnose.capture import Capture, capture
+from multinode.diagnose.rank import own_failure, pick_root_cause, root_cause
+from multinode.diagnose.report import save
 from multinode.diagnose.summary import Phases, RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
 from multinode.diagnose.watchdog import StallWatchdog
 from multinode.plan.request import check_gpu_request

@@ -19,7 +19,8 @@ from multinode.core.config import ClusterSpec, LaunchSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
-from multinode.diagnose.capture import capture, group_stacks
+from multinode.diagnose.capture import capture
+from multinode.diagnose.report import group_stacks
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
 from multinode.ssh.runner import RemoteRunner
