@@ -47,7 +47,7 @@ def squeue(cluster) -> list[str]:
 
 def leftovers(cluster) -> dict[str, list[str]]:
     """Processes on each node other than sshd and the SLURM/munge daemons."""
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     found = {}
     for node in cluster.inventory().nodes:
@@ -141,7 +141,7 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) 
 
 
 def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     proc, lines, reader = _start(slurm, "cpu")
     _wait_for(lines, r"^\[node-0\] \[rank\d\]: epoch 1/", proc, 300)
