@@ -108,7 +108,7 @@ def _cmdline(pid: int) -> list[bytes]:
 
 
 def _find(state, node: str, agent: bool, script: bytes = b"user_allreduce.py") -> int:
-    from multinode.providers.local.provider import job_pids
+    from multinode.providers.local.faults import job_pids
 
     for pid in job_pids(state, node):
         cmd = _cmdline(pid)
@@ -134,7 +134,8 @@ def kill_agent(state, proc):
 
 def stop_node(state, proc):
     """Every process of node-1, its sshd included: the machine is gone."""
-    from multinode.providers.local.provider import node_pids, start_sshd
+    from multinode.providers.local.faults import node_pids
+    from multinode.providers.local.sshd import start_sshd
 
     for pid in node_pids(state, "node-1"):
         try:
@@ -145,7 +146,7 @@ def stop_node(state, proc):
 
 
 def cut_link(state, proc):
-    from multinode.providers.local.provider import set_link
+    from multinode.providers.local.faults import set_link
 
     set_link(state, "node-1", up=False)
     return lambda: set_link(state, "node-1", up=True)
@@ -214,7 +215,7 @@ def run_drill(cluster, name: str) -> DrillResult:
 # --- drills before the job starts: (state) -> undo; the job must be refused or fail, naming node-1 ----
 
 def sshd_down(state):
-    from multinode.providers.local.provider import start_sshd, stop_sshd
+    from multinode.providers.local.sshd import start_sshd, stop_sshd
 
     stop_sshd(state, "node-1")
     return lambda: start_sshd(state, "node-1")

@@ -12,7 +12,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def node2_on_other_torch(cluster3: Cluster, tmp_path):
-    from multinode.providers.local.provider import _node_dir, start_sshd, stop_sshd
+    from multinode.providers.local.meta import node_dir as _node_dir
+    from multinode.providers.local.sshd import start_sshd, stop_sshd
 
     fake = tmp_path / "other-env" / "torch"
     fake.mkdir(parents=True)

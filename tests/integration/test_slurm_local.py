@@ -48,7 +48,7 @@ def squeue(cluster) -> list[str]:
 
 def leftovers(cluster) -> dict[str, list[str]]:
     """Processes on each node other than sshd and the SLURM/munge daemons."""
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     found = {}
     for node in cluster.inventory().nodes:
@@ -142,7 +142,7 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) 
 
 
 def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     proc, lines, reader = _start(slurm, "cpu")
     _wait_for(lines, r"^\[node-0\] \[rank\d\]: epoch 1/", proc, 300)
@@ -195,9 +195,9 @@ def test_an_existing_cluster_reached_through_its_login_node(slurm, tmp_path):
     assert_nothing_left(slurm)
 
 
-def _rank_on(slurm, node: str, run_id_hint: str = "") -> int:
+def _rank_on(slurm, node: str) -> int:
     """The pid of one training rank (not torchrun's agent) on ``node``."""
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     for pid in node_pids(slurm.state, node):
         try:
@@ -266,7 +266,8 @@ def test_a_stopped_rank_is_named_by_the_stall_watchdog(slurm):
 def test_a_node_with_other_software_is_refused_before_submission(slurm, tmp_path):
     """node-2's sessions see another torch first on their path: the skew check refuses the job at pre-flight,
     before anything is submitted."""
-    from multinode.providers.local.provider import _node_dir, start_sshd, stop_sshd
+    from multinode.providers.local.meta import node_dir as _node_dir
+    from multinode.providers.local.sshd import start_sshd, stop_sshd
 
     fake = tmp_path / "other-env" / "torch"
     fake.mkdir(parents=True)

@@ -174,7 +174,7 @@ def ssh(cluster: str, node_key: str, command: list[str]) -> int:
 
 def reap(region: str, cluster: str | None, yes: bool) -> None:
     get_provider("aws")  # one clear line when the AWS provider is not available
-    from multinode.providers.aws.provider import reap as aws_reap
+    from multinode.providers.aws.reap import reap as aws_reap
 
     for line in aws_reap(region=region, cluster=cluster, yes=yes):
         print(line)
