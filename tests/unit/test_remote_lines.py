@@ -12,7 +12,8 @@ import pytest
 
 from multinode.plan.launchers.mpirun import relabel_by_rank
 from multinode.checks.preflight import _check_script, head_reach_check, port_check, split_reads
-from multinode.ssh.job import LineSink, StopSignals
+from multinode.ssh.lines import LineSink
+from multinode.ssh.signals import StopSignals
 
 
 def test_sink_emits_whole_lines_only_and_keeps_a_tail():

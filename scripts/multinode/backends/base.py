@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
+from multinode.diagnose.watchdog import StallWatchdog
 from multinode.plan.launchers import EntryPoint
 
 
@@ -29,10 +30,10 @@ class Backend(Protocol):
     def nodes(self, inventory: Inventory) -> Inventory:
         """The nodes the run connects to."""
 
-    def plan(self, run: "Run", entry: EntryPoint) -> Any:
+    def plan(self, run: Any, entry: EntryPoint) -> Any:
         """The job's plan, pure (``--dry-run`` shows it)."""
 
-    def describe(self, run: "Run", job: Any) -> str:
+    def describe(self, run: Any, job: Any) -> str:
         """The dry run's text."""
 
     def needs_mpi_ssh(self, spec: LaunchSpec) -> bool:
@@ -41,17 +42,17 @@ class Backend(Protocol):
     def rendezvous_port(self, spec: LaunchSpec) -> int | None:
         """The port the head must accept connections on (pre-flight), or None."""
 
-    def finish_plan(self, run: "Run", job: Any) -> Any:
+    def finish_plan(self, run: Any, job: Any) -> Any:
         """The plan completed with what only the nodes can tell (after pre-flight)."""
 
-    def record(self, run: "Run", job: Any) -> None:
+    def record(self, run: Any, job: Any) -> None:
         """Save the plan in the run directory and say where the run's logs go."""
 
-    def write_files(self, run: "Run", job: Any, names: list[str] | None = None) -> None:
+    def write_files(self, run: Any, job: Any, names: list[str] | None = None) -> None:
         """The plan's files on the nodes (hostfiles, ...)."""
 
-    def run(self, run: "Run", job: Any, watchdog: "StallWatchdog | None") -> JobEnd:
+    def run(self, run: Any, job: Any, watchdog: StallWatchdog | None) -> JobEnd:
         """Start the job and watch it until it ends; JobFailed when it failed."""
 
-    def failed_rank(self, run: "Run", job: Any, node: str, lines: list[str]) -> int | None:
+    def failed_rank(self, run: Any, job: Any, node: str, lines: list[str]) -> int | None:
         """The global rank a failed node's output names, if any."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 
-from multinode.core.errors import PreflightFailed, UserError
+from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
 from multinode.core.config import LaunchSpec
 from multinode.plan.launchers.base import NodeCommand, nproc_of

@@ -18,7 +18,7 @@ import secrets
 import shlex
 import time
 
-from multinode.core.errors import PreflightFailed, UserError
+from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
 from multinode.ssh.runner import CommandResult, RemoteRunner
 from multinode.ssh.connect import refused

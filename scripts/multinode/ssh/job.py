@@ -32,12 +32,14 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TextIO
 
 from multinode.core.errors import Interrupted, JobFailed, NodeError
 from multinode.ssh.connect import describe_ssh_error
 from multinode.ssh.runner import RemoteRunner
+from multinode.ssh.lines import LineSink, Relabel
 from multinode.ssh.shell import TextSink
+from multinode.ssh.signals import StopRequested, StopSignals
 
 
 log = logging.getLogger(__name__)
@@ -73,79 +75,6 @@ class Rejoin:
     wait: float  # seconds a lost node has to answer SSH again
     prepare: Callable[[str], None] = lambda name: None  # e.g. sync the code again (a replaced node has none)
     exclude: tuple[str, ...] = ()  # nodes whose loss ends the job (the head: it hosts the rendezvous)
-
-
-Relabel = Callable[[str, str], tuple[str, str]]
-"""(node the line arrived from, line) -> (node it belongs to, line to show); e.g. mpirun's rank tags."""
-
-
-class LineSink:
-    """File-like target of one node's stdout or stderr: emits whole lines only."""
-
-    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque,
-                 relabel: Relabel | None = None):
-        self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
-        self.relabel = relabel or (lambda node, line: (node, line))
-        self.buffer = ""
-
-    def write(self, data: str) -> int:
-        self.buffer += data
-        if "\n" in self.buffer:
-            *lines, self.buffer = self.buffer.split("\n")
-            self._emit(lines)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.buffer:
-            self._emit([self.buffer])
-            self.buffer = ""
-
-    def _emit(self, lines: list[str]) -> None:
-        lines = [line.rstrip("\r") for line in lines]
-        self.tail.extend(lines)
-        with self.lock:
-            if self.log_file:
-                self.log_file.write("".join(f"{line}\n" for line in lines))
-                self.log_file.flush()
-            if self.out:
-                shown = (self.relabel(self.node, line) for line in lines)
-                self.out.write("".join(f"[{node}] {line}\n" for node, line in shown))
-                self.out.flush()
-
-
-class StopRequested(Exception):
-    """A stop signal arrived while a job ran (see :class:`StopSignals`)."""
-
-
-class StopSignals:
-    """While a job runs, Ctrl-C, SIGTERM and SIGHUP (a closed terminal) only record themselves; the
-    run's watch loop reads that between events and stops the job on every node, as Ctrl-C does.
-    A KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
-    lock held and hang the gang-stop that follows; a default SIGTERM would leave the job running on
-    every node. A second signal does not cut the gang-stop short (LOST_GRACE bounds it). Outside the
-    main thread signals cannot be caught, and nothing changes."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _record(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 class JobRun:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TextIO
 
 from multinode.core.errors import Interrupted, NodeError
-from multinode.ssh.job import StopSignals
+from multinode.ssh.signals import StopSignals
 from multinode.ssh.runner import RemoteRunner
 from multinode.backends.slurm.script import TERMINAL_STATES, SlurmJob, held_reason, job_state
 
