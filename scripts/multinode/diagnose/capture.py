@@ -166,7 +166,7 @@ def capture(runner, run_id: str | None, samples: int = 1, names: Iterable[str] |
     def one(name: str) -> None:
         # A short channel-open timeout, as for the stop: a node that cannot open a channel in 3 s is gone
         # (crashed, cut off), and the capture must not hold the gang-stop back for it.
-        outputs[name] = runner._exec_raw(name, command, timeout=timeout, open_timeout=3).decode(errors="replace")
+        outputs[name] = runner.run_with_input(name, command, timeout=timeout, open_timeout=3).decode(errors="replace")
 
     failed = runner.parallel(one, names, timeout=timeout + 2)
     per_node, errors = {}, {}
