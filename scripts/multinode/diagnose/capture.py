@@ -65,6 +65,11 @@ for d in os.listdir("/proc"):
     rank = env.get(b"RANK", env.get(b"OMPI_COMM_WORLD_RANK", env.get(b"PMIX_RANK")))
     if rid is None or rank is None or (run_id and rid.decode() != run_id) or netns(d) != own_ns:
         continue
+    try:  # a rank is a Python process: under srun the task's shell carries PMIX_RANK too
+        if not os.path.basename(os.readlink("/proc/%s/exe" % d)).startswith("python"):
+            continue
+    except OSError:
+        continue
     st = stat(int(d))
     local = env.get(b"LOCAL_RANK", env.get(b"OMPI_COMM_WORLD_LOCAL_RANK", b""))
     ranks[int(d)] = {"pid": int(d), "run_id": rid.decode(), "rank": int(rank), "local_rank": local.decode(),

@@ -166,7 +166,9 @@ def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _La
                    f'{shlex.join(entry.program())} "$@"')
     return _Launch(
         line=launch_line,
-        tasks=f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1",
+        # --mpi=none: no PMI for torchrun's agents (a cluster's MpiDefault=pmix would give them PMIX_RANK, and the
+        # agent would pass for a rank in the stall watchdog and the stack capture).
+        tasks=f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --mpi=none",
         per_task="one task per node running torchrun",
         env_lines=("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '",),
     )
