@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import REPO, Cluster, bring_up, new_cluster_name, tear_down
+from localcluster import REPO, Cluster, another_torch, bring_up, new_cluster_name, tear_down
 
 pytestmark = pytest.mark.integration
 
@@ -266,25 +266,9 @@ def test_a_stopped_rank_is_named_by_the_stall_watchdog(slurm):
 def test_a_node_with_other_software_is_refused_before_submission(slurm, tmp_path):
     """node-2's sessions see another torch first on their path: the skew check refuses the job at pre-flight,
     before anything is submitted."""
-    from multinode.providers.local.meta import node_dir as _node_dir
-    from multinode.providers.local.sshd import start_sshd, stop_sshd
-
-    fake = tmp_path / "other-env" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('this torch is only a version file')\n")
-    (fake / "version.py").write_text("__version__ = '2.12.0+cpu'\ncuda = None\nhip = None\n")
-    config = _node_dir(slurm.state, "node-2") / "sshd_config"
-    original = config.read_text()
-    config.write_text(f"SetEnv PYTHONPATH={fake.parent}\n" + original)  # sshd keeps an option's first value
-    stop_sshd(slurm.state, "node-2")
-    start_sshd(slurm.state, "node-2")
-    try:
-        runs_before = slurm.runs()
+    runs_before = slurm.runs()
+    with another_torch(slurm, "node-2", tmp_path):
         res = slurm.cli("train", "--nodes", "3", "--args", DIGITS, timeout=120)
-    finally:
-        config.write_text(original)
-        stop_sshd(slurm.state, "node-2")
-        start_sshd(slurm.state, "node-2")
     assert res.returncode == 2, res.stdout + res.stderr
     assert "node-2 runs other software than node-0 (torch 2.12.0+cpu vs 2.13.0+cpu)" in res.stderr, res.stderr
     assert "submitted batch job" not in res.stdout and slurm.runs() == runs_before
