@@ -11,19 +11,16 @@ package here with one class, registered below.
 from __future__ import annotations
 
 from multinode.backends.base import Backend
-from multinode.backends.slurm.backend import SlurmBackend
-from multinode.backends.ssh.backend import SshBackend
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
+from multinode.core.registry import Registry
 
-BACKENDS: dict[str, type] = {"ssh": SshBackend, "slurm": SlurmBackend}
+BACKENDS = Registry("scheduler", "schedulers", {
+    "ssh": "multinode.backends.ssh.backend:SshBackend",
+    "slurm": "multinode.backends.slurm.backend:SlurmBackend",
+})
 
 
 def backend_for(inventory: Inventory, spec: LaunchSpec) -> Backend:
     """The backend of the cluster's scheduler (``ssh`` when it has none), for ``spec``."""
-    name = inventory.extra.get("scheduler") or "ssh"
-    if name not in BACKENDS:
-        raise UserError(f"cluster {inventory.cluster!r} has scheduler {name!r}; supported: "
-                        f"{', '.join(n for n in BACKENDS if n != 'ssh')}")
-    return BACKENDS[name](inventory, spec)
+    return BACKENDS.create(inventory.extra.get("scheduler") or "ssh", inventory, spec)

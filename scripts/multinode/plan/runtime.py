@@ -23,7 +23,7 @@ from the node's env file by the host shell and passed the same way, never on the
 from __future__ import annotations
 
 import shlex
-from multinode.core.errors import UserError
+from multinode.core.registry import Registry
 from multinode.core.inventory import Inventory
 from multinode.plan.launchers.base import NodeCommand
 
@@ -155,15 +155,12 @@ def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
     return f"{shlex.join(argv[:-1])} {keys} {shlex.quote(argv[-1])} >/dev/null"
 
 
-RUNTIMES: dict[str, type[Runtime]] = {"host": Runtime, "docker": ContainerRuntime}
+RUNTIMES = Registry("runtime", "runtimes", {"host": f"{__name__}:Runtime", "docker": f"{__name__}:ContainerRuntime"})
 
 
 def runtime_for(inventory: Inventory, run_id: str) -> Runtime:
     """The inventory's runtime, bound to it and to ``run_id``."""
-    try:
-        return RUNTIMES[inventory.runtime](inventory, run_id)
-    except KeyError:
-        raise UserError(f"unknown runtime {inventory.runtime!r}; valid runtimes: {', '.join(RUNTIMES)}") from None
+    return RUNTIMES.create(inventory.runtime, inventory, run_id)
 
 
 def to_shell(command: NodeCommand, inventory: Inventory, run_id: str) -> str:
