@@ -73,7 +73,7 @@ def cmdline(pid: int) -> list[bytes]:
 
 def find_pid(state, node: str, agent: bool, script: bytes = b"user_allreduce.py") -> int:
     """The pid of the job's torchrun agent (``agent``) or of its worker running ``script`` on ``node``."""
-    from multinode.providers.local.provider import job_pids
+    from multinode.providers.local.faults import job_pids
 
     for pid in job_pids(state, node):
         cmd = cmdline(pid)

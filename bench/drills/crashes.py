@@ -51,7 +51,8 @@ def kill_agent(state, proc):
 
 def stop_node(state, proc):
     """Every process of node-1, its sshd included: the machine is gone."""
-    from multinode.providers.local.provider import node_pids, start_sshd
+    from multinode.providers.local.faults import node_pids
+    from multinode.providers.local.sshd import start_sshd
 
     for pid in node_pids(state, "node-1"):
         try:
@@ -62,7 +63,7 @@ def stop_node(state, proc):
 
 
 def cut_link(state, proc):
-    from multinode.providers.local.provider import set_link
+    from multinode.providers.local.faults import set_link
 
     set_link(state, "node-1", up=False)
     return lambda: set_link(state, "node-1", up=True)
@@ -131,7 +132,7 @@ def run_drill(cluster, name: str) -> DrillResult:
 # --- drills before the job starts: (state) -> undo; the job must be refused or fail, naming node-1 ----
 
 def sshd_down(state):
-    from multinode.providers.local.provider import start_sshd, stop_sshd
+    from multinode.providers.local.sshd import start_sshd, stop_sshd
 
     stop_sshd(state, "node-1")
     return lambda: start_sshd(state, "node-1")

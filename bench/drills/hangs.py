@@ -43,7 +43,7 @@ class HangResult:
 def rank_pid(state, node: str, rank: int) -> int:
     """The Python process of ``rank`` on ``node`` (its environment says RANK=<rank>, or under mpirun
     OMPI_COMM_WORLD_RANK=<rank>)."""
-    from multinode.providers.local.provider import job_pids
+    from multinode.providers.local.faults import job_pids
 
     for pid in job_pids(state, node):
         try:

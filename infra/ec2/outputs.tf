@@ -1,4 +1,4 @@
-# The inventory contract: multinode.providers.aws.provider.inventory_from_outputs reads exactly this.
+# The inventory contract: multinode.providers.aws.terraform.inventory_from_outputs reads exactly this.
 
 output "inventory" {
   description = "The cluster as the orchestrator sees it: head (node-0) first."

@@ -47,12 +47,8 @@ def _options(pairs: Sequence[str]) -> dict[str, str]:
     return options
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multinode", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cluster", default=env_default("CLUSTER", DEFAULT_CLUSTER), help="cluster name (default %(default)s)")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    """``up``: provision the cluster."""
     up = sub.add_parser("up", help="provision the cluster")
     up.add_argument("--provider", default=env_default("PROVIDER", "local"))
     up.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
@@ -63,12 +59,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="provider option (aws: region, ssh_cidr, owner, ttl_hours, spot, ...)")
     up.add_argument("--yes", action="store_true", help="do not ask before creating billable resources")
 
+
+def _add_down(sub: argparse._SubParsersAction) -> None:
+    """``down``: destroy the cluster and verify nothing is left."""
     down = sub.add_parser("down", help="destroy the cluster and verify nothing is left")
     down.add_argument("--yes", action="store_true", help="also delete the cluster's image repository when it holds images")
     down.add_argument("--provider", default=env_default("PROVIDER"), help="only needed when the inventory is gone")
 
-    sub.add_parser("status", help="show the nodes and whether each answers SSH")
 
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    """``train``: the job (MODE, nodes, processes, the script and its project, rendezvous, timeouts, launcher)."""
     train = sub.add_parser("train", help="run the training job on the cluster")
     train.add_argument("--mode", default=env_default("MODE", "cpu"), help=f"one of {', '.join(MODES)}")
     train.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
@@ -103,20 +103,47 @@ def build_parser() -> argparse.ArgumentParser:
                        help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, restarts), "
                             "or auto (default: torchrun only with ELASTIC or MAX_RESTARTS)")
 
+
+def _add_logs(sub: argparse._SubParsersAction) -> None:
+    """``logs``: a run's logs."""
     logs = sub.add_parser("logs", help="show a run's logs (default: the latest run)")
     logs.add_argument("--run", default=None, help="run id")
     logs.add_argument("--node", default=None, help="node index or name")
 
+
+def _add_stacks(sub: argparse._SubParsersAction) -> None:
+    """``stacks``: the Python stacks of a running job's ranks."""
     stacks = sub.add_parser("stacks", help="Python stacks of every rank of a running job, identical ones grouped")
     stacks.add_argument("--run", default=env_default("RUN"), help="run id (default: every run with live ranks)")
 
+
+def _add_ssh(sub: argparse._SubParsersAction) -> None:
+    """``ssh``: a shell (or a command) on a node."""
     ssh = sub.add_parser("ssh", help="open a shell on a node (pinned host key)")
     ssh.add_argument("node", nargs="?", default=env_default("NODE", "0"))
     ssh.add_argument("remote_command", nargs=argparse.REMAINDER)
 
+
+def _add_reap(sub: argparse._SubParsersAction) -> None:
+    """``reap``: leaked instances tagged by multinode."""
     reap = sub.add_parser("reap", help="find (and with --yes terminate) leaked instances tagged by multinode")
     reap.add_argument("--region", default=env_default("REGION"))
     reap.add_argument("--yes", action="store_true")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="multinode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cluster", default=env_default("CLUSTER", DEFAULT_CLUSTER), help="cluster name (default %(default)s)")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_up(sub)
+    _add_down(sub)
+    sub.add_parser("status", help="show the nodes and whether each answers SSH")
+    _add_train(sub)
+    _add_logs(sub)
+    _add_stacks(sub)
+    _add_ssh(sub)
+    _add_reap(sub)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 `down` judges itself with ``multinode.providers.local.provider.leftovers``; the tests must not take its word.
 This module derives every name from the cluster's name and MULTINODE_HOME on its own (the naming
-scheme documented in scripts/multinode/providers/localnet.py, re-implemented here) and looks at the
+scheme documented in scripts/multinode/providers/local/netns.py, re-implemented here) and looks at the
 host as a whole, through /proc, /run/netns, /etc/netns and ``ip link``:
 
 * every process whose environment carries one of the cluster's run ids (``MULTINODE_RUN_ID=<id>``),

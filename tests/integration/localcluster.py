@@ -4,6 +4,7 @@ host by tests/integration/leakcheck.py, not by the provider's own ``leftovers()`
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -85,3 +86,27 @@ def tear_down(cluster: Cluster) -> None:
     res = cluster.cli("down", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     leakcheck.assert_nothing_left(marks)
+
+
+@contextlib.contextmanager
+def another_torch(cluster: Cluster, node: str, root: Path):
+    """``node``'s SSH sessions see another torch first on their path (its sshd sets PYTHONPATH to a second
+    environment holding only a torch version file), until the block ends."""
+    from multinode.providers.local.meta import node_dir
+    from multinode.providers.local.sshd import start_sshd, stop_sshd
+
+    fake = root / "other-env" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('this torch is only a version file')\n")
+    (fake / "version.py").write_text("__version__ = '2.12.0+cpu'\ncuda = None\nhip = None\n")
+    config = node_dir(cluster.state, node) / "sshd_config"
+    original = config.read_text()
+    config.write_text(f"SetEnv PYTHONPATH={fake.parent}\n" + original)  # sshd keeps an option's first value
+    stop_sshd(cluster.state, node)
+    start_sshd(cluster.state, node)
+    try:
+        yield cluster
+    finally:
+        config.write_text(original)
+        stop_sshd(cluster.state, node)
+        start_sshd(cluster.state, node)

@@ -23,7 +23,8 @@ from test_aws_moto import (REGION, _instances, _spec, ec2, moto_clients, moto_ur
                            ssh_listener)
 
 from multinode.providers.aws import ec2 as aws_ec2
-from multinode.providers.aws.provider import AwsProvider, reap
+from multinode.providers.aws.provider import AwsProvider
+from multinode.providers.aws.reap import reap
 from multinode.core.state import ClusterState
 
 pytestmark = pytest.mark.integration

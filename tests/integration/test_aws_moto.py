@@ -34,7 +34,10 @@ from multinode.core.errors import NodeError, UserError
 from multinode.core.inventory import Inventory
 from multinode.providers.aws import ec2 as aws_ec2
 from multinode.providers.aws import sweep as aws_sweep
-from multinode.providers.aws.provider import AwsProvider, inventory_from_outputs, new_ed25519, reap, verify_gone
+from multinode.providers.aws.keys import new_ed25519
+from multinode.providers.aws.provider import AwsProvider
+from multinode.providers.aws.reap import reap, verify_gone
+from multinode.providers.aws.terraform import inventory_from_outputs
 from multinode.core.state import ClusterState
 from terraform_offline import MODULE, require_terraform, terraform_env
 

@@ -15,7 +15,7 @@ import subprocess
 import pytest
 from terraform_offline import MODULE, require_terraform, terraform_env
 
-from multinode.providers.aws.provider import new_ed25519
+from multinode.providers.aws.keys import new_ed25519
 
 pytestmark = pytest.mark.integration
 

@@ -58,7 +58,7 @@ def test_script_that_does_not_exist(untouched: Cluster, tmp_path: Path):
 
 
 def test_unreachable_node(untouched: Cluster):
-    from multinode.providers.local.provider import start_sshd, stop_sshd
+    from multinode.providers.local.sshd import start_sshd, stop_sshd
 
     stop_sshd(untouched.state, "node-2")
     try:
@@ -72,7 +72,7 @@ def test_unreachable_node(untouched: Cluster):
 
 
 def test_rendezvous_port_in_use(untouched: Cluster):
-    from multinode.providers.local.provider import namespaces_of
+    from multinode.providers.local.netns import namespaces_of
 
     head_ns = namespaces_of(untouched.name)[0]
     listener = subprocess.Popen(
@@ -134,7 +134,7 @@ def test_changed_host_key_is_refused(untouched: Cluster, tmp_path: Path):
 def test_rendezvous_port_dropped_on_the_way(untouched: Cluster):
     """A firewall (or security group) that drops the rendezvous port, where SSH passes: the nodes that cannot reach
     the head there are refused at pre-flight, in seconds, not by a rendezvous timeout once the job started."""
-    from multinode.providers.local.provider import namespaces_of
+    from multinode.providers.local.netns import namespaces_of
 
     rule = ["INPUT", "-p", "tcp", "--dport", "29612", "-j", "DROP"]
     head_ns = namespaces_of(untouched.name)[0]

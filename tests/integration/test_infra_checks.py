@@ -24,7 +24,7 @@ from terraform_offline import locked_aws_version, require_terraform, terraform_e
 from test_aws_inventory import KEYS, OUTPUTS  # noqa: E402  (the realistic output fixture)
 
 from multinode.core.errors import UserError  # noqa: E402
-from multinode.providers.aws.provider import inventory_from_outputs  # noqa: E402
+from multinode.providers.aws.terraform import inventory_from_outputs  # noqa: E402
 from multinode.core.state import ClusterState  # noqa: E402
 
 pytestmark = pytest.mark.integration

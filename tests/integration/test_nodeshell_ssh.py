@@ -37,7 +37,7 @@ def test_data_output_and_exit_codes_come_back_exactly(runner: RemoteRunner, tmp_
     blob = os.urandom(1 << 20) + b"\nmn-lookalike 1 0\n"
     path = f"{tmp_path}/blob.bin"
     runner.put_bytes("node-2", path, blob, mode=0o600)
-    assert runner._exec_raw("node-2", f"cat {path}") == blob
+    assert runner.run_with_input("node-2", f"cat {path}") == blob
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
     # A command that leaves its data unread: the rest is drained and the next frame is read where it starts.
     assert runner.execute("node-2", "head -c 3", b"abcdef" * 1000) == (0, b"abc", b"")

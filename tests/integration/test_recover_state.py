@@ -21,7 +21,8 @@ def assert_one_line(res, *fragments: str) -> None:
 
 
 def test_damaged_state_is_one_line_and_down_leaves_nothing(tmp_path):
-    from multinode.providers.local.provider import leftovers, namespaces_of
+    from multinode.providers.local.netns import namespaces_of
+    from multinode.providers.local.provider import leftovers
 
     cluster = bring_up(tmp_path, 2, prefix="rs")
     state = cluster.state

@@ -5,30 +5,15 @@ node-2 and the versions side by side; SKEW=warn prints the table and runs anyway
 from __future__ import annotations
 
 import pytest
-from localcluster import Cluster
+from localcluster import Cluster, another_torch
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 def node2_on_other_torch(cluster3: Cluster, tmp_path):
-    from multinode.providers.local.provider import _node_dir, start_sshd, stop_sshd
-
-    fake = tmp_path / "other-env" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('this torch is only a version file')\n")
-    (fake / "version.py").write_text("__version__ = '2.12.0+cpu'\ncuda = None\nhip = None\n")
-    config = _node_dir(cluster3.state, "node-2") / "sshd_config"
-    original = config.read_text()
-    config.write_text(f"SetEnv PYTHONPATH={fake.parent}\n" + original)  # sshd keeps an option's first value
-    stop_sshd(cluster3.state, "node-2")
-    start_sshd(cluster3.state, "node-2")
-    try:
-        yield cluster3
-    finally:
-        config.write_text(original)
-        stop_sshd(cluster3.state, "node-2")
-        start_sshd(cluster3.state, "node-2")
+    with another_torch(cluster3, "node-2", tmp_path) as cluster:
+        yield cluster
 
 
 JOB = str(__import__("pathlib").Path(__file__).parent / "jobs" / "user_allreduce.py")

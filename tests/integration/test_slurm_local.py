@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import REPO, Cluster, bring_up, new_cluster_name, tear_down
+from localcluster import REPO, Cluster, another_torch, bring_up, new_cluster_name, tear_down
 
 pytestmark = pytest.mark.integration
 
@@ -47,7 +48,7 @@ def squeue(cluster) -> list[str]:
 
 def leftovers(cluster) -> dict[str, list[str]]:
     """Processes on each node other than sshd and the SLURM/munge daemons."""
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     found = {}
     for node in cluster.inventory().nodes:
@@ -141,7 +142,7 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) 
 
 
 def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
-    from multinode.providers.local.provider import node_pids
+    from multinode.providers.local.faults import node_pids
 
     proc, lines, reader = _start(slurm, "cpu")
     _wait_for(lines, r"^\[node-0\] \[rank\d\]: epoch 1/", proc, 300)
@@ -192,3 +193,83 @@ def test_an_existing_cluster_reached_through_its_login_node(slurm, tmp_path):
         down = hpc.cli("down", timeout=60)
     assert down.returncode == 0 and not hpc.state.inventory_path.exists(), down.stdout + down.stderr
     assert_nothing_left(slurm)
+
+
+def _rank_on(slurm, node: str) -> int:
+    """The pid of one training rank (not torchrun's agent) on ``node``."""
+    from multinode.providers.local.faults import node_pids
+
+    for pid in node_pids(slurm.state, node):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"training/train.py" in cmdline and b"torch.distributed.run" not in cmdline and \
+                any(e.startswith(b"RANK=") for e in environ):
+            return pid
+    raise AssertionError(f"no rank on {node}")
+
+
+def test_a_project_with_setup_and_env_trains_through_the_scheduler(slurm, tmp_path):
+    """The same run as over SSH: WORKDIR synced to every node, SETUP in each node's own environment, ENV's values
+    sourced on the nodes and never shown, NPROC=auto; the batch job's ranks use all of it."""
+    from test_project_local import ENV, FIXTURE, PACKAGE, SECRET, SETUP, assert_secret_nowhere, digest
+
+    project = tmp_path / "proj"
+    shutil.copytree(FIXTURE, project, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", PACKAGE, "-d",
+                              str(project / "wheels")], capture_output=True, text=True, timeout=300)
+    assert fetched.returncode == 0, fetched.stderr
+    res = slurm.cli("train", "--nodes", "3", "--nproc", "auto", "--workdir", str(project), "--setup", SETUP,
+                    "--env", ENV, "--script", "-m pkg.train", timeout=600, PROJECT_TOKEN=SECRET)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-3000:]
+    assert re.search(r"submitted batch job \d+", res.stdout)
+    assert len(re.findall(r"^\[node-\d\] SETUP: pip install", res.stdout, re.M)) == 3, res.stdout[-4000:]
+    hosts = re.findall(r"PROJECT rank=\d world=3 host=(\S+) sum=6 expected=6", res.stdout)
+    assert sorted(hosts) == [f"{slurm.name}-node-{i}" for i in range(3)], res.stdout[-4000:]
+    # termcolor from each node's own SETUP environment, one rank per node.
+    envs = sorted(re.findall(r"DEP rank=\d termcolor=3\.3\.0 at=\S*/nodes/(node-\d)/env/", res.stdout))
+    assert envs == ["node-0", "node-1", "node-2"], res.stdout[-4000:]
+    checks = re.findall(r"ENVCHECK rank=\d token=([0-9a-f]{16}|unset) mode=([0-9a-f]{16}|unset)", res.stdout)
+    assert checks == [(digest(SECRET), digest("fast"))] * 3, checks
+    assert_secret_nowhere(slurm, res.stdout, res.stderr)
+    assert SECRET not in (slurm.runs()[-1] / "job.sbatch").read_text()
+    assert_nothing_left(slurm)
+
+
+def test_a_stopped_rank_is_named_by_the_stall_watchdog(slurm):
+    """A SIGSTOPped rank stops every rank's step heartbeat; the watchdog ends the batch job (scancel), the stacks
+    taken before name the stopped rank, and nothing is left on any node."""
+    proc = subprocess.Popen([sys.executable, "-m", "multinode", "train", "--nodes", "3", "--stall-timeout", "8",
+                             "--pg-timeout", "60", "--args", "--workload digits 200 50"], cwd=REPO, env=slurm.env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        _wait_for(lines, r"\[rank\d\]: .*epoch 2/200 ", proc, 300)
+        os.kill(_rank_on(slurm, "node-1"), signal.SIGSTOP)
+        assert proc.wait(timeout=150) == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    reader.join(timeout=30)
+    stdout, stderr = "".join(lines), proc.stderr.read()
+    assert re.search(r"no rank made progress \(step heartbeat\) for \d+ s \(STALL_TIMEOUT=8\)", stdout), stdout[-3000:]
+    assert "job failed first on node-1 (rank" in stderr, stderr
+    assert re.search(r"root cause: node-1 rank \d+ \(pid \d+\) is stopped \(state T", stderr), stderr
+    assert_nothing_left(slurm)
+
+
+def test_a_node_with_other_software_is_refused_before_submission(slurm, tmp_path):
+    """node-2's sessions see another torch first on their path: the skew check refuses the job at pre-flight,
+    before anything is submitted."""
+    runs_before = slurm.runs()
+    with another_torch(slurm, "node-2", tmp_path):
+        res = slurm.cli("train", "--nodes", "3", "--args", DIGITS, timeout=120)
+    assert res.returncode == 2, res.stdout + res.stderr
+    assert "node-2 runs other software than node-0 (torch 2.12.0+cpu vs 2.13.0+cpu)" in res.stderr, res.stderr
+    assert "submitted batch job" not in res.stdout and slurm.runs() == runs_before
+    assert squeue(slurm) == []

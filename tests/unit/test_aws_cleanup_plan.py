@@ -9,7 +9,7 @@ import pytest
 
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory, Node
-from multinode.providers.aws.provider import expired
+from multinode.providers.aws.reap import expired
 from multinode.providers.aws.sweep import Target
 from multinode.providers.aws.ecr_target import main, push_target
 

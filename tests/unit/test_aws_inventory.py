@@ -9,8 +9,9 @@ import pytest
 from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
-from multinode.providers.aws.provider import (PRICES, AwsSettings, cost_line, ecr_repository_of, inventory_from_outputs,
-                                     known_hosts_lines, new_ed25519, registry_of)
+from multinode.providers.aws.keys import new_ed25519
+from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of, registry_of
+from multinode.providers.aws.terraform import inventory_from_outputs, known_hosts_lines
 from multinode.core.state import ClusterState
 
 # What `terraform output -json` prints for infra/ec2 (2 x g4dn.xlarge), trimmed of nothing.

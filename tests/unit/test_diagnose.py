@@ -9,18 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from multinode.diagnose.capture import (
-    CAPTURE,
-    Frame,
-    RankDump,
-    Sample,
-    capture_command,
-    group_stacks,
-    parse_capture,
-    pick_culprit,
-    save,
-    waiting,
-)
+from multinode.diagnose.capture import CAPTURE, capture_command, parse_capture
+from multinode.diagnose.dumps import Frame, RankDump, Sample
+from multinode.diagnose.rank import pick_culprit, waiting
+from multinode.diagnose.report import group_stacks, save
 from multinode.diagnose.summary import RunSummary, describe as _describe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "stacks"
@@ -141,7 +133,7 @@ def node_error(node: str, *lines: str):
 
 def test_a_node_that_failed_on_its_own_outranks_a_rank_merely_outside_a_collective():
     """A worker killed on node-1 (its log shows no peer's failure): ranks busy computing elsewhere are not blamed."""
-    from multinode.diagnose.capture import root_cause
+    from multinode.diagnose.rank import root_cause
 
     busy = recorded("spin")  # rank 2 spinning outside a collective
     killed = node_error("node-1", "worker pid 7 died: Signals.SIGKILL")

@@ -8,9 +8,10 @@ import pytest
 
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
-from multinode.checks.gpu import SMOKE_SCRIPT, failure_line, plan_nproc, smoke_commands
+from multinode.checks.gpu import SMOKE_SCRIPT, failure_line, smoke_commands
+from multinode.plan.request import plan_nproc
 from multinode.plan.launchers.base import collective_env
-from multinode.app.verbs import plan_job
+from multinode.app.run import plan_job
 from multinode.plan.runtime import to_shell
 
 

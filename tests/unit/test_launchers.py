@@ -7,7 +7,8 @@ import pytest
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
 from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for_mode
-from multinode.app.verbs import pick_root_cause, plan_job
+from multinode.app.run import plan_job
+from multinode.diagnose.rank import pick_root_cause
 from multinode.core.errors import NodeError
 from multinode.plan.runtime import to_shell
 

@@ -12,7 +12,8 @@ import pytest
 
 from multinode.plan.launchers.mpirun import relabel_by_rank
 from multinode.checks.preflight import _check_script, head_reach_check, port_check, split_reads
-from multinode.backends.ssh.job import LineSink, StopSignals
+from multinode.ssh.lines import LineSink
+from multinode.ssh.signals import StopSignals
 
 
 def test_sink_emits_whole_lines_only_and_keeps_a_tail():
@@ -73,7 +74,7 @@ def test_head_reach_check_takes_a_refused_rendezvous_port_as_reachable():
 
 
 def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():
-    from multinode.backends.ssh.job import JobRun, NodeResult, Rejoin
+    from multinode.ssh.job import JobRun, NodeResult, Rejoin
 
     policy = Rejoin(budget=1, wait=5, exclude=("node-0",))
     lost = NodeResult("node-1", lost=True)

@@ -94,13 +94,13 @@ def test_job_state_from_scontrol():
 
 
 def test_no_restarts_on_slurm(inventory, tmp_path, monkeypatch):
-    from multinode.backends.slurm import train as slurm_train
+    from multinode.app.run import Run
     from multinode.core.state import ClusterState
 
     inv = inventory.__class__(**{**inventory.__dict__, "extra": {"scheduler": "slurm"}})
     state = ClusterState.for_cluster("dev", root=tmp_path)
     with pytest.raises(UserError, match="MAX_RESTARTS"):
-        slurm_train.train(state, inv, LaunchSpec(mode="cpu", nodes=2, max_restarts=1, run_id="r"), None)
+        Run(state, inv, LaunchSpec(mode="cpu", nodes=2, max_restarts=1, run_id="r"), None).execute()
 
 
 def test_unknown_scheduler_is_one_line_naming_it():

@@ -21,10 +21,11 @@ from __future__ import annotations
 import json
 import re
 
-from multinode.core.errors import UserError
+from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
 from multinode.core.config import LaunchSpec
 from multinode.plan.launchers.base import NodeCommand, nproc_of
+from multinode.plan.runtime import runtime_for
 
 SMOKE_TIMEOUT = 120  # seconds: a cold container start plus importing torch and initialising CUDA
 
@@ -90,18 +91,6 @@ def smoke_commands(inventory: Inventory, spec: LaunchSpec) -> dict[str, NodeComm
     return commands
 
 
-def plan_nproc(inventory: Inventory, spec: LaunchSpec) -> None:
-    """Refuse, before anything runs, more processes per node than the inventory says a GPU node has
-    (NPROC=auto is one per GPU by construction)."""
-    for node in inventory.nodes:
-        nproc = nproc_of(spec, node)
-        if node.accelerator != "none" and node.accelerator_count and nproc > node.accelerator_count:
-            raise UserError(
-                f"NPROC={nproc} but {node.name} has {node.accelerator_count} GPU(s): one process per GPU; "
-                f"use NPROC={node.accelerator_count} or fewer (or NPROC=auto)"
-            )
-
-
 def failure_line(node: str, image: str | None, exit_code: int | None, stdout: str, stderr: str) -> str | None:
     """The one line naming ``node`` and the cause, or None when its GPUs passed."""
     where = f"torch in {image}" if image else "the node's torch"
@@ -150,20 +139,18 @@ def failure_line(node: str, image: str | None, exit_code: int | None, stdout: st
 
 def gpu_smoke(runner, inventory: Inventory, spec: LaunchSpec) -> None:
     """Run the smoke test on every GPU node at once; raise PreflightFailed with the first node's line."""
-    from multinode.checks.preflight import PreflightFailed
-    from multinode.plan.runtime import to_shell
-
     commands = smoke_commands(inventory, spec)
     if not commands:
         return
     smoke_run = f"{spec.run_id}-gpucheck"  # its own container names: nothing to clash with the job's
-    shells = {name: to_shell(cmd, inventory, smoke_run) for name, cmd in commands.items()}
-    results = runner.run_each(shells, timeout=SMOKE_TIMEOUT)
-    for name in shells:
+    runtime = runtime_for(inventory, smoke_run)
+    lines = {name: runtime.wrap(cmd) for name, cmd in commands.items()}
+    results = runner.run_each(lines, timeout=SMOKE_TIMEOUT)
+    for name in lines:
         res = results[name]
         if res.exit_code is None:
             raise PreflightFailed(f"{name} stopped answering during the GPU smoke test: {res.error}")
-        line = failure_line(name, inventory.image if inventory.runtime == "docker" else None,
+        line = failure_line(name, runtime.image(),
                             res.exit_code, res.stdout, res.stderr)
         if line:
             raise PreflightFailed(line)

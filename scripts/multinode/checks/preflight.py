@@ -18,14 +18,10 @@ import secrets
 import shlex
 import time
 
-from multinode.core.errors import UserError
+from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
 from multinode.ssh.runner import CommandResult, RemoteRunner
 from multinode.ssh.connect import refused
-
-
-class PreflightFailed(UserError):
-    """A node cannot run the job; nothing was started."""
 
 
 def _refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:
@@ -82,21 +78,10 @@ def mpi_mesh_check(inv: Inventory) -> tuple[str, str]:
     return ("the head can SSH to the other nodes", probes or "true")
 
 
-def preflight(
-    runner: RemoteRunner,
-    *,
-    checks: list[tuple[str, str]],
-    need_mpi_ssh: bool = False,
-    port: int | None = None,
-    timeout: float = 30.0,
-    reads: dict[str, dict[str, str]] | None = None,
-) -> dict[str, dict[str, str]]:
-    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``reads``: {label: {node: command}},
-    run after the checks in the same round, so they cost no round trip of their own (the software probe of
-    :func:`multinode.checks.software.versions_probe`, the project's manifest); returns {label: {node: its output}}."""
-    inv = runner.inventory
-    end = time.monotonic() + timeout
-    token = secrets.token_hex(8)  # separates the reads' outputs in the round's stdout
+def _node_commands(inv: Inventory, checks: list[tuple[str, str]], need_mpi_ssh: bool, port: int | None,
+                   reads: dict[str, dict[str, str]] | None, token: str) -> dict[str, str]:
+    """Each node's one pre-flight script: the checks (plus the head's or the other nodes' own), then the reads,
+    each read's output after a line ``<token> <label>``."""
     commands = {}
     for node in inv.nodes:
         node_checks = list(checks)
@@ -110,6 +95,12 @@ def preflight(
         commands[node.name] = _check_script(node_checks) + "".join(
             f"\nprintf '\\n%s\\n' {shlex.quote(f'{token} {label}')}; {{ {by_node[node.name]}; }} 2>&1"
             for label, by_node in (reads or {}).items())
+    return commands
+
+
+def _run_round(runner: RemoteRunner, commands: dict[str, str], end: float) -> dict[str, CommandResult]:
+    """Run each node's script as soon as that node is connected; refuse (one line) when a node does not answer SSH."""
+    inv = runner.inventory
     # Each node's checks start as soon as it is connected (no barrier after the connections): its login shell
     # and checks run while other nodes still connect.
     unreachable: dict[str, str] = {}
@@ -129,7 +120,13 @@ def preflight(
     order = [n.name for n in inv.nodes]
     fatal = {n: unreachable[n] for n in order if n in unreachable and refused(unreachable[n])}
     _refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
-    answers: dict[str, dict[str, str]] = {label: {} for label in reads or {}}
+    return results
+
+
+def _answers(inv: Inventory, results: dict[str, CommandResult], token: str, labels: list[str],
+             port: int | None) -> dict[str, dict[str, str]]:
+    """Refuse (one line) on the first node whose round failed or whose check failed; else the reads' outputs."""
+    answers: dict[str, dict[str, str]] = {label: {} for label in labels}
     for node in inv.nodes:
         res = results[node.name]
         if res.exit_code is None:
@@ -143,6 +140,26 @@ def preflight(
         for label in answers:
             answers[label][node.name] = outputs.get(label, "")
     return answers
+
+
+def preflight(
+    runner: RemoteRunner,
+    *,
+    checks: list[tuple[str, str]],
+    need_mpi_ssh: bool = False,
+    port: int | None = None,
+    timeout: float = 30.0,
+    reads: dict[str, dict[str, str]] | None = None,
+) -> dict[str, dict[str, str]]:
+    """Raise :class:`PreflightFailed` (one line) unless every node can run the job. ``reads``: {label: {node: command}},
+    run after the checks in the same round, so they cost no round trip of their own (the software probe of
+    :func:`multinode.checks.software.versions_probe`, the project's manifest); returns {label: {node: its output}}."""
+    inv = runner.inventory
+    end = time.monotonic() + timeout
+    token = secrets.token_hex(8)  # separates the reads' outputs in the round's stdout
+    commands = _node_commands(inv, checks, need_mpi_ssh, port, reads, token)
+    results = _run_round(runner, commands, end)
+    return _answers(inv, results, token, list(reads or {}), port)
 
 
 def split_reads(stdout: str, token: str) -> tuple[str, dict[str, str]]:

@@ -26,6 +26,11 @@ import shlex
 from pathlib import Path
 
 from multinode.core.config import SKEW_MODES
+from multinode.core.errors import PreflightFailed
+from multinode.core.nodepaths import code_dir
+
+# Left out of the code hash, as the sync leaves them out (caches and bytecode the nodes write themselves).
+EXCLUDED = {"__pycache__", ".pytest_cache", ".ipynb_checkpoints"}
 
 log = logging.getLogger(__name__)
 
@@ -89,9 +94,7 @@ print(json.dumps(info))
 
 
 def code_hash(items: list[tuple[Path, str]]) -> str:
-    """The control machine's hash of what ``sync_code`` sends (same files, same order as CODE_HASH)."""
-    from multinode.code.tarball import EXCLUDED
-
+    """The control machine's hash of the synced tree (same files, same order as CODE_HASH on the node)."""
     files: dict[str, Path] = {}
     for local, rel in items:
         if local.is_file():
@@ -126,8 +129,6 @@ def skew_table(reports: dict[str, dict[str, str | None]], reference: str) -> str
 
 
 def _refuse_or_warn(table: str, mode: str, fix: str) -> None:
-    from multinode.checks.preflight import PreflightFailed
-
     if mode == "warn":
         log.warning("warning: %s\n(SKEW=warn: running anyway)", table)
         return
@@ -188,8 +189,6 @@ def code_probe(python: str, code: str, tops: list[str]) -> str:
 
 
 def _reports(inv, answers: dict[str, str], what: str) -> dict[str, dict]:
-    from multinode.checks.preflight import PreflightFailed
-
     reports = {}
     for node in inv.nodes:
         text = answers.get(node.name) or ""
@@ -204,8 +203,6 @@ def _reports(inv, answers: dict[str, str], what: str) -> dict[str, dict]:
 def check_versions(inv, answers: dict[str, str], mode: str) -> dict[str, dict]:
     """Every node runs the same Python, torch (+CUDA/ROCm), NCCL, mpi4py (and MPI library), from each node's
     answer to :func:`versions_probe`; a node without torch is refused. {node: report}."""
-    from multinode.checks.preflight import PreflightFailed
-
     reports = _reports(inv, answers, "software versions")
     missing = [name for name, r in reports.items() if r.get("torch") == "not installed"]
     if missing:
@@ -220,8 +217,6 @@ def check_versions(inv, answers: dict[str, str], mode: str) -> dict[str, dict]:
 
 def check_code(runner, items: list[tuple[Path, str]], mode: str, timeout: float = 30.0) -> None:
     """After the sync, one SSH round: every node holds exactly the code the control machine sent."""
-    from multinode.plan.launchers.base import code_dir
-
     inv = runner.inventory
     tops = sorted({rel for _, rel in items})
     answers = runner.run_each({n.name: code_probe(inv.python, code_dir(inv, n.name), tops) for n in inv.nodes},

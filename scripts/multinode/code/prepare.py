@@ -17,7 +17,8 @@ from typing import TextIO
 from multinode.core.config import LaunchSpec
 from multinode.core.envvars import env_file_content
 from multinode.core.errors import UserError
-from multinode.plan.launchers.base import BASE_ENV, NodeCommand, env_file, node_python, project_env
+from multinode.core.nodepaths import env_file
+from multinode.plan.launchers.base import BASE_ENV, NodeCommand, node_python, project_env
 from multinode.code.setup import run_setup
 from multinode.code.project import ResolvedProject, module_candidates
 from multinode.code.sync import project_dir, sync_project
@@ -77,7 +78,7 @@ def prepare_project(runner: RemoteRunner, spec: LaunchSpec, resolved: ResolvedPr
     """Sync, SETUP and module check on every node (or ``names``); UserError/NodeError before any rank starts.
     ``manifests``: the nodes' manifests where the pre-flight round read them (see :func:`sync_project`)."""
     inv = runner.inventory
-    sync_project(runner, resolved.project, names=names, out=out, manifests=manifests)
+    sync_project(runner, resolved.project, names=names, out=out, manifests=manifests, subdir=resolved.subdir)
     if spec.setup:
         write_env_files(runner, spec, names)
         try:

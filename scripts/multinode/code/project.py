@@ -13,20 +13,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from multinode.code.workdir import DEFAULT_LIMIT_MB, Project, load_project
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
-from multinode.plan.launchers import EntryPoint
 from multinode.core.state import state_root
-from multinode.code.workdir import Project, load_project
+from multinode.plan.launchers import EntryPoint
 
 PROJECT_SUBDIR = "project"  # WORKDIR's place under each node's code directory
+TRAINING_DIR = Path(__file__).resolve().parents[3] / "training"  # our trainer, synced as code/training
+OUR_ENTRY = "training/train.py"
 
 
 @dataclass(frozen=True)
 class ResolvedProject:
+    """What every rank runs and the tree that is synced for it (our trainer's or the user's), the same way."""
+
     entry: EntryPoint
     project: Project
     module_in_workdir: bool = True  # False: a -m module to look for on the nodes (installed, or from SETUP)
+    subdir: str = PROJECT_SUBDIR  # where the tree lies under each node's code directory
+
+    @property
+    def ours(self) -> bool:
+        return self.entry.ours
+
+
+def resolve_entry(spec: LaunchSpec) -> ResolvedProject:
+    """Our trainer (no SCRIPT), or the user's project (SCRIPT in WORKDIR, or a -m module)."""
+    if spec.script is None:
+        trainer = load_project(str(TRAINING_DIR), DEFAULT_LIMIT_MB)
+        return ResolvedProject(EntryPoint(OUR_ENTRY, spec.args, ours=True), trainer, subdir="training")
+    return resolve_project(spec)
 
 
 def module_candidates(module: str) -> tuple[str, str]:
@@ -47,7 +64,6 @@ def _load(workdir: str, spec: LaunchSpec) -> Project:
 
 def resolve_project(spec: LaunchSpec) -> ResolvedProject:
     """SCRIPT + WORKDIR -> the entry point and the loaded project (one-line UserError on bad input)."""
-    assert spec.script is not None
     module = spec.module
     if module is not None:
         project = _load(spec.workdir or ".", spec)

@@ -29,9 +29,11 @@ from typing import TextIO
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import JobFailed, UserError
 from multinode.core.inventory import Inventory
-from multinode.plan.launchers.base import BASE_ENV, NodeCommand, env_file
+from multinode.core.nodepaths import env_file, setup_env_dir
+from multinode.plan.launchers.base import BASE_ENV, NodeCommand
 from multinode.ssh.runner import RemoteRunner
-from multinode.plan.runtime import stop_containers, to_shell
+from multinode.plan.runtime import runtime_for
+from multinode.ssh.job import JobRun
 from multinode.code.workdir import Manifest
 
 STAMP = ".multinode-setup"
@@ -84,10 +86,6 @@ def setup_hash(setup: str, manifest: Manifest, interpreter: str, image: str | No
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def env_dir(inventory: Inventory, node: str) -> str:
-    return f"{inventory.workdir_for(node)}/env"
-
-
 def plan_setup(inventory: Inventory, spec: LaunchSpec, manifest: Manifest, cwd_for) -> dict[str, NodeCommand]:
     """Pure: per node, the command that (re)builds its environment and runs SETUP in ``cwd_for(node)``."""
     assert spec.setup is not None
@@ -97,7 +95,7 @@ def plan_setup(inventory: Inventory, spec: LaunchSpec, manifest: Manifest, cwd_f
         envfile = env_file(inventory, node.name, spec.run_id) if spec.env else ""
         commands[node.name] = NodeCommand(
             node=node.name,
-            argv=("sh", "-c", SCRIPT, "multinode-setup", env_dir(inventory, node.name), want,
+            argv=("sh", "-c", SCRIPT, "multinode-setup", setup_env_dir(inventory, node.name), want,
                   inventory.interpreter, envfile, spec.setup),
             cwd=cwd_for(node.name), env=dict(BASE_ENV),  # the script sources the ENV file itself (host or container)
         )
@@ -109,12 +107,13 @@ def run_setup(runner: RemoteRunner, spec: LaunchSpec, manifest: Manifest, cwd_fo
     """Run SETUP on every node (or ``names``) at once; UserError naming the first node where it failed."""
     inv = runner.inventory
     commands = plan_setup(inv, spec, manifest, cwd_for)
-    shells = {name: to_shell(cmd, inv, spec.run_id) for name, cmd in commands.items() if names is None or name in names}
+    runtime = runtime_for(inv, spec.run_id)
+    lines = {name: runtime.wrap(cmd) for name, cmd in commands.items() if names is None or name in names}
     # Its output is streamed; the logs go to a scratch directory: a refused job leaves no run directory.
     with tempfile.TemporaryDirectory(prefix="multinode-setup-") as scratch:
         try:
-            runner.run(shells, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
-                       extra_stop=lambda node: stop_containers(inv, spec.run_id, node))
+            JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
+                   extra_stop=runtime.stop_line).run()
         except JobFailed as err:
             first = err.first
             code = "no exit code" if first.returncode is None else f"exit {first.returncode}"

@@ -1,6 +1,7 @@
-"""Incremental WORKDIR sync: each node gets only what changed, in one stream.
+"""Incremental sync of a code tree -- our trainer (``code/training``) or the user's WORKDIR (``code/project``):
+each node gets only what changed, in one stream.
 
-Per node: one short read of the manifest the node keeps (``<code>/.project-manifest.json``), then
+Per node: one short read of the manifest the node keeps (``<code>/.<subdir>-manifest.json``), then
 :func:`multinode.code.workdir.plan_sync` (pure), then ONE exec channel carrying one gzipped tar: the changed
 files, a NUL-separated deletion list, the directories to prune and the new manifest. The node drops its
 manifest first and writes the new one last, so a sync cut half-way makes the next one send everything
@@ -17,7 +18,7 @@ from typing import TextIO
 
 from multinode.core.errors import NodeError
 from multinode.core.inventory import Inventory
-from multinode.plan.launchers.base import code_dir
+from multinode.core.nodepaths import code_dir
 from multinode.code.project import PROJECT_SUBDIR
 from multinode.ssh.runner import RemoteRunner
 from multinode.code.workdir import Manifest, Project, SyncPlan, plan_sync
@@ -25,12 +26,12 @@ from multinode.code.workdir import Manifest, Project, SyncPlan, plan_sync
 CONTROL = ".multinode-sync"  # inside the stream only; removed on the node once applied
 
 
-def project_dir(inventory: Inventory, node: str) -> str:
-    return f"{code_dir(inventory, node)}/{PROJECT_SUBDIR}"
+def project_dir(inventory: Inventory, node: str, subdir: str = PROJECT_SUBDIR) -> str:
+    return f"{code_dir(inventory, node)}/{subdir}"
 
 
-def manifest_path(inventory: Inventory, node: str) -> str:
-    return f"{code_dir(inventory, node)}/.project-manifest.json"
+def manifest_path(inventory: Inventory, node: str, subdir: str = PROJECT_SUBDIR) -> str:
+    return f"{code_dir(inventory, node)}/.{subdir}-manifest.json"
 
 
 def stream(project: Project, plan: SyncPlan) -> bytes:
@@ -70,28 +71,30 @@ def _human(size: int) -> str:
     return f"{size} B" if size < 1024 else f"{size / 1024:.1f} KiB" if size < 1 << 20 else f"{size / 2**20:.1f} MiB"
 
 
-def read_manifest(inventory: Inventory, node: str) -> str:
+def read_manifest(inventory: Inventory, node: str, subdir: str = PROJECT_SUBDIR) -> str:
     """The shell command that prints the node's manifest of its last sync (nothing when there was none)."""
-    return f"cat {shlex.quote(manifest_path(inventory, node))} 2>/dev/null || true"
+    return f"cat {shlex.quote(manifest_path(inventory, node, subdir))} 2>/dev/null || true"
 
 
 def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None = None,
-                 out: TextIO | None = None, manifests: dict[str, str] | None = None) -> dict[str, SyncPlan]:
-    """Bring every node's copy of WORKDIR (or ``names``') up to ``project``; print one line; the plans.
+                 out: TextIO | None = None, manifests: dict[str, str] | None = None,
+                 subdir: str = PROJECT_SUBDIR) -> dict[str, SyncPlan]:
+    """Bring every node's copy of the tree (or ``names``') under ``code/<subdir>`` up to ``project``; print one
+    line; the plans.
     ``manifests``: {node: the output of :func:`read_manifest`} where the caller read them already (in the
     pre-flight round); otherwise they are read here, in a round of their own."""
     inv = runner.inventory
     names = names or [n.name for n in inv.nodes]
     if manifests is None:
         manifests = {}
-        for name, res in runner.run_each({name: read_manifest(inv, name) for name in names}).items():
+        for name, res in runner.run_each({name: read_manifest(inv, name, subdir) for name in names}).items():
             if not res.ok:
                 raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
             manifests[name] = res.stdout
     plans = {name: plan_sync(project.manifest, Manifest.from_json(manifests[name])) for name in names}
 
     def push(name: str) -> None:
-        command = apply_command(project_dir(inv, name), manifest_path(inv, name))
+        command = apply_command(project_dir(inv, name, subdir), manifest_path(inv, name, subdir))
         try:
             runner.run_with_input(name, command, stream(project, plans[name]), timeout=300)
         except NodeError as err:

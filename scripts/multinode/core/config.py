@@ -184,7 +184,3 @@ class LaunchSpec:
     @property
     def uses_mpi(self) -> bool:
         return self.mode.startswith("mpi")
-
-    @property
-    def min_nodes(self) -> int:
-        return int(self.elastic.split(":")[0]) if self.elastic else self.nodes

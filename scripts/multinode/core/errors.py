@@ -29,6 +29,10 @@ class UserError(MultinodeError, ValueError):
     exit_code = EXIT_USER_ERROR
 
 
+class PreflightFailed(UserError):
+    """A node cannot run the job; nothing was started."""
+
+
 class NodeError(MultinodeError):
     """A command failed on one node."""
 
@@ -61,14 +65,18 @@ class NodeError(MultinodeError):
 
 
 class JobFailed(MultinodeError):
-    """A job ended badly; ``first`` is the failure that ended it."""
+    """A job ended badly; ``first`` is the failure that ended it, ``failures`` every node's failure in the order
+    they ended, ``exit_codes`` how each node ended (None: lost or never finished)."""
 
     exit_code = EXIT_JOB_FAILED
 
-    def __init__(self, first: NodeError, rank: int | None = None, summary: str = "") -> None:
+    def __init__(self, first: NodeError, rank: int | None = None, summary: str = "",
+                 failures: Sequence[NodeError] = (), exit_codes: dict[str, int | None] | None = None) -> None:
         self.first = first
         self.rank = rank
         self.summary = summary
+        self.failures = list(failures)
+        self.exit_codes = dict(exit_codes or {})
         where = first.node if rank is None else f"{first.node} (rank {rank})"
         super().__init__(f"job failed first on {where}: {first.message}")
 

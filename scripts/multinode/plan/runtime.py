@@ -23,10 +23,8 @@ from the node's env file by the host shell and passed the same way, never on the
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
-
-from multinode.core.errors import UserError
-from multinode.core.inventory import Inventory, Node
+from multinode.core.registry import Registry
+from multinode.core.inventory import Inventory
 from multinode.plan.launchers.base import NodeCommand
 
 # GPU nodes also lift the locked-memory limit: NCCL/RCCL and UCX pin host buffers for GPU copies.
@@ -58,36 +56,88 @@ def container_cli(inventory: Inventory) -> list[str]:
     return shlex.split(inventory.extra.get("container_cli", "docker"))
 
 
-def host_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
-    return command.shell()
+class Runtime:
+    """How commands run on the nodes of one inventory for one run: the host's own environment. Bound once to
+    (inventory, run id); the run asks it and never branches on the runtime's name."""
+
+    name = "host"
+    compares_software = True  # every node has its own software: the skew check compares the nodes
+    mpi_peers_are_nodes = True  # mpirun reaches the other nodes' own sshd (checked at pre-flight)
+
+    def __init__(self, inventory: Inventory, run_id: str):
+        self.inventory, self.run_id = inventory, run_id
+
+    def wrap(self, command: NodeCommand) -> str:
+        """The exact line to run on ``command.node``."""
+        return command.shell()
+
+    def checks(self) -> list[tuple[str, str]]:
+        """Pre-flight shell checks: (description, command that exits 0 when fine). GPUs are checked after these,
+        by the smoke test inside the runtime (:mod:`multinode.checks.gpu`)."""
+        py = shlex.quote(self.inventory.python)
+        # The interpreter only, in the shell: whether it has torch (and which) is the software probe's answer
+        # (multinode.checks.software, one Python run per node and job; a second one here cost 0.4 s at 32 nodes).
+        return [("python", f"command -v {py} >/dev/null || {{ echo 'no such interpreter: '{py}; false; }}")]
+
+    def stop_line(self, node: str) -> str | None:
+        """What else stops with the run on ``node`` (beyond its tagged processes); None: nothing."""
+        return None
+
+    def image(self) -> str | None:
+        """The image every rank runs in (None: the node's own environment)."""
+        return None
 
 
-def docker_shell(command: NodeCommand, inventory: Inventory, node: Node, run_id: str) -> str:
-    workdir = inventory.workdir_for(node.name)
-    argv = [
-        *container_cli(inventory), "run", "--rm",
-        "--name", container_name(run_id, node.name),
-        "--network=host",
-        # Data-loader workers and NCCL use /dev/shm; Docker's 64 MiB default breaks both.
-        "--ipc=host",
-        "-v", f"{workdir}:{workdir}",
-        "-w", command.cwd,
-        "-e", "MULTINODE_RUN_ID",
-    ]
-    argv += inventory.extra.get("container_args", [])
-    for key, value in command.env.items():
-        argv += ["-e", f"{key}={value}"]
-    for key in (*command.node_env, *command.secret_env):  # by name: the values come from the host shell
-        argv += ["-e", key]
-    argv += ACCELERATOR_FLAGS[node.accelerator]
-    argv.append(inventory.image or "")
-    argv += command.argv
-    exports = [f'export {k}="{expr}"' for k, expr in command.node_env.items()]
-    return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *command.sourced(), *exports, "exec " + shlex.join(argv)])
+class ContainerRuntime(Runtime):
+    """Every command inside the mode's image (``docker run --network=host``, see the module doc)."""
+
+    name = "docker"
+    compares_software = False  # every node runs the one image
+    mpi_peers_are_nodes = False  # mpirun's peers are sshds the run starts in containers (start_mpi_sshds)
+
+    def wrap(self, command: NodeCommand) -> str:
+        inv, node = self.inventory, self.inventory.node(command.node)
+        workdir = inv.workdir_for(node.name)
+        argv = [
+            *container_cli(inv), "run", "--rm",
+            "--name", container_name(self.run_id, node.name),
+            "--network=host",
+            # Data-loader workers and NCCL use /dev/shm; Docker's 64 MiB default breaks both.
+            "--ipc=host",
+            "-v", f"{workdir}:{workdir}",
+            "-w", command.cwd,
+            "-e", "MULTINODE_RUN_ID",
+        ]
+        argv += inv.extra.get("container_args", [])
+        for key, value in command.env.items():
+            argv += ["-e", f"{key}={value}"]
+        for key in (*command.node_env, *command.secret_env):  # by name: the values come from the host shell
+            argv += ["-e", key]
+        argv += ACCELERATOR_FLAGS[node.accelerator]
+        argv.append(inv.image or "")
+        argv += command.argv
+        exports = [f'export {k}="{expr}"' for k, expr in command.node_env.items()]
+        return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *command.sourced(), *exports,
+                            "exec " + shlex.join(argv)])
+
+    def checks(self) -> list[tuple[str, str]]:
+        cli = container_cli(self.inventory)
+        inspect = f"{shlex.join(cli)} image inspect {shlex.quote(self.inventory.image or '')} >/dev/null"
+        return [(f"{cli[0]} and image {self.inventory.image}", inspect)]
+
+    def stop_line(self, node: str) -> str | None:
+        """Remove the run's containers on ``node``."""
+        cli = shlex.join(container_cli(self.inventory))
+        # One name per call: podman 4.3's `rm -f missing present` removes neither and still exits 0.
+        names = [container_name(self.run_id, node), sshd_container_name(self.run_id, node)]
+        return "; ".join(f"{cli} rm -f {shlex.quote(name)} >/dev/null 2>&1" for name in names) + "; true"
+
+    def image(self) -> str | None:
+        return self.inventory.image
 
 
 def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
-    """The line that starts the image's sshd on ``node`` in the background (docker runtime, MODE=mpi)."""
+    """The line that starts the image's sshd on ``node`` in the background (container runtime, MODE=mpi)."""
     paths = {**CONTAINER_SSHD_DEFAULTS, **inventory.extra.get("container_sshd", {})}
     workdir = inventory.workdir_for(node)
     argv = [
@@ -105,38 +155,24 @@ def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
     return f"{shlex.join(argv[:-1])} {keys} {shlex.quote(argv[-1])} >/dev/null"
 
 
-RUNTIMES: dict[str, Callable[[NodeCommand, Inventory, Node, str], str]] = {"host": host_shell, "docker": docker_shell}
+RUNTIMES = Registry("runtime", "runtimes", {"host": f"{__name__}:Runtime", "docker": f"{__name__}:ContainerRuntime"})
+
+
+def runtime_for(inventory: Inventory, run_id: str) -> Runtime:
+    """The inventory's runtime, bound to it and to ``run_id``."""
+    return RUNTIMES.create(inventory.runtime, inventory, run_id)
 
 
 def to_shell(command: NodeCommand, inventory: Inventory, run_id: str) -> str:
     """The exact line to run on ``command.node`` for this inventory's runtime."""
-    try:
-        render = RUNTIMES[inventory.runtime]
-    except KeyError:
-        raise UserError(f"unknown runtime {inventory.runtime!r}; valid runtimes: {', '.join(RUNTIMES)}") from None
-    return render(command, inventory, inventory.node(command.node), run_id)
+    return runtime_for(inventory, run_id).wrap(command)
 
 
 def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
-    """Extra stop step for the docker runtime: remove the run's containers (None for host)."""
-    if inventory.runtime != "docker":
-        return None
-    cli = shlex.join(container_cli(inventory))
-    # One name per call: podman 4.3's `rm -f missing present` removes neither and still exits 0.
-    names = [container_name(run_id, node), sshd_container_name(run_id, node)]
-    return "; ".join(f"{cli} rm -f {shlex.quote(name)} >/dev/null 2>&1" for name in names) + "; true"
+    """Extra stop step of the runtime on ``node`` (None for host)."""
+    return runtime_for(inventory, run_id).stop_line(node)
 
 
 def runtime_checks(inventory: Inventory) -> list[tuple[str, str]]:
-    """Pre-flight shell checks for this runtime: (description, command that exits 0 when fine). GPUs are
-    checked after these, by the smoke test inside the runtime (:mod:`multinode.checks.gpu`)."""
-    if inventory.runtime == "docker":
-        cli = container_cli(inventory)
-        inspect = f"{shlex.join(cli)} image inspect {shlex.quote(inventory.image or '')} >/dev/null"
-        checks = [(f"{cli[0]} and image {inventory.image}", inspect)]
-    else:
-        py = shlex.quote(inventory.python)
-        # The interpreter only, in the shell: whether it has torch (and which) is the software probe's answer
-        # (multinode.checks.software, one Python run per node and job; a second one here cost 0.4 s at 32 nodes).
-        checks = [("python", f"command -v {py} >/dev/null || {{ echo 'no such interpreter: '{py}; false; }}")]
-    return checks
+    """Pre-flight shell checks of this inventory's runtime (see :meth:`Runtime.checks`)."""
+    return runtime_for(inventory, "").checks()

@@ -1,37 +1,17 @@
-"""Provider registry: ``PROVIDERS[name]()`` gives a provider. Unknown names list the valid ones."""
+"""Provider registry: ``get_provider(name)`` gives a provider (its module is imported then). Unknown names list
+the valid ones."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from multinode.core.errors import UserError
+from multinode.core.registry import Registry
 from multinode.providers.base import Provider
 
-
-def _local() -> Provider:
-    from multinode.providers.local.provider import LocalProvider
-
-    return LocalProvider()
-
-
-def _aws() -> Provider:
-    from multinode.providers.aws.provider import AwsProvider
-
-    return AwsProvider()
-
-
-def _hosts() -> Provider:
-    from multinode.providers.hosts import HostsProvider
-
-    return HostsProvider()
-
-
-PROVIDERS: dict[str, Callable[[], Provider]] = {"local": _local, "aws": _aws, "hosts": _hosts}
+PROVIDERS = Registry("PROVIDER", "providers", {
+    "local": "multinode.providers.local.provider:LocalProvider",
+    "aws": "multinode.providers.aws.provider:AwsProvider",
+    "hosts": "multinode.providers.hosts:HostsProvider",
+})
 
 
 def get_provider(name: str) -> Provider:
-    try:
-        factory = PROVIDERS[name]
-    except KeyError:
-        raise UserError(f"unknown PROVIDER {name!r}; valid providers: {', '.join(PROVIDERS)}") from None
-    return factory()
+    return PROVIDERS.create(name)

@@ -22,12 +22,13 @@ import re
 import shlex
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
 from multinode.core.errors import Interrupted, NodeError
-from multinode.backends.ssh.job import StopSignals
+from multinode.ssh.signals import StopSignals
 from multinode.ssh.runner import RemoteRunner
 from multinode.backends.slurm.script import TERMINAL_STATES, SlurmJob, held_reason, job_state
 
@@ -45,6 +46,7 @@ class SlurmOutcome:
     exit_code: int
     lines: list[str] = field(default_factory=list)
     failed_nodes: list[tuple[str, int, int | None]] = field(default_factory=list)  # (node, code, rank), as reported
+    stalled: str | None = None  # why the stall watchdog ended the job (it was cancelled), or None
 
     def node_lines(self, node: str) -> list[str]:
         """The lines of one node, its ``[node-i] `` prefix removed."""
@@ -61,7 +63,7 @@ def detect_mpi(runner: RemoteRunner) -> str:
 def submit(runner: RemoteRunner, job: SlurmJob) -> str:
     head = runner.inventory.head.name
     runner.run_on(head, f"mkdir -p {shlex.quote(job.job_dir)}", timeout=15)
-    runner.write_file(head, job.script_path, job.script)
+    runner.put_bytes(head, job.script_path, job.script.encode())
     res = runner.run_on(head, f"sbatch --parsable {shlex.quote(job.script_path)}", timeout=30)
     job_id = res.stdout.strip().split(";")[0]
     if not res.ok or not job_id.isdigit():
@@ -134,8 +136,12 @@ def cancel(runner: RemoteRunner, job_id: str) -> str | None:
     return state
 
 
-def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path) -> SlurmOutcome:
-    """Submit ``job``, stream it, return how it ended; cancel it on a stop signal or an error."""
+def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
+        stalled: Callable[[], str | None] | None = None,
+        before_stop: Callable[[NodeError], None] | None = None) -> SlurmOutcome:
+    """Submit ``job``, stream it, return how it ended; cancel it on a stop signal or an error. ``stalled``: the
+    stall watchdog's verdict, asked every poll; when it names a stall, ``before_stop`` looks at the live ranks,
+    then the job is cancelled and the outcome says why."""
     job_id = submit(runner, job)
     print(f"submitted batch job {job_id} (run {job.run_id}); output {job.output_path(job_id)}", file=out, flush=True)
     follower = _Follower(runner, job, job_id, out, log_dir)
@@ -152,6 +158,15 @@ def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path) -> Slur
                     follower.flush()
                     return SlurmOutcome(job_id, state, code if code is not None else 1, follower.lines,
                                         follower.failed)
+                why = stalled() if stalled is not None else None
+                if why is not None:
+                    runner.say(f"{why}: cancelling batch job {job_id}")
+                    if before_stop is not None:
+                        before_stop(NodeError(runner.inventory.head.name, "job", None, why))
+                    final = cancel(runner, job_id)
+                    finished = True
+                    follower.flush()
+                    return SlurmOutcome(job_id, final or "CANCELLED", 1, follower.lines, follower.failed, stalled=why)
                 if signals.signum is not None:
                     name = signal.Signals(signals.signum).name
                     final = cancel(runner, job_id)

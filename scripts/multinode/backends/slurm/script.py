@@ -24,7 +24,8 @@ from dataclasses import dataclass
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
-from multinode.plan.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, run_dir, trainer_args
+from multinode.core.nodepaths import env_file, run_dir
+from multinode.plan.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, node_python, trainer_args
 from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
@@ -60,6 +61,7 @@ class SlurmJob:
     nodes: int
     world_size: int
     node_names: dict[str, str]  # SLURM NodeName (hostname) -> our node name
+    launch: str = ""  # how the ranks start, in words: "srun + torchrun", "srun --mpi=pmix", "mpirun"
 
     def output_path(self, job_id: str) -> str:
         return f"{self.job_dir}/slurm-{job_id}.out"
@@ -76,11 +78,12 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         where = [
             "node=node-$SLURM_NODEID",
             f"rundir={shlex.quote(inv.workdir_for(inv.head.name) + '/runs/' + spec.run_id)}/$node",
-            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}",
+            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}{_node_setup(inv, spec, inv.head.name)}",
         ]
     else:
         cases = [f"  {node.hostname}) node={node.name}; rundir={shlex.quote(run_dir(inv, node.name, spec.run_id))}; "
-                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))} ;;" for node in inv.nodes]
+                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))}{_node_setup(inv, spec, node.name)} ;;"
+                 for node in inv.nodes]
         where = [
             'case "$SLURMD_NODENAME" in',
             *cases,
@@ -103,44 +106,82 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
     return "\n".join(body)
 
 
-def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None = None,
-                partition: str | None = None) -> SlurmJob:
-    """The sbatch script for ``spec`` on the first ``spec.nodes`` nodes of ``inventory`` (on a shared
-    filesystem, the inventory holds the login node only and the scheduler picks ``spec.nodes`` nodes)."""
-    inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
-    head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
+def _node_setup(inv: Inventory, spec: LaunchSpec, node: str) -> str:
+    """A node's own part of the environment: the interpreter of its SETUP environment, its ENV file (sourced: the
+    values never appear in the script)."""
+    parts = [f"py={shlex.quote(node_python(inv, spec, node))}"] if spec.setup else []
+    parts += [f". {shlex.quote(env_file(inv, node, spec.run_id))}"] if spec.env else []
+    return "".join(f"; {part}" for part in parts)
+
+
+def _python(inv: Inventory, spec: LaunchSpec) -> str:
+    """The ranks' interpreter: with SETUP, each node's own environment (``$py``, set per node in the task)."""
+    return '"$py"' if spec.setup else shlex.quote(inv.interpreter)
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """How the allocation starts the job: the line each task runs, the srun/mpirun that starts the tasks."""
+
+    line: str  # what each task runs (its arguments are "$@")
+    tasks: str  # the command that starts the tasks, before ``bash -c "$MULTINODE_TASK"``
+    per_task: str  # the script's header: what one task is
+    env_lines: tuple[str, ...]  # exported in the batch script, before the tasks start
+    who: str = ""  # appended to a failed task's "exited with code" line
+    launch: str = "srun + torchrun"  # in words, for the run's first line
+
+
+def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None) -> _Launch:
+    """MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank, or (no plugin) mpirun in the allocation."""
+    py = _python(inv, spec)
     world = spec.nodes * spec.nproc
-    py = shlex.quote(inv.interpreter)
-    if spec.uses_mpi:
-        if mpi_plugin:
-            launcher = f"srun --mpi={mpi_plugin}"
-            steps = f"--nodes={spec.nodes} --ntasks={world} --ntasks-per-node={spec.nproc}"
-        else:
-            launcher = "mpirun"
-            steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
-        # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
-        launch_line = f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"'
-        tasks = f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}"
-        per_task = "one task per rank" if mpi_plugin else "mpirun in the allocation"
-        env_lines = [f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
-                     f"OMPI_MCA_oob_tcp_if_include={inv.subnet}"]
+    if mpi_plugin:
+        launcher = f"srun --mpi={mpi_plugin}"
+        steps = f"--nodes={spec.nodes} --ntasks={world} --ntasks-per-node={spec.nproc}"
     else:
-        rdzv_conf = (f"join_timeout={spec.rdzv_timeout},read_timeout={min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)},"
-                     'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
-        launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
-                       f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
-                       f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
-                       f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
-                       f'{shlex.join(entry.program())} "$@"')
-        tasks = f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1"
-        per_task = "one task per node running torchrun"
-        env_lines = ["export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '"]
-    body = _task_body(inv, spec, entry, launch_line, " (rank $SLURM_PROCID)" if spec.uses_mpi and mpi_plugin else "")
+        launcher = "mpirun"
+        steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
+    # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
+    launch_line = f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"'
+    return _Launch(
+        line=launch_line,
+        tasks=f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}",
+        per_task="one task per rank" if mpi_plugin else "mpirun in the allocation",
+        env_lines=(f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
+                   f"OMPI_MCA_oob_tcp_if_include={inv.subnet}",),
+        who=" (rank $SLURM_PROCID)" if mpi_plugin else "",
+        launch=launcher,
+    )
+
+
+def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _Launch:
+    """MODE=cpu/gpu: one task per node runs torchrun, its c10d endpoint on the allocation's first host."""
+    py = _python(inv, spec)
+    rdzv_conf = (f"join_timeout={spec.rdzv_timeout},read_timeout={min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)},"
+                 'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
+    launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
+                   f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
+                   f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
+                   f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
+                   f'{shlex.join(entry.program())} "$@"')
+    return _Launch(
+        line=launch_line,
+        # --mpi=none: no PMI for torchrun's agents (a cluster's MpiDefault=pmix would give them PMIX_RANK, and the
+        # agent would pass for a rank in the stall watchdog and the stack capture).
+        tasks=f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --mpi=none",
+        per_task="one task per node running torchrun",
+        env_lines=("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '",),
+    )
+
+
+def _sbatch_script(spec: LaunchSpec, head_dir: str, partition: str | None, launch: _Launch, body: str) -> str:
+    """The batch script: #SBATCH header, the job's environment, the head's name, then the tasks running ``body``."""
     gpus = [f"#SBATCH --gpus-per-node={spec.nproc}"] if spec.uses_gpu else []
     part = [f"#SBATCH --partition={partition}"] if partition else []
     lines = [
         "#!/bin/bash",
-        f"# multinode run {spec.run_id}: MODE={spec.mode}, {spec.nodes} node(s) x {spec.nproc} process(es), {per_task}",
+        f"# multinode run {spec.run_id}: MODE={spec.mode}, {spec.nodes} node(s) x {spec.nproc} process(es), "
+        f"{launch.per_task}",
         f"# Submit by hand on the login node: sbatch {head_dir}/job.sbatch",
         f"#SBATCH --job-name=multinode-{spec.run_id}",
         f"#SBATCH --nodes={spec.nodes}",
@@ -152,18 +193,30 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
         f"mkdir -p {shlex.quote(head_dir)}",
         *[f"export {k}={shlex.quote(v)}" for k, v in BASE_ENV.items()],
         f"export MULTINODE_RUN_ID={shlex.quote(spec.run_id)}",
-        *env_lines,
+        *launch.env_lines,
         'MULTINODE_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export MULTINODE_HEAD",
         'echo "multinode: batch job $SLURM_JOB_ID on $SLURM_JOB_NODELIST, head $MULTINODE_HEAD"',
         "read -r -d '' MULTINODE_TASK <<'TASK'",
         body,
         "TASK",
-        f'{tasks} bash -c "$MULTINODE_TASK"',
+        f'{launch.tasks} bash -c "$MULTINODE_TASK"',
     ]
-    return SlurmJob(run_id=spec.run_id, script="\n".join(lines) + "\n", script_path=f"{head_dir}/job.sbatch",
-                    job_dir=head_dir, nodes=spec.nodes, world_size=world,
-                    node_names={n.hostname: n.name for n in inv.nodes})
+    return "\n".join(lines) + "\n"
+
+
+def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None = None,
+                partition: str | None = None) -> SlurmJob:
+    """The sbatch script for ``spec`` on the first ``spec.nodes`` nodes of ``inventory`` (on a shared
+    filesystem, the inventory holds the login node only and the scheduler picks ``spec.nodes`` nodes)."""
+    inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
+    head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
+    launch = _mpi_launch(inv, spec, entry, mpi_plugin) if spec.uses_mpi else _torchrun_launch(inv, spec, entry)
+    body = _task_body(inv, spec, entry, launch.line, launch.who)
+    return SlurmJob(run_id=spec.run_id, script=_sbatch_script(spec, head_dir, partition, launch, body),
+                    script_path=f"{head_dir}/job.sbatch", job_dir=head_dir, nodes=spec.nodes,
+                    world_size=spec.nodes * spec.nproc, node_names={n.hostname: n.name for n in inv.nodes},
+                    launch=launch.launch)
 
 
 def held_reason(scontrol_line: str) -> str | None:

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from multinode.core.errors import UserError
+from multinode.core.registry import Registry
 from multinode.plan.launchers.base import EntryPoint, Launcher, LaunchPlan, NodeCommand
-from multinode.plan.launchers.mpirun import MpirunLauncher
-from multinode.plan.launchers.static import StaticLauncher
-from multinode.plan.launchers.torchrun import TorchrunLauncher
 
-LAUNCHERS: dict[str, type] = {"torchrun": TorchrunLauncher, "mpirun": MpirunLauncher, "static": StaticLauncher}
+LAUNCHERS = Registry("launcher", "launchers", {
+    "torchrun": "multinode.plan.launchers.torchrun:TorchrunLauncher",
+    "mpirun": "multinode.plan.launchers.mpirun:MpirunLauncher",
+    "static": "multinode.plan.launchers.static:StaticLauncher",
+})
 MODE_LAUNCHER = {"cpu": "torchrun", "gpu": "torchrun", "mpi": "mpirun", "mpi-gpu": "mpirun"}
 
 
 def get_launcher(name: str) -> Launcher:
-    try:
-        return LAUNCHERS[name]()
-    except KeyError:
-        raise UserError(f"unknown launcher {name!r}; valid launchers: {', '.join(LAUNCHERS)}") from None
+    return LAUNCHERS.create(name)
 
 
 def launcher_for_mode(mode: str) -> Launcher:

@@ -23,6 +23,7 @@ from typing import Callable, Protocol
 from multinode.core.config import LaunchSpec
 from multinode.core.envvars import MASK
 from multinode.core.inventory import Inventory, Node
+from multinode.core.nodepaths import code_dir, env_file, setup_env_dir
 
 
 def iface_for_subnet(subnet: str) -> str:
@@ -122,14 +123,8 @@ class Launcher(Protocol):
         """The global rank a node's log names as failed, if the launcher's output says so."""
 
 
-def code_dir(inventory: Inventory, node_name: str) -> str:
-    """Where the synced code lives on a node."""
-    return f"{inventory.workdir_for(node_name)}/code"
 
 
-def run_dir(inventory: Inventory, node_name: str, run_id: str) -> str:
-    """Where a run writes on a node (snapshots, metrics)."""
-    return f"{inventory.workdir_for(node_name)}/runs/{run_id}"
 
 
 def nproc_of(spec: LaunchSpec, node: Node) -> int:
@@ -148,12 +143,9 @@ def entry_dir(inventory: Inventory, node_name: str, entry: EntryPoint) -> str:
 
 def node_python(inventory: Inventory, spec: LaunchSpec, node_name: str) -> str:
     """The interpreter of the ranks: the node's own SETUP environment (layered on the cluster's), if any."""
-    return f"{inventory.workdir_for(node_name)}/env/bin/python" if spec.setup else inventory.interpreter
+    return f"{setup_env_dir(inventory, node_name)}/bin/python" if spec.setup else inventory.interpreter
 
 
-def env_file(inventory: Inventory, node_name: str, run_id: str) -> str:
-    """Where the run's ENV values lie on a node (0600, removed when the run ends)."""
-    return f"{run_dir(inventory, node_name, run_id)}/env"
 
 
 def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:

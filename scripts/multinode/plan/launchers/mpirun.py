@@ -14,19 +14,18 @@ import re
 from collections.abc import Sequence
 
 from multinode.core.config import LaunchSpec
-from multinode.core.inventory import Inventory
+from multinode.core.inventory import Inventory, Node
+from multinode.core.nodepaths import env_file, run_dir
 from multinode.plan.launchers.base import (
     BASE_ENV,
     EntryPoint,
     LaunchPlan,
     NodeCommand,
     entry_dir,
-    env_file,
     iface_for_subnet,
     node_python,
     nproc_of,
     project_env,
-    run_dir,
     trainer_args,
 )
 
@@ -73,82 +72,95 @@ def mpi_ssh_args(inventory: Inventory) -> str:
     return " ".join(opts)
 
 
+def mpirun_options(inv: Inventory, spec: LaunchSpec) -> list[str]:
+    """mpirun's own options, before the app contexts: the hostfile, transports pinned to the cluster subnet,
+    SSH to the other nodes, abort on the first failed rank, tagged output, the forwarded environment."""
+    hostfile = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}/hostfile"
+    argv: list[str] = [
+        "mpirun",
+        "--hostfile", hostfile,
+        # Several simulated nodes share cores; pinning would put every node's rank on core 0.
+        "--bind-to", "none",
+        "--mca", "pml", "ob1",
+        "--mca", "btl", "self,vader,tcp",
+        "--mca", "btl_tcp_if_include", inv.subnet,
+        "--mca", "oob_tcp_if_include", inv.subnet,
+        "--mca", "plm_rsh_args", mpi_ssh_args(inv),
+        # The daemons Open MPI starts over SSH on the other nodes carry the run id too (their sshd gives them a
+        # fresh environment): the gang-stop and the leak checks find them like the ranks, instead of waiting for
+        # each orted to notice that mpirun is gone.
+        "--mca", "orte_launch_agent", f"env MULTINODE_RUN_ID={spec.run_id} orted",
+        # Fail the whole job as soon as one rank exits non-zero.
+        "--mca", "orte_abort_on_non_zero_status", "1",
+        "--tag-output",
+    ]
+    for name in FORWARDED:
+        argv += ["-x", name]
+    return argv
+
+
+def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node) -> list[str]:
+    """One node's MPMD app context: its ranks, in its own node-local directory, with its own PYTHONPATH."""
+    count = nproc_of(spec, node)
+    # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context, put
+    # before the node's own (a site's module setup) by a shell on the node; `env` alone would replace it.
+    project = project_env(inv, node.name, entry).get("PYTHONPATH")
+    prepend = ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"', project] \
+        if project else ["env"]
+    return [
+        "-np", str(count),
+        "--host", f"{node.private_ip}:{count}",
+        "--wdir", entry_dir(inv, node.name, entry),
+        # ENV: the head sources the values from its env file; mpirun carries them by name. In every app
+        # context: a -x before the first one reaches only that context's ranks (measured here: the
+        # other nodes' ranks see none of FORWARDED either).
+        *(arg for var in spec.env for arg in ("-x", var.name)),
+        # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
+        # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
+        *prepend, f"MULTINODE_RUN_ID={spec.run_id}",
+        node_python(inv, spec, node.name), *entry.program(),
+        *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
+    ]
+
+
+def head_command(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, argv: list[str],
+                 counts: tuple[int, ...]) -> NodeCommand:
+    """The one command, on the head: mpirun with the hostfile it reads, as root when the head logs in as root."""
+    head = inv.head
+    hostfile = f"{inv.workdir_for(head.name)}/runs/{spec.run_id}/hostfile"
+    env = dict(BASE_ENV)
+    if head.ssh_user == "root":
+        # Without these Open MPI refuses to run as root -- and still exits 0.
+        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    content = "".join(f"{n.private_ip} slots={c}\n" for n, c in zip(inv.nodes, counts))
+    return NodeCommand(
+        node=head.name,
+        argv=tuple(argv),
+        cwd=entry_dir(inv, head.name, entry),
+        env=env,
+        node_env={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},
+        files={hostfile: content},
+        env_file=env_file(inv, head.name, spec.run_id) if spec.env else None,
+        secret_env=tuple(var.name for var in spec.env),
+        nproc=counts[0],
+    )
+
+
 class MpirunLauncher:
     name = "mpirun"
 
     def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
         inv = inventory.first(spec.nodes)
-        head = inv.head
-        head_dir = inv.workdir_for(head.name)
-        hostfile = f"{head_dir}/runs/{spec.run_id}/hostfile"
-        argv: list[str] = [
-            "mpirun",
-            "--hostfile", hostfile,
-            # Several simulated nodes share cores; pinning would put every node's rank on core 0.
-            "--bind-to", "none",
-            "--mca", "pml", "ob1",
-            "--mca", "btl", "self,vader,tcp",
-            "--mca", "btl_tcp_if_include", inv.subnet,
-            "--mca", "oob_tcp_if_include", inv.subnet,
-            "--mca", "plm_rsh_args", mpi_ssh_args(inv),
-            # The daemons Open MPI starts over SSH on the other nodes carry the run id too (their sshd gives them a
-            # fresh environment): the gang-stop and the leak checks find them like the ranks, instead of waiting for
-            # each orted to notice that mpirun is gone.
-            "--mca", "orte_launch_agent", f"env MULTINODE_RUN_ID={spec.run_id} orted",
-            # Fail the whole job as soon as one rank exits non-zero.
-            "--mca", "orte_abort_on_non_zero_status", "1",
-            "--tag-output",
-        ]
-        for name in FORWARDED:
-            argv += ["-x", name]
-        contexts = []
-        for node in inv.nodes:
-            count = nproc_of(spec, node)
-            # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context, put
-            # before the node's own (a site's module setup) by a shell on the node; `env` alone would replace it.
-            project = project_env(inv, node.name, entry).get("PYTHONPATH")
-            prepend = ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"', project] \
-                if project else ["env"]
-            ctx = [
-                "-np", str(count),
-                "--host", f"{node.private_ip}:{count}",
-                "--wdir", entry_dir(inv, node.name, entry),
-                # ENV: the head sources the values from its env file; mpirun carries them by name. In every app
-                # context: a -x before the first one reaches only that context's ranks (measured here: the
-                # other nodes' ranks see none of FORWARDED either).
-                *(arg for var in spec.env for arg in ("-x", var.name)),
-                # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
-                # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
-                *prepend, f"MULTINODE_RUN_ID={spec.run_id}",
-                node_python(inv, spec, node.name), *entry.program(),
-                *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
-            ]
-            contexts.append(ctx)
-        for i, ctx in enumerate(contexts):
+        argv = mpirun_options(inv, spec)
+        for i, node in enumerate(inv.nodes):
             if i:
                 argv.append(":")
-            argv += ctx
-        env = dict(BASE_ENV)
-        if head.ssh_user == "root":
-            # Without these Open MPI refuses to run as root -- and still exits 0.
-            env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+            argv += app_context(inv, spec, entry, node)
         counts = tuple(nproc_of(spec, node) for node in inv.nodes)
-        content = "".join(f"{n.private_ip} slots={c}\n" for n, c in zip(inv.nodes, counts))
-        command = NodeCommand(
-            node=head.name,
-            argv=tuple(argv),
-            cwd=entry_dir(inv, head.name, entry),
-            env=env,
-            node_env={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},
-            files={hostfile: content},
-            env_file=env_file(inv, head.name, spec.run_id) if spec.env else None,
-            secret_env=tuple(var.name for var in spec.env),
-            nproc=counts[0],
-        )
         return LaunchPlan(
             run_id=spec.run_id,
             launcher=self.name,
-            commands=(command,),
+            commands=(head_command(inv, spec, entry, argv, counts),),
             participants=tuple(n.name for n in inv.nodes),
             world_size=sum(counts),
             procs=counts,

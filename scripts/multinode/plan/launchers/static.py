@@ -21,13 +21,13 @@ from collections.abc import Sequence
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
+from multinode.core.nodepaths import run_dir
 from multinode.plan.launchers.base import (
     EntryPoint,
     LaunchPlan,
     node_python,
     nproc_of,
     per_node_plan,
-    run_dir,
     trainer_args,
 )
 from multinode.plan.launchers.torchrun import root_cause_rank

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
-from multinode.plan.launchers.base import EntryPoint, LaunchPlan, node_python, nproc_of, per_node_plan, run_dir, trainer_args
+from multinode.core.nodepaths import run_dir
+from multinode.plan.launchers.base import EntryPoint, LaunchPlan, node_python, nproc_of, per_node_plan, trainer_args
 
 # Seconds a store operation -- connecting to the rendezvous endpoint included -- may take. torch's
 # default is 60, the same as the join timeout, so a node that cannot reach the endpoint was outlived by

@@ -32,8 +32,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from multinode.providers.local.netns import NETNS_ETC, NetPlan
 from multinode.core.state import ClusterState
+from multinode.providers.local.cgroups import cgroup_mount_commands
+from multinode.providers.local.netns import NETNS_ETC, NetPlan
 
 PLUGIN_DIR = Path("/usr/lib/x86_64-linux-gnu/slurm-wlm")
 DAEMONS = {"munged": "/usr/sbin/munged", "slurmctld": "/usr/sbin/slurmctld", "slurmd": "/usr/sbin/slurmd"}
@@ -184,8 +185,6 @@ def prepare(state: ClusterState, plan: NetPlan) -> SlurmLayout:
 def _in_node(plan: NetPlan, i: int, argv: list[str], cgroups: bool = False) -> list[str]:
     """Run argv in node i's network namespace with its own hostname (UTS namespace); ``cgroups``:
     mount the host's cgroup filesystems again (``ip netns exec`` hides them under a fresh /sys)."""
-    from multinode.providers.local.provider import cgroup_mount_commands
-
     steps = cgroup_mount_commands(Path("/proc/self/mounts").read_text()) if cgroups else []
     inner = " && ".join([*steps, f"hostname {plan.hostname(i)}", f"exec {' '.join(argv)}"])
     return ["ip", "netns", "exec", plan.netns(i), "unshare", "--uts", "sh", "-c", inner]

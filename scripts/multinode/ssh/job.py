@@ -1,11 +1,12 @@
-"""One job on every node at once, watched until it ends: the part of the runner that owns a running job.
+"""One command on every node at once, watched until it ends: the job of the SSH backend, and SETUP.
 
-:meth:`multinode.ssh.runner.RemoteRunner.run` makes a :class:`JobRun`; the runner keeps the connections, shells
-and short commands. Contract:
+The runner (:mod:`multinode.ssh.runner`) keeps the connections, shells and short commands; this module owns a
+running job. Contract:
 
 * every node's command runs in one of its shells (:mod:`multinode.ssh.shell`) with ``MULTINODE_RUN_ID``
   exported; its output is re-assembled into whole lines (:class:`LineSink`), so lines of different nodes never
   interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console;
+* built on :class:`multinode.ssh.runner.RemoteRunner` (its shells and stop); the runner knows nothing of it;
 * the first node that exits non-zero or loses its SSH session makes the run stop the job on every node
   (processes whose environment carries the run id: torchrun starts workers in their own session, so a
   process-tree or process-group kill would miss them) and raise :class:`~multinode.core.errors.JobFailed`. A
@@ -31,13 +32,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TextIO
 
 from multinode.core.errors import Interrupted, JobFailed, NodeError
+from multinode.ssh.connect import describe_ssh_error
+from multinode.ssh.runner import RemoteRunner
+from multinode.ssh.lines import LineSink, Relabel
 from multinode.ssh.shell import TextSink
+from multinode.ssh.signals import StopRequested, StopSignals
 
-if TYPE_CHECKING:
-    from multinode.ssh.runner import RemoteRunner
 
 log = logging.getLogger(__name__)
 
@@ -74,99 +77,26 @@ class Rejoin:
     exclude: tuple[str, ...] = ()  # nodes whose loss ends the job (the head: it hosts the rendezvous)
 
 
-Relabel = Callable[[str, str], tuple[str, str]]
-"""(node the line arrived from, line) -> (node it belongs to, line to show); e.g. mpirun's rank tags."""
-
-
-class LineSink:
-    """File-like target of one node's stdout or stderr: emits whole lines only."""
-
-    def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque,
-                 relabel: Relabel | None = None):
-        self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
-        self.relabel = relabel or (lambda node, line: (node, line))
-        self.buffer = ""
-
-    def write(self, data: str) -> int:
-        self.buffer += data
-        if "\n" in self.buffer:
-            *lines, self.buffer = self.buffer.split("\n")
-            self._emit(lines)
-        return len(data)
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        if self.buffer:
-            self._emit([self.buffer])
-            self.buffer = ""
-
-    def _emit(self, lines: list[str]) -> None:
-        lines = [line.rstrip("\r") for line in lines]
-        self.tail.extend(lines)
-        with self.lock:
-            if self.log_file:
-                self.log_file.write("".join(f"{line}\n" for line in lines))
-                self.log_file.flush()
-            if self.out:
-                shown = (self.relabel(self.node, line) for line in lines)
-                self.out.write("".join(f"[{node}] {line}\n" for node, line in shown))
-                self.out.flush()
-
-
-class StopRequested(Exception):
-    """A stop signal arrived while a job ran (see :class:`StopSignals`)."""
-
-
-class StopSignals:
-    """While a job runs, Ctrl-C, SIGTERM and SIGHUP (a closed terminal) only record themselves; the
-    run's watch loop reads that between events and stops the job on every node, as Ctrl-C does.
-    A KeyboardInterrupt raised at an arbitrary point could leave the event queue's or the output's
-    lock held and hang the gang-stop that follows; a default SIGTERM would leave the job running on
-    every node. A second signal does not cut the gang-stop short (LOST_GRACE bounds it). Outside the
-    main thread signals cannot be caught, and nothing changes."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def _record(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-
-    def __enter__(self) -> "StopSignals":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._record) for sig in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-
-
 class JobRun:
-    """``shells[node]`` on every node of ``runner`` at once, under run id ``run_id`` (see the module doc)."""
+    """``command_lines[node]`` (one shell line per node) on every node of ``runner`` at once, under run id ``run_id`` (see the module doc)."""
 
-    def __init__(self, runner: "RemoteRunner", shells: dict[str, str], *, run_id: str, log_dir: Path,
+    def __init__(self, runner: RemoteRunner, command_lines: dict[str, str], *, run_id: str, log_dir: Path,
                  deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
                  relabel: Relabel | None = None, rejoin: Rejoin | None = None,
                  before_stop: Callable[[NodeError], None] | None = None,
                  stalled: Callable[[], str | None] | None = None):
-        self.runner, self.shells, self.run_id, self.log_dir = runner, shells, run_id, log_dir
+        self.runner, self.command_lines, self.run_id, self.log_dir = runner, command_lines, run_id, log_dir
         self.deadline, self.extra_stop, self.relabel, self.rejoin = deadline, extra_stop, relabel, rejoin
         self.before_stop, self.stalled = before_stop, stalled
-        self.results = {name: NodeResult(name) for name in shells}
+        self.results = {name: NodeResult(name) for name in command_lines}
         self.events: queue.Queue[str] = queue.Queue()
         self.log_files: dict[str, TextIO] = {}
 
     def run(self) -> dict[str, NodeResult]:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.log_files = {name: open(self.log_dir / f"{name}.log", "a", encoding="utf-8") for name in self.shells}
+        self.log_files = {name: open(self.log_dir / f"{name}.log", "a", encoding="utf-8") for name in self.command_lines}
         with StopSignals() as stop:
-            for name in self.shells:
+            for name in self.command_lines:
                 self.start(name)
             try:
                 failure = self._watch(stop)
@@ -182,23 +112,21 @@ class JobRun:
                 for fh in self.log_files.values():
                     fh.close()
         if failure is not None:
-            err = JobFailed(failure)
-            err.results = self.results  # type: ignore[attr-defined]  # for the summary: every node's ending
-            raise err
+            ended = sorted(self.results.values(), key=lambda r: r.finished or 0)
+            raise JobFailed(failure, failures=[r.error for r in ended if r.error is not None],
+                            exit_codes={name: r.exit_code for name, r in self.results.items()})
         return self.results
 
     def start(self, name: str) -> None:
         threading.Thread(target=self._node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
 
     def _node_job(self, name: str) -> None:
-        from multinode.ssh.connect import describe_ssh_error
-
         result = self.results[name]
         result.started = time.monotonic()
         result.exit_code, result.error, result.lost, result.finished = None, None, False, None
         sinks = [TextSink(LineSink(name, self.runner.print_lock, self.log_files[name], self.runner.out, result.tail,
                                    self.relabel)) for _ in range(2)]
-        command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.shells[name]}"
+        command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.command_lines[name]}"
         try:
             result.exit_code, _, _ = self.runner.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
         except Exception as err:  # lost SSH session: the node is gone or unreachable

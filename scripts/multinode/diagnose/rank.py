@@ -1,0 +1,145 @@
+"""Which rank really failed: the root-cause ranking. Pure, apart from reading the nodes' logs.
+
+A hung rank does not fail: its peers do, when their collective times out, and their logs all say
+"timed out". Only the live ranks (:mod:`multinode.diagnose.capture`) can tell which one they were waiting for.
+
+* :func:`waiting`: is a stack inside a collective, a store or rendezvous wait, or DDP's all-reduce?
+* :func:`pick_culprit` names the rank that is not waiting on its peers: stopped, then uninterruptible,
+  then stuck in the same place outside any collective or store wait in every sample (running: state R
+  or busy; blocked: on the very same line in every look). A rank inside a collective is never the
+  culprit: it is waiting for the culprit. None when no live rank qualifies.
+* :func:`own_failure` / :func:`pick_root_cause`: among the nodes that failed (NodeErrors, in the order
+  they ended), the first whose log does not read like a reaction to another node's failure
+  (:data:`PEER_FAILURE`).
+* :func:`root_cause` weighs the two: a stopped or uninterruptible rank; else none when a node failed on
+  its own (the caller names that node from its log); else a rank stuck outside any collective.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from multinode.diagnose.dumps import Frame, RankDump
+
+# A frame in one of these files means the rank is inside a collective, a store or rendezvous wait, or
+# DDP's gradient all-reduce (which torch runs from the autograd engine during backward).
+WAIT_FILE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/|/mpi4py/")
+# A frame whose current line calls a collective or waits on a request (torch.distributed, mpi4py).
+WAIT_CODE = re.compile(
+    r"\.(all_reduce|allreduce|Allreduce|Iallreduce|all_gather\w*|allgather|Allgather|reduce_scatter\w*|"
+    r"Reduce_scatter\w*|broadcast\w*|bcast|Bcast|barrier|Barrier|monitored_barrier|all_to_all\w*|alltoall|Alltoall|"
+    r"Send|Recv|Sendrecv|isend|irecv|wait|Wait|Waitall|waitall)\s*\(|\bstore\.(get|wait)\s*\(")
+WAIT_NAME = re.compile(r"all_?reduce|allgather|all_gather|barrier|broadcast|reduce_scatter", re.IGNORECASE)
+# A process on its way out (its own error printed, interpreter shutting down) is not stuck anywhere.
+EXITING = re.compile(r"^(_shutdown|excepthook|_run_exitfuncs|print_exception|format_exception)$")
+
+
+def waiting(frames: Iterable[Frame]) -> bool:
+    """Is the rank inside a collective, a store wait or DDP's all-reduce (waiting on its peers)?"""
+    return any(WAIT_FILE.search(f.file) or WAIT_CODE.search(f.code) or WAIT_NAME.search(f.name) for f in frames)
+
+
+BUSY_TICKS = 25  # main-thread CPU ticks (1/100 s) between the two looks that make a rank "running"
+
+
+def verdict(dump: RankDump) -> tuple[int, str] | None:
+    """(priority, why) when this rank is not waiting on its peers; None when it is, or is gone or exiting."""
+    alive = [s for s in dump.samples if s.state is not None]
+    if not alive or dump.parent_is_rank:
+        return None
+    if any(s.state in ("T", "t") for s in alive):
+        return 0, "is stopped (state T: SIGSTOP, a debugger or job control); its peers wait for it in their collectives"
+    if len(alive) >= 2 and all(s.state == "D" for s in alive):
+        # Two looks: a rank reading its files (importing torch) is in D for moments at a time, and one look at it
+        # then outranked a node that had failed on its own (seen on a loaded machine).
+        return 1, "is in uninterruptible sleep (state D: blocked in the kernel -- I/O, a device or its driver)"
+    if len(dump.samples) < 2 or len(alive) < len(dump.samples) or any(not s.frames or s.error for s in alive):
+        return None  # one look cannot tell stuck from passing through; gone before the last look; no stack
+    if any(waiting(s.frames) or any(EXITING.match(f.name) for f in s.frames) for s in alive):
+        return None
+    if len({(s.frames[0].name, s.frames[0].file) for s in alive}) != 1:
+        return None  # moving on between looks: not stuck
+    state = alive[-1].state
+    busy = len(alive) > 1 and alive[-1].cpu_ticks - alive[0].cpu_ticks >= BUSY_TICKS
+    if all(s.state == "R" for s in alive) or busy:
+        return 2, "is running outside any collective or store wait (state R) while its peers wait for it"
+    if len({s.frames[0].line for s in alive}) != 1:
+        return None  # a blocked thread cannot move from its line: this one is moving (a loop with a sleep)
+    return 3, (f"is blocked outside any collective or store wait (state {state}: a lock, a queue, I/O) "
+               f"while its peers wait for it")
+
+
+STRONG = 1  # verdicts up to this priority (stopped, uninterruptible) outrank what the logs say
+
+
+@dataclass(frozen=True)
+class Culprit:
+    node: str
+    rank: int
+    pid: int
+    why: str
+    top: Frame | None
+
+    def describe(self) -> str:
+        top = f"; top of its stack: {self.top.describe()}" if self.top else ""
+        return f"rank {self.rank} (pid {self.pid}) {self.why}{top}"
+
+
+def pick_culprit(dumps: Iterable[RankDump], strong_only: bool = False) -> Culprit | None:
+    """The live rank that is not waiting on its peers (stopped first, then uninterruptible, then stuck
+    running, then stuck blocked; the lowest rank among equals). None when every live rank waits.
+    ``strong_only``: only a stopped or uninterruptible rank -- the caller weighs a rank merely stuck outside a
+    collective against a node that failed on its own (which a healthy rank busy computing must not outrank)."""
+    ranked = sorted(((v[0], d.rank, d, v[1]) for d in dumps if (v := verdict(d)) and (not strong_only or v[0] <= STRONG)),
+                    key=lambda x: x[:2])
+    if not ranked:
+        return None
+    _, _, dump, why = ranked[0]
+    frames = dump.last.frames
+    return Culprit(dump.node, dump.rank, dump.pid, why, frames[0] if frames else None)
+
+
+# Failures that are consequences of another node's failure, not root causes.
+PEER_FAILURE = re.compile(
+    r"Connection (reset|closed|refused)|connectFullMesh|Broken pipe|RendezvousClosedError|"
+    r"DistNetworkError|Socket Timeout|timed out|SIGTERM|Signals\.SIGTERM",
+    re.IGNORECASE,
+)
+
+
+def _log_lines(failure) -> list[str]:
+    """The node's whole log when we have it (the tail alone often shows only torchrun's summary)."""
+    if failure.log_path and Path(failure.log_path).exists():
+        return Path(failure.log_path).read_text(errors="replace").splitlines()
+    return failure.tail
+
+
+def own_failure(failures: list):
+    """The first node (NodeError) that failed on its own: its log does not read like a reaction to another's failure."""
+    for failure in failures:
+        if not any(PEER_FAILURE.search(line) for line in _log_lines(failure)):
+            return failure
+    return None
+
+
+def pick_root_cause(failures: list, first):
+    """The first failure whose log does not read like a reaction to another node's failure."""
+    return own_failure(failures) or first
+
+
+def root_cause(dumps: Iterable[RankDump], failures: list) -> Culprit | None:
+    """The rank to name from the live ranks and the nodes' failures (NodeErrors, in the order they ended):
+    a stopped or uninterruptible rank; else none when a node failed on its own (the caller names it from its
+    log: a rank busy computing when a peer crashed is not the cause); else a rank stuck outside any collective."""
+    dumps = list(dumps)
+    strong = pick_culprit(dumps, strong_only=True)
+    if strong is not None or own_failure(failures) is not None:
+        return strong
+    return pick_culprit(dumps)
+
+
+__all__ = ["PEER_FAILURE", "Culprit", "own_failure", "pick_culprit", "pick_root_cause", "root_cause", "verdict",
+           "waiting"]

@@ -1,0 +1,92 @@
+"""Terraform for the ``aws`` provider: running it on the cluster's copy of ``infra/ec2``, and reading
+its ``inventory`` output (the contract of ``infra/ec2/outputs.tf``) into an Inventory.
+
+``AWS_ENDPOINT_URL`` sends Terraform's AWS provider to another endpoint (the tests: a moto_server on
+loopback). Variables of infra/ec2 that multinode does not write (``ami_id``, ``placement_group``,
+``vpc_id``/``subnet_id``, ``root_volume_gb``, ``tags``...) can be given as ``TF_VAR_<name>``; the ones
+it writes to terraform.tfvars.json take precedence over them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+from multinode.core.errors import UserError
+from multinode.core.inventory import Inventory, Node
+from multinode.core.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+MODULE_DIR = Path(__file__).resolve().parents[4] / "infra" / "ec2"
+WORKDIR = "/opt/multinode"
+MPI_SSH_PORT = 2222  # the images' sshd (docker/sshd_config)
+
+
+def terraform_binary() -> str:
+    binary = shutil.which("terraform")
+    if binary is None:
+        raise UserError("terraform is not installed; install Terraform >= 1.9 "
+                        "(https://developer.hashicorp.com/terraform/install) and run 'make up' again")
+    return binary
+
+
+def run_terraform(tf_dir: Path, *args: str) -> str:
+    """``terraform -chdir=<tf_dir> <args>``; stdout returned, stderr streamed to the user."""
+    binary = terraform_binary()
+    argv = [binary, f"-chdir={tf_dir}", *args]
+    log.info("running %s", " ".join(argv))
+    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env={**os.environ, "TF_IN_AUTOMATION": "1"})
+    if result.returncode != 0:
+        raise UserError(f"'terraform {args[0]}' failed (exit code {result.returncode}) in {tf_dir}; see its output above")
+    return result.stdout
+
+
+Terraform = Callable[..., str]
+
+
+# --- outputs -> inventory -----------------------------------------------------------------
+
+
+def inventory_from_outputs(outputs: dict, state: ClusterState, host_keys: dict[str, str], image: str) -> Inventory:
+    """Build the inventory from ``terraform output -json`` (the ``inventory`` output of infra/ec2)."""
+    try:
+        value = outputs["inventory"]["value"]
+        ssh_user = value["ssh_user"]
+        nodes = tuple(
+            Node(name=n["name"], hostname=n["hostname"], private_ip=n["private_ip"], ssh_user=ssh_user,
+                 ssh_port=22, host_key=host_keys[n["name"]], public_ip=n.get("public_ip") or None,
+                 accelerator=n["accelerator"], accelerator_count=int(n["accelerator_count"]),
+                 instance_id=n["instance_id"])
+            for n in value["nodes"]
+        )
+        return Inventory(
+            cluster=value["cluster"], provider="aws", nodes=nodes, subnet=value["subnet_cidr"],
+            ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts), workdir=WORKDIR,
+            python="python3", runtime="docker", image=image,
+            # MODE=mpi: mpirun in the head's container reaches the image's sshd on the other nodes (port
+            # 2222, runtimes.mpi_sshd_shell; the host's own sshd keeps 22), so the remote ranks run in the
+            # image too; the key and known_hosts live under the work directory, which the container mounts.
+            extra={"container_python": "python3", "mpi_ssh_port": MPI_SSH_PORT,
+                   "mpi_ssh_key": f"{WORKDIR}/.ssh/id_ed25519",
+                   "mpi_known_hosts": f"{WORKDIR}/.ssh/known_hosts", "region": value["region"],
+                   "cluster_id": value["cluster_id"], "zone": value["zone"],
+                   "ecr_repository_url": value["ecr"]["repository_url"],
+                   "ecr_created": bool(value["ecr"]["created_by_us"]), "instance_role": value["ecr"]["instance_role"],
+                   "instance_types": sorted({n["instance_type"] for n in value["nodes"]})},
+        )
+    except KeyError as err:
+        raise UserError(f"terraform output 'inventory' lacks {err}; is infra/ec2/outputs.tf out of date?") from None
+
+
+def known_hosts_lines(inventory: Inventory) -> list[str]:
+    """One pinned line per node, valid for its public and private address."""
+    lines = []
+    for node in inventory.nodes:
+        names = [a for a in (node.public_ip, node.private_ip) if a]
+        lines.append(f"{','.join(names)} {node.host_key}\n")
+    return lines

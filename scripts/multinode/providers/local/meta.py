@@ -1,0 +1,53 @@
+"""What `up` records about a local cluster, and where its nodes' files are (no processes, no network).
+
+``.multinode/<cluster>/provider/local.json`` (written first, so `down` can clean up after a crashed
+`up`): node count, subnet, MTU, sshd port, whether the nodes are namespaces (``isolated``) and
+whether they run containers. Each node has its own directory ``provider/<node>/`` (sshd config,
+host key, pid file, log, copy-on-write home).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from multinode.core.errors import UserError
+from multinode.core.state import ClusterState
+from multinode.providers.local.netns import NetPlan
+
+
+def isolated() -> bool:
+    """Namespaces need root; without it we fall back to loopback addresses."""
+    return os.geteuid() == 0
+
+
+def meta_path(state: ClusterState) -> Path:
+    return state.provider_dir / "local.json"
+
+
+def load_meta(state: ClusterState) -> dict | None:
+    path = meta_path(state)
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def net_plan(state: ClusterState) -> NetPlan:
+    """The network plan of a cluster that is up (UserError otherwise)."""
+    meta = load_meta(state)
+    if meta is None:
+        raise UserError(f"cluster {state.name!r} is not up; run 'make up' first")
+    return NetPlan(state.name, meta["nodes"], meta["subnet"], meta["mtu"])
+
+
+def node_dir(state: ClusterState, name: str) -> Path:
+    return state.provider_dir / name
+
+
+def node_index(name: str) -> int:
+    return int(name.rsplit("-", 1)[1])
+
+
+def login_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.geteuid()).pw_name
