@@ -148,8 +148,9 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to E
 test: setup ## the whole test suite (unit + integration), as CI runs it
 	$(PY) -m pytest -q
 
-lint: setup ## static checks: byte-compile everything, then the unit tests
+lint: setup ## static checks: byte-compile everything, the import contracts (pyproject.toml), then the unit tests
 	$(PY) -m compileall -q scripts training bench tests
+	PYTHONPATH=scripts:. $(VENV)/bin/lint-imports
 	$(PY) -m pytest -q tests/unit
 
 clean: ## remove the venv (clusters must be down first)
