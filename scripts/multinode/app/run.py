@@ -56,7 +56,7 @@ from multinode.ssh.runner import RemoteRunner
 
 
 def plan_job(inventory: Inventory, spec: LaunchSpec):
-    """The plan phase of an SSH run, as a function: (launch plan, what is synced). No I/O beyond reading the
+    """The plan phase alone, as a function: (the backend's plan, the code it syncs). No I/O beyond reading the
     code on the control machine."""
     run = Run(ClusterState.for_cluster(inventory.cluster), inventory, spec)
     return run.plan(), run.code
