@@ -18,7 +18,7 @@ import shlex
 import sys
 from collections.abc import Sequence
 
-from multinode.app import verbs as orchestrator
+from multinode.app import verbs
 from multinode.core.config import (
     CLUSTER_TYPES,
     DEFAULT_CLUSTER,
@@ -195,23 +195,23 @@ def dispatch(args: argparse.Namespace) -> int:
             cluster_type=args.cluster_type, mtu=args.mtu,
             options={**({"scheduler": args.scheduler} if args.scheduler else {}), **_options(args.option)},
         )
-        orchestrator.up(spec, assume_yes=args.yes)
+        verbs.up(spec, assume_yes=args.yes)
     elif args.command == "down":
-        orchestrator.down(args.cluster, provider=args.provider, yes=args.yes)
+        verbs.down(args.cluster, provider=args.provider, yes=args.yes)
     elif args.command == "status":
-        return orchestrator.status(args.cluster)
+        return verbs.status(args.cluster)
     elif args.command == "train":
-        orchestrator.train(args.cluster, _launch_spec(args))
+        verbs.train(args.cluster, _launch_spec(args))
     elif args.command == "logs":
-        orchestrator.logs(args.cluster, run_id=args.run, node=args.node)
+        verbs.logs(args.cluster, run_id=args.run, node=args.node)
     elif args.command == "stacks":
-        return orchestrator.stacks(args.cluster, run_id=args.run)
+        return verbs.stacks(args.cluster, run_id=args.run)
     elif args.command == "ssh":
-        return orchestrator.ssh(args.cluster, args.node, args.remote_command)
+        return verbs.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":
         if not args.region:
             raise UserError("reap needs a region: make reap REGION=us-east-1 (add YES=1 to terminate what it finds)")
-        orchestrator.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None, yes=args.yes)
+        verbs.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None, yes=args.yes)
     return 0
 
 
