@@ -28,7 +28,6 @@ import json
 import sys
 import time
 from dataclasses import asdict
-from pathlib import Path
 from typing import TextIO
 
 from multinode.backends import backend_for
@@ -38,7 +37,7 @@ from multinode.checks.preflight import preflight, start_mpi_sshds
 from multinode.checks.software import check_code, check_versions, probe_cache, versions_probe
 from multinode.code.credentials import sync_mpi_credentials
 from multinode.code.prepare import prepare_project, remove_env_files, write_env_files
-from multinode.code.project import TRAINING_DIR, ResolvedProject, resolve_entry
+from multinode.code.project import ResolvedProject, resolve_entry
 from multinode.code.sync import read_manifest
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import JobFailed, NodeError
@@ -46,7 +45,7 @@ from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.state import ClusterState
 from multinode.diagnose.capture import Capture, capture
-from multinode.diagnose.rank import own_failure, pick_root_cause, root_cause
+from multinode.diagnose.rank import log_lines, own_failure, pick_root_cause, root_cause
 from multinode.diagnose.report import save
 from multinode.diagnose.summary import Phases, RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
 from multinode.diagnose.watchdog import StallWatchdog
@@ -136,8 +135,9 @@ class Run:
         runner, spec = self.runner, self.spec
         # Before the run directory exists: a refused job leaves no trace (the nodes keep what was synced).
         prepare_project(runner, spec, self.code, self.out, manifests=manifests)
-        if self.code.ours:
-            check_code(runner, [(TRAINING_DIR, "training")], spec.skew)
+        if self.code.ours:  # every node holds exactly the files the sync sent (a project is vouched for by its manifest)
+            tree = self.code.project
+            check_code(runner, [(tree.root / rel, f"{self.code.subdir}/{rel}") for rel in tree.manifest.files], spec.skew)
         plan = self.backend.finish_plan(self, plan)
         self.phases.mark("sync")
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,7 @@ class Run:
         first failure. Saves the summary and returns the error the user sees."""
         failures = err.failures or [err.first]
         first = pick_root_cause(failures, err.first)
-        rank = self.backend.failed_rank(self, plan, first.node, self._log_lines(first))
+        rank = self.backend.failed_rank(self, plan, first.node, log_lines(first, self.run_dir))
         culprit = root_cause(self.captured.dumps, failures) if self.captured else None
         if culprit is not None:
             log_path = self.run_dir / f"{culprit.node}.log"
@@ -232,10 +232,6 @@ class Run:
         return summary
 
     # --- helpers -------------------------------------------------------------------------
-
-    def _log_lines(self, failure: NodeError) -> list[str]:
-        path = Path(failure.log_path) if failure.log_path else self.run_dir / f"{failure.node}.log"
-        return path.read_text(errors="replace").splitlines() if path.exists() else failure.tail
 
     def _summary(self, plan, exit_codes: dict[str, int | None], **how) -> RunSummary:
         return RunSummary(run_id=self.spec.run_id, mode=self.spec.mode, nodes=self.spec.nodes,

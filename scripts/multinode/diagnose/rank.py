@@ -110,17 +110,19 @@ PEER_FAILURE = re.compile(
 )
 
 
-def _log_lines(failure) -> list[str]:
-    """The node's whole log when we have it (the tail alone often shows only torchrun's summary)."""
-    if failure.log_path and Path(failure.log_path).exists():
-        return Path(failure.log_path).read_text(errors="replace").splitlines()
+def log_lines(failure, log_dir: Path | None = None) -> list[str]:
+    """The node's whole log when we have it (the tail alone often shows only torchrun's summary): the failure's
+    log file, else ``<log_dir>/<node>.log``, else its tail."""
+    path = Path(failure.log_path) if failure.log_path else log_dir / f"{failure.node}.log" if log_dir else None
+    if path is not None and path.exists():
+        return path.read_text(errors="replace").splitlines()
     return failure.tail
 
 
 def own_failure(failures: list):
     """The first node (NodeError) that failed on its own: its log does not read like a reaction to another's failure."""
     for failure in failures:
-        if not any(PEER_FAILURE.search(line) for line in _log_lines(failure)):
+        if not any(PEER_FAILURE.search(line) for line in log_lines(failure)):
             return failure
     return None
 

@@ -42,7 +42,6 @@ class SlurmBackend:
         self.reaches_every_node = not self.shared
         self.partition = inventory.extra.get("slurm_partition")
         self.recorded_plugin = inventory.extra.get("slurm_mpi")  # the PMI plugin `up` recorded (dry run: no I/O)
-        self.ranks: dict[str, int | None] = {}
 
     def nodes(self, inventory: Inventory) -> Inventory:
         return inventory if self.shared else inventory.first(self.spec.nodes)
@@ -58,7 +57,6 @@ class SlurmBackend:
         return replace(self.spec, nproc=counts.pop())
 
     def plan(self, run, entry: EntryPoint) -> SlurmJob:
-        self.entry = entry
         return plan_sbatch(run.inv, self._spec(run.inv), entry, self.recorded_plugin, self.partition)
 
     def describe(self, run, job: SlurmJob) -> str:
@@ -75,7 +73,7 @@ class SlurmBackend:
         if not run.spec.uses_mpi:
             return job
         plugin = pick_mpi_plugin(follow.detect_mpi(run.runner))
-        return plan_sbatch(run.inv, self._spec(run.inv), self.entry, plugin, self.partition)
+        return plan_sbatch(run.inv, self._spec(run.inv), run.code.entry, plugin, self.partition)
 
     def record(self, run, job: SlurmJob) -> None:
         (run.run_dir / "job.sbatch").write_text(job.script)
@@ -91,7 +89,6 @@ class SlurmBackend:
                              before_stop=run.capture)
         print(f"batch job {outcome.job_id}: {outcome.state}, exit code {outcome.exit_code}", file=run.out)
         failed = {node: code for node, code, _ in outcome.failed_nodes}
-        self.ranks = {node: rank for node, _, rank in outcome.failed_nodes}
         exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if outcome.exit_code == 0 else None)
                       for i in range(run.spec.nodes)}
         if outcome.state == "COMPLETED" and outcome.exit_code == 0:
@@ -111,7 +108,12 @@ class SlurmBackend:
         raise JobFailed(first, failures=errors or [first], exit_codes=exit_codes)
 
     def failed_rank(self, run, job: SlurmJob, node: str, lines: list[str]) -> int | None:
-        rank = self.ranks.get(node)
-        if rank is None and not run.spec.uses_mpi:
-            rank = root_cause_rank([line.split("] ", 1)[1] if line.startswith(f"[{node}] ") else line for line in lines])
-        return rank
+        """The rank the node's task reported with its exit (srun --mpi), else torchrun's own report."""
+        ranks = [int(exited[3]) for exited in map(follow.NODE_EXITED.match, lines)
+                 if exited and exited[1] == node and exited[3]]
+        if ranks:
+            return ranks[-1]
+        if run.spec.uses_mpi:
+            return None
+        prefix = f"[{node}] "
+        return root_cause_rank([line[len(prefix):] if line.startswith(prefix) else line for line in lines])
