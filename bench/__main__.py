@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bench import collectives, control_plane, launch, mpi_vs_ddp, throughput
 from bench.nodes import bring_up
-from bench.report import DOCS, ORDER, publish
+from bench.report import DOCS, ORDER, began, publish
 
 ON_CLUSTER = {"collectives": collectives, "launch": launch, "throughput": throughput}
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
 
     def section(name: str, fn, plot=None) -> None:
-        start = time.monotonic()
+        start, stamp = time.monotonic(), began()
         print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
         try:
             result = fn()
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             failed.append(name)
             return
-        publish(name, result, args.quick, args.out_dir, plot)
+        publish(name, result, args.quick, args.out_dir, plot, stamp)
         print(f"== {name} done in {time.monotonic() - start:.0f} s", flush=True)
 
     cluster_sections = [n for n in wanted if n in ON_CLUSTER]

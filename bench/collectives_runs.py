@@ -139,8 +139,8 @@ def mtu_sweep(mtus=MTUS, repeats: int = 3, budget_mb: float = 1024) -> list[dict
                 one = row_at(raw_gloo(cluster, [MIB64], budget_mb, one_namespace=True), MIB64)["busbw_gbs"]
                 pairs.append((two, one))
             two, one = median(p[0] for p in pairs), median(p[1] for p in pairs)
-            out.append({"mtu": mtu, "busbw_gbs": two, "one_namespace_busbw_gbs": one, "ratio": two / one,
-                        "link_gbs": iperf3(cluster, 2)})
+            out.append({"mtu": mtu, "busbw_gbs": two, "one_namespace_busbw_gbs": one,
+                        "ratio": median(t / o for t, o in pairs), "pairs": pairs, "link_gbs": iperf3(cluster, 2)})
         finally:
             cluster.down()
     return out

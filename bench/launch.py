@@ -26,7 +26,7 @@ import sys
 import time
 
 from bench.nodes import JOBS, REPO, LocalCluster, median
-from bench.verdicts import Target, attach, describe, shown, verdict
+from bench.verdicts import Target, attach, describe, paired, shown
 
 JOB = JOBS / "hello_rdzv.py"
 RDZV = re.compile(r"RDZV (\d+) (\d+\.\d+)")
@@ -134,25 +134,27 @@ def run(cluster: LocalCluster, quick: bool = False, sizes: tuple[int, ...] | Non
     for n in sizes:
         table[n] = {m: {"rendezvoused_s": median(s["rendezvoused_s"] for s in samples[n][m]),
                         "exited_s": median(s["exited_s"] for s in samples[n][m])} for m in METHODS}
-        pdsh = table[n]["pdsh + torchrun"]["exited_s"]
-        table[n]["ours_over_pdsh_exited"] = table[n]["ours"]["exited_s"] / pdsh
-        table[n]["static_over_pdsh_exited"] = table[n]["ours, LAUNCHER=static"]["exited_s"] / pdsh
+        table[n]["ours_over_pdsh_exited"] = median(round_ratios(samples[n], "ours"))
+        table[n]["static_over_pdsh_exited"] = median(round_ratios(samples[n], "ours, LAUNCHER=static"))
     result = {"sizes": list(sizes), "repeats": repeats, "medians": {str(n): v for n, v in table.items()},
               "samples": {str(n): v for n, v in samples.items()}}
     return attach(result, judge(result), TARGET)
 
 
+def round_ratios(samples: dict[str, list[dict]], method: str) -> list[float]:
+    """``method`` / pdsh + torchrun (exited) of each interleaved round."""
+    return [s["exited_s"] / p["exited_s"] for s, p in zip(samples[method], samples["pdsh + torchrun"])]
+
+
 def judge(result: dict) -> list[dict]:
-    """Per node count, ours (both launchers) / pdsh + torchrun on the medians; each interleaved round judged too."""
+    """Per node count, ours (both launchers) / pdsh + torchrun by the one rule (bench.verdicts.paired) on the rounds."""
     out = []
     for n in result["sizes"]:
-        medians, samples = result["medians"][str(n)], result["samples"][str(n)]
-        pdsh = medians["pdsh + torchrun"]["exited_s"]
+        samples = result["samples"][str(n)]
         for method, label in JUDGED.items():
-            rounds = [(f"round {i + 1}", s["exited_s"] / p["exited_s"])
-                      for i, (s, p) in enumerate(zip(samples[method], samples["pdsh + torchrun"]))]
-            out.append(verdict(f"launch N={n}, {label} / pdsh + torchrun (median, exited)",
-                               medians[method]["exited_s"] / pdsh, NOT_SLOWER, rounds, "rounds"))
+            rounds = [(f"round {i + 1}", r) for i, r in enumerate(round_ratios(samples, method))]
+            out.append(paired(f"launch N={n}, {label} / pdsh + torchrun (median of rounds, exited)", rounds,
+                              NOT_SLOWER, "rounds"))
     return out
 
 
@@ -163,8 +165,9 @@ def section(result: dict) -> str:
     for n in result["sizes"]:
         row = result["medians"][str(n)]
         cells = [f"{row[m]['rendezvoused_s']:.2f} / {row[m]['exited_s']:.2f}" for m in METHODS]
-        rows.append([str(n), *cells, f"**{shown(row['ours_over_pdsh_exited'], NOT_SLOWER)}**",
-                     f"**{shown(row['static_over_pdsh_exited'], NOT_SLOWER)}**"])
+        samples = result["samples"][str(n)]
+        rows.append([str(n), *cells, *(f"**{shown(median(round_ratios(samples, m)), NOT_SLOWER)}**"
+                                       for m in ("ours", "ours, LAUNCHER=static"))])
     return "\n".join([
         "## Launch overhead (hello job)",
         "",
@@ -178,7 +181,7 @@ def section(result: dict) -> str:
         "*torchrun --standalone* runs the same world size on the head alone. The baselines reuse the code the "
         "orchestrator synced.",
         "",
-        md_table(["nodes", *METHODS, "ours / pdsh (exited)", "static / pdsh (exited)"], rows),
+        md_table(["nodes", *METHODS, "ours / pdsh (exited, median of rounds)", "static / pdsh (exited, median of rounds)"], rows),
         "",
         f"Target: {result['target']}, i.e. a ratio {NOT_SLOWER}. Verdicts (computed by `bench.launch.judge`):",
         "",

@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.verdicts import Target, attach, describe, shown, verdict
+from bench.verdicts import Target, attach, describe, paired, shown
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = str(REPO / "training" / "train.py")
@@ -107,8 +107,7 @@ def run(quick: bool = False) -> dict:
 def judge(result: dict) -> list[dict]:
     """The median of the interleaved pairs, and every pair on its own."""
     pairs = [(f"pair {i + 1}", p) for i, p in enumerate(result["pair_ratios"])]
-    return [verdict("MPI data plane / gloo DDP step time (median of pairs)", result["mpi_over_ddp_step_ratio"],
-                    FASTER, pairs, "pairs")]
+    return [paired("MPI data plane / gloo DDP step time (median of pairs)", pairs, FASTER)]
 
 
 def model_text(result: dict) -> str:

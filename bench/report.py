@@ -102,17 +102,36 @@ def machine() -> dict:
         "open_mpi": _first(r"\(Open MPI\)\s*(\S+)", ompi),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_avg_1m": round(os.getloadavg()[0], 1),  # other work on the machine makes every number noisier
+        "commit": _commit(),
     }
+
+
+def _commit() -> str:
+    """The checkout's commit, '+changes' when the work tree differs from it ('?' outside git)."""
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except OSError:
+            return ""
+
+    head = git("rev-parse", "--short", "HEAD")
+    return (head + (" +changes" if git("status", "--porcelain", "--untracked-files=no") else "")) if head else "?"
+
+
+def began() -> dict:
+    """When a section starts and the load it finds (stored with its machine by :func:`save_section`)."""
+    return {"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 1)}
 
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def save_section(path: Path, name: str, result: dict, quick: bool) -> dict:
-    """Store one section's result (with the machine and date of this run) in the results file."""
+def save_section(path: Path, name: str, result: dict, quick: bool, start: dict | None = None) -> dict:
+    """Store one section's result (with the machine, the date of this run and ``start``, from :func:`began`)."""
     data = load(path)
-    data[name] = {"quick": quick, "machine": machine(), "result": result}
+    data[name] = {"quick": quick, "machine": {**machine(), **(start or {})}, "result": result}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return data
@@ -140,7 +159,7 @@ def judge_all(data: dict) -> dict:
 
 def readme_table(data: dict) -> str:
     """The README's table: one row per verdict of every measured (not QUICK) section, in page order."""
-    from bench.verdicts import parse_target, shown
+    from bench.verdicts import parse_target, shown, word
 
     rows, dates = [], []
     for name in ORDER:
@@ -153,9 +172,12 @@ def readme_table(data: dict) -> str:
             measured = shown(v["value"], target)
             if "runs" in v:
                 measured += " (" + ", ".join(f"{r['label']}: {shown(r['value'], target)}" for r in v["runs"]) + ")"
-            verdict = "met" if v["met"] else "**NOT met**"
+            verdict = "met" if v["met"] else f"**{word(v)}**"
             if "runs" in v:
                 verdict += f"; met in {v['met_in']}"
+            if v.get("flagged"):
+                verdict += "; not counted (above the physical ceiling): " + ", ".join(
+                    f"{f['label']}: {shown(f['value'], target)}" for f in v["flagged"])
             rows.append([v["claim"], measured, v["target"], verdict])
     when = f"measured {min(dates)} to {max(dates)}" if dates else "nothing measured yet"
     return "\n".join([f"From `docs/benchmarks.json` ({when}); every verdict is computed from the measured value "
@@ -172,12 +194,25 @@ def write_readme(data: dict, readme: Path = README) -> None:
     readme.write_text(text[:start + len(TABLE_START)] + "\n" + readme_table(data) + "\n" + text[end:])
 
 
+def sittings(data: dict) -> str:
+    """When the sections ran and the commits they ran: a page whose sections come from different sittings or
+    code says so."""
+    machines = [data[n]["machine"] for n in ORDER if n in data]
+    if not machines:
+        return "Nothing measured yet."
+    dates = sorted(m["date"] for m in machines)
+    commits = sorted({m.get("commit", "not recorded") for m in machines})
+    return (f"The {len(machines)} sections ended between {dates[0]} and {dates[-1]}, on commit(s) "
+            f"{', '.join(commits)}; under each section: when it ran and the machine's load average as it began and "
+            "ended (a section's own nodes load the machine too; a high load at the start is other work).")
+
+
 def page(data: dict) -> str:
     """The whole docs/benchmarks.md from the results file's content."""
     lines = ["# Benchmarks", "",
              "Every figure is a ratio or a side-by-side pair measured in the same run, on the machine named "
              "under each section. Regenerate with `make bench` (all sections, its own local cluster; "
-             "`QUICK=1` for the short mode CI runs, whose numbers mean nothing).", ""]
+             "`QUICK=1` for the short mode CI runs, whose numbers mean nothing).", "", sittings(data), ""]
     for name in ORDER:
         if name not in data:
             continue
@@ -186,6 +221,9 @@ def page(data: dict) -> str:
         text = _section_text(name, entry["result"]).rstrip("\n").split("\n")
         note = (f"*Measured {m['date']} on {m['cpu']} ({m['cores']} cores, {m['memory_gib']} GiB, {m['os']}, "
                 f"kernel {m['kernel']}), torch {m['torch']}, Open MPI {m['open_mpi']}, CPU only"
+                + (f", commit {m['commit']}" if "commit" in m else ", commit not recorded")
+                + (f", started {m['started']} at load average {m['load_avg_1m_at_start']}" if "started" in m
+                   else ", start not recorded")
                 + (f", load average {m['load_avg_1m']} when the section ended" if "load_avg_1m" in m else "")
                 + (", QUICK mode: not a measurement.*" if entry["quick"] else ".*"))
         lines += [text[0], "", note, *text[1:], ""]
@@ -205,6 +243,7 @@ def standalone(name: str, nodes: int | None, run, plot) -> None:
     args = parser.parse_args()
     from bench.nodes import bring_up
 
+    start = began()
     if nodes is None:
         result = run(None, quick=args.quick)
     else:
@@ -213,13 +252,13 @@ def standalone(name: str, nodes: int | None, run, plot) -> None:
             result = run(cluster, quick=args.quick)
         finally:
             cluster.down()
-    publish(name, result, args.quick, args.out_dir, plot)
+    publish(name, result, args.quick, args.out_dir, plot, start)
 
 
-def publish(name: str, result: dict, quick: bool, out_dir: Path, plot=None) -> None:
+def publish(name: str, result: dict, quick: bool, out_dir: Path, plot=None, start: dict | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / "benchmarks.json"
-    save_section(results, name, result, quick)
+    save_section(results, name, result, quick, start)
     if plot is not None:
         for path in plot(result, out_dir):
             print(f"wrote {path}")

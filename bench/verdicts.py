@@ -7,6 +7,12 @@ A section's ``judge(result)`` returns a list of verdicts (plain dicts, stored in
 
 ``value`` is the measured figure as stored (no rounding); ``met`` compares that very number with the
 threshold. ``runs`` (optional) judges every repeat on its own, so a target met only in some runs says so.
+
+Every paired section is judged by one rule, :func:`paired`: the value is the median of the paired ratios
+(each repeat's ours / baseline, measured back to back), and the verdict is "met" when every pair meets the
+target, "NOT met" when none does, "inconclusive" when the pairs fall on both sides of it. A pair whose figure
+is physically impossible (above its ceiling, e.g. faster across namespaces than within one) is flagged
+with the reason and not counted.
 :func:`shown` prints a value with as many decimals as it takes for the printed number to fall on the
 same side of the threshold as the measured one (0.7013 against "<= 0.7" prints as 0.701, not 0.70).
 """
@@ -14,6 +20,7 @@ same side of the threshold as the measured one (0.7013 against "<= 0.7" prints a
 from __future__ import annotations
 
 import operator
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -56,6 +63,32 @@ def verdict(claim: str, value: float, target: Target, runs: Iterable[tuple[str, 
     return out
 
 
+RULE = "median of paired ratios"
+
+
+def paired(claim: str, pairs: Iterable[tuple[str, float]], target: Target, run_noun: str = "pairs",
+           flagged: Iterable[tuple[str, float, str]] = ()) -> dict:
+    """The one verdict rule of a paired section (module docstring); ``flagged``: (label, value, why) of
+    pairs left out because their figure exceeds a physical ceiling."""
+    pairs, flagged = list(pairs), list(flagged)
+    if not pairs and not flagged:
+        raise ValueError(f"{claim}: nothing measured to judge")
+    value = statistics.median(v for _, v, *_ in (pairs or flagged))  # all flagged: shown, judged inconclusive
+    out = verdict(claim, value, target, pairs, run_noun)
+    sides = {r["met"] for r in out.get("runs", ())}
+    out["verdict"] = "inconclusive" if len(sides) != 1 else "met" if sides == {True} else "NOT met"
+    out["met"] = out["verdict"] == "met"
+    out["rule"] = RULE
+    if flagged:
+        out["flagged"] = [{"label": label, "value": v, "why": why} for label, v, why in flagged]
+    return out
+
+
+def word(v: dict) -> str:
+    """'met', 'NOT met' or 'inconclusive' (verdicts stored before the one rule carry only ``met``)."""
+    return v.get("verdict") or ("met" if v["met"] else "NOT met")
+
+
 def parse_target(text: str) -> Target:
     op, threshold = text.split()
     return Target(op, float(threshold))
@@ -71,10 +104,12 @@ def attach(result: dict, verdicts: list[dict], target: str) -> dict:
 
 
 def describe(v: dict) -> str:
-    """'0.701 (target <= 0.7): NOT met; met in 1 of 3 pairs (0.693, 0.701, 0.703)'."""
+    """'0.701 (target <= 0.7): NOT met; met in 1 of 3 pairs (0.693, 0.701, 0.703)', and what was flagged."""
     target = parse_target(v["target"])
-    text = f"{shown(v['value'], target)} (target {v['target']}): {'met' if v['met'] else 'NOT met'}"
+    text = f"{shown(v['value'], target)} (target {v['target']}): {word(v)}"
     if "runs" in v:
         values = ", ".join(shown(r["value"], target) for r in v["runs"])
         text += f"; met in {v['met_in']} ({values})"
+    for f in v.get("flagged", ()):
+        text += f"; {f['label']} ({shown(f['value'], target)}) not counted: {f['why']}"
     return text

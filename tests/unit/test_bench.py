@@ -53,25 +53,34 @@ def test_collective_ratios_use_the_largest_size():
     assert r["ours_over_raw"] == pytest.approx(0.9)
     assert r["ours_over_one_namespace"] == pytest.approx(0.5)
     assert r["busbw_over_link"] == pytest.approx(0.3)
-    assert r["ours_over_raw_median_large"] == pytest.approx(0.9)  # no size reaches 1 MiB: the largest stands in
 
 
-def test_collective_ratio_median_over_large_sizes():
+def test_collectives_judge_the_median_over_large_sizes_and_flag_sizes_above_the_ceiling():
     mib = 1 << 20
-    series = {"ours": [_row(1, 5.0), _row(mib, 0.9), _row(4 * mib, 1.0), _row(16 * mib, 0.5)],
-              "raw": [_row(1, 1.0), _row(mib, 1.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0)],
-              "one-namespace": [_row(1, 1.0), _row(mib, 1.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0)]}
-    result = {"sizes": [1, mib, 4 * mib, 16 * mib], "link_limit_gbs": 3.0, "series": {"gloo": series}}
-    r = collectives.ratios(result)["gloo"]
-    assert r["ours_over_raw"] == pytest.approx(0.5) and r["ours_over_raw_median_large"] == pytest.approx(0.9)
+    series = {"ours": [_row(1, 5.0), _row(mib, 2.81), _row(4 * mib, 0.96), _row(16 * mib, 0.97), _row(64 * mib, 0.5)],
+              "raw": [_row(1, 1.0), _row(mib, 1.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0), _row(64 * mib, 1.0)],
+              "one-namespace": [_row(1, 1.0), _row(mib, 2.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0), _row(64 * mib, 1.0)]}
+    result = {"sizes": [1, mib, 4 * mib, 16 * mib, 64 * mib], "mtu": 65000, "series": {"gloo": series}}
+    [v] = collectives.judge(result)
+    assert [r["label"] for r in v["runs"]] == ["4 MiB", "16 MiB", "64 MiB"]  # below 1 MiB: latency, not judged
+    assert v["value"] == pytest.approx(0.96) and v["verdict"] == "inconclusive" and v["met"] is False
+    assert v["flagged"] == [{"label": "1 MiB", "value": pytest.approx(2.81),
+                             "why": "ours busbw above the one-namespace ceiling"}]
+    assert "1 MiB (2.81) not counted: ours busbw above the one-namespace ceiling" in verdicts.describe(v)
 
 
-def test_default_mtu_verdict_reads_the_default_row():
-    sweep = [{"mtu": 1500, "ratio": 0.9}, {"mtu": 9001, "ratio": 0.9}, {"mtu": 65000, "ratio": 0.8}]
-    assert collectives.default_mtu_verdict(sweep) == "the default MTU 65000 reached 0.80 x one namespace: target NOT met"
-    sweep[2]["ratio"] = 0.99
-    assert collectives.default_mtu_verdict(sweep).endswith("target met")
-    assert "not measured" in collectives.default_mtu_verdict(sweep[:2])
+def test_default_mtu_verdict_is_the_judged_one():
+    pairs = [[0.8, 1.0], [0.75, 1.0], [0.7, 1.0]]
+    result = {"sizes": [1], "mtu": 65000, "series": {},
+              "mtu_sweep": [{"mtu": 1500, "ratio": 0.9}, {"mtu": 65000, "ratio": 0.8, "pairs": pairs}]}
+    assert collectives.default_mtu_verdict(result) == ("the default MTU 65000 x one namespace: 0.75 (target >= 0.85): "
+                                                       "NOT met; met in 0 of 3 pairs (0.80, 0.75, 0.70)")
+    result["mtu_sweep"][1]["pairs"] = [[0.9, 1.0], [0.95, 1.0], [0.99, 1.0]]
+    assert "(target >= 0.85): met; met in 3 of 3 pairs" in collectives.default_mtu_verdict(result)
+    result["mtu_sweep"][1]["pairs"][0] = [0.8, 1.0]
+    assert "inconclusive" in collectives.default_mtu_verdict(result)
+    result["mtu_sweep"].pop()
+    assert "not measured" in collectives.default_mtu_verdict(result)
 
 
 def test_rendezvous_times_per_rank():
@@ -113,6 +122,7 @@ def test_page_shows_machine_date_and_sections_in_order():
         **{m: {"rendezvoused_s": 1.0, "exited_s": 2.0} for m in launch.METHODS}, "ours_over_pdsh_exited": 1.0,
         "static_over_pdsh_exited": 0.5}}, "samples": {"2": {m: [{"rendezvoused_s": 1.0, "exited_s": 2.0}]
                                                             for m in launch.METHODS}}}
+    launch_result["samples"]["2"]["ours, LAUNCHER=static"][0]["exited_s"] = 1.0
     throughput_result = {"nodes": 2, "nproc": 1, "args": "--workload mlp", "repeats": 1, "pairs": [{"ours": 99.0, "by_hand": 100.0}],
                          "ours_samples_per_s": 99.0, "by_hand_samples_per_s": 100.0, "ratio": 0.99, "target": 0.98,
                          "head_command": "cd /x && exec torchrun"}
@@ -123,8 +133,13 @@ def test_page_shows_machine_date_and_sections_in_order():
     assert "Measured 2026-11-23 09:00 UTC on Test CPU (2 cores" in page
     assert page.count("QUICK mode") == 1
     assert "load average 0.3 when the section ended" in page
+    assert "commit not recorded, start not recorded" in page  # stored before runs recorded them: said, not hidden
+    data["launch"]["machine"] = {**MACHINE, "commit": "abc1234", "started": "2026-11-23 08:50 UTC", "load_avg_1m_at_start": 0.1}
+    page = report.page(data)
+    assert "commit abc1234, started 2026-11-23 08:50 UTC at load average 0.1" in page
+    assert "on commit(s) abc1234, not recorded;" in page
     assert "| 2 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | 1.00 / 2.00 | **1.00** | **0.50** |" in page
-    assert "| median | 99 | 100 | **0.990** |" in page
+    assert "| median | 99 | 100 | **0.990** (median of pairs) |" in page
 
 
 def test_baseline_command_lines(make_inv):
@@ -156,15 +171,30 @@ def test_a_verdict_compares_the_unrounded_value_and_judges_every_run():
         verdicts.Target("<", 1.0)
 
 
-def test_sections_judge_their_own_figures():
-    mpi = mpi_vs_ddp.judge({"mpi_over_ddp_step_ratio": 0.7013, "pair_ratios": [0.6931, 0.7013, 0.7026]})
-    assert [v["met"] for v in mpi] == [False] and mpi[0]["met_in"] == "1 of 3 pairs"
-    tp = throughput.judge({"ratio": 1.106, "pairs": [{"ours": 93.3, "by_hand": 100.0}, {"ours": 119.7, "by_hand": 100.0}]})
-    assert tp[0]["met"] is True and tp[0]["met_in"] == "1 of 2 pairs"
+def test_every_paired_section_is_judged_by_the_median_of_its_pairs():
+    mpi = mpi_vs_ddp.judge({"mpi_over_ddp_step_ratio": 0.695, "pair_ratios": [0.6931, 0.7013, 0.7026]})
+    assert mpi[0]["value"] == 0.7013 and mpi[0]["verdict"] == "inconclusive" and mpi[0]["met_in"] == "1 of 3 pairs"
+    # The throughput case of issue 25: a ratio of medians of 1.11 was "met"; the pairs say 0.93, 1.20, 0.96.
+    tp = throughput.judge({"ratio": 1.11, "pairs": [{"ours": 93.0, "by_hand": 100.0}, {"ours": 120.0, "by_hand": 100.0},
+                                                    {"ours": 96.0, "by_hand": 100.0}]})
+    assert tp[0]["value"] == 0.96 and tp[0]["verdict"] == "inconclusive" and tp[0]["met"] is False
+    assert all(v["rule"] == verdicts.RULE for v in mpi + tp)
     series = {"ours": [_row(1 << 20, 0.948)], "raw": [_row(1 << 20, 1.0)], "one-namespace": [_row(1 << 20, 1.0)]}
     col = collectives.judge({"sizes": [1 << 20], "mtu": 65000, "series": {"mpi": series},
                              "mtu_sweep": [{"mtu": 1500, "ratio": 0.9}, {"mtu": 65000, "ratio": 0.84}]})
-    assert [v["met"] for v in col] == [False, False] and "65000" in col[1]["claim"]
+    assert [verdicts.word(v) for v in col] == ["NOT met", "NOT met"] and "65000" in col[1]["claim"]
+    assert "pairs not stored" in col[1]["claim"] and "rule" not in col[1]
+
+
+def test_the_one_rule():
+    target = verdicts.Target(">=", 1.0)
+    assert verdicts.paired("x", [("a", 1.1), ("b", 1.2)], target)["verdict"] == "met"
+    assert verdicts.paired("x", [("a", 0.9), ("b", 0.8)], target)["verdict"] == "NOT met"
+    mixed = verdicts.paired("x", [("a", 0.9), ("b", 1.2), ("c", 1.3)], target)
+    assert mixed["verdict"] == "inconclusive" and mixed["value"] == 1.2 and mixed["met"] is False
+    assert verdicts.paired("x", [], target, flagged=[("a", 3.0, "too fast")])["verdict"] == "inconclusive"
+    with pytest.raises(ValueError, match="nothing measured"):
+        verdicts.paired("x", [], target)
 
 
 def test_the_benchmark_model_parameter_count_is_counted():

@@ -49,13 +49,13 @@ def test_n8_is_shown_but_not_judged_and_quick_judges_its_largest_size():
     assert cp.judged_sizes([2, 4]) == [4]
 
 
-def test_judge_compares_medians_and_every_interleaved_round():
+def test_judge_takes_the_median_of_the_interleaved_rounds():
     verdicts = cp.judge(_result())
     assert [v["claim"].split(",")[0] for v in verdicts] == ["control plane N=16", "control plane N=32"]
     n16, n32 = verdicts
-    assert n16["value"] == 6.0 / 5.0 and n16["met"] is False and n16["met_in"] == "1 of 3 rounds"
+    assert n16["value"] == 6.0 / 5.0 and n16["verdict"] == "inconclusive" and n16["met_in"] == "1 of 3 rounds"
     assert [r["value"] for r in n16["runs"]] == [6.0 / 5.0, 4.0 / 5.0, 6.0 / 5.0]
-    assert n32["value"] == 7.0 / 8.0 and n32["met"] is True and n32["met_in"] == "2 of 3 rounds"
+    assert n32["value"] == 7.0 / 8.0 and n32["verdict"] == "inconclusive" and n32["met_in"] == "2 of 3 rounds"
     assert n16["target"] == "<= 1"
 
 
@@ -67,7 +67,7 @@ def test_section_table_phases_and_verdicts():
     assert "| 16 | 1.50 | 6.00 | 5.00 | **1.20** | 51 | 0.50 |" in text
     assert "| nodes | connect | preflight | run | sweep |" in text
     assert "| 16 | 2.00 | 2.00 | 2.00 | 0.50 |" in text and "| 8 | - | - | - | - |" in text
-    assert "- control plane N=16, ours / pdsh (trivial job, median, exited): **1.20 (target <= 1): NOT met" in text
+    assert "- control plane N=16, ours / pdsh (trivial job, median of rounds, exited): **1.20 (target <= 1): inconclusive" in text
     assert "N=8," not in text  # not judged
 
 
