@@ -56,7 +56,8 @@ def measure_size(n: int, repeats: int) -> dict:
     start = time.monotonic()
     cluster = bring_up(n, "cp")
     up_s = time.monotonic() - start
-    print(f"control_plane: cluster {cluster.name} is up ({n} nodes, {up_s:.1f} s)", flush=True)
+    print(f"control_plane: cluster {cluster.name} is up ({n} nodes, {up_s:.1f} s, MULTINODE_HOME={cluster.home})",
+          flush=True)
     samples: dict[str, list[dict]] = {m: [] for m in METHODS}
     try:
         cp = ControlPlane(cluster)

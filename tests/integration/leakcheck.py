@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,3 +185,38 @@ def assert_nothing_left(m: Marks, timeout: float = 10.0) -> None:
     while (left := leaks(m)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"cluster {m.cluster} left behind:\n" + "\n".join(left)
+
+
+class NamespaceWatch:
+    """For a cluster made by a subprocess the test cannot pause (the benchmarks): while it runs, records the
+    inode of every ``mn-<cluster>-<i>`` namespace that appears, so :func:`marks_seen` can build each
+    cluster's marks afterwards as :func:`marks` does while a cluster is up."""
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.seen: dict[str, set[int]] = {}
+        self._before = set(os.listdir(NETNS_RUN)) if NETNS_RUN.is_dir() else set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(interval,), daemon=True)
+
+    def __enter__(self) -> NamespaceWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            for name in (os.listdir(NETNS_RUN) if NETNS_RUN.is_dir() else []):
+                match = re.fullmatch(r"mn-(.+)-\d+", name)
+                if match and name not in self._before:
+                    try:
+                        self.seen.setdefault(match[1], set()).add(os.stat(NETNS_RUN / name).st_ino)
+                    except OSError:
+                        continue
+
+    def marks_seen(self, cluster: str, home: Path) -> Marks:
+        """The marks of a cluster that has come and gone (its run ids are gone with its state directory:
+        processes are found by its name, home and namespaces)."""
+        return Marks(cluster, Path(home), frozenset(), frozenset(self.seen.get(cluster, ())))

@@ -17,14 +17,13 @@ SECTIONS = {"collectives", "launch", "control_plane", "throughput", "mpi_vs_ddp"
 
 
 def test_every_benchmark_runs_and_writes_its_files(tmp_path):
-    from leakcheck import require_root
-
-    from multinode.providers.local.netns import namespaces_of
+    from leakcheck import NamespaceWatch, assert_nothing_left, require_root
 
     require_root()  # the benchmark's cluster and its raw baselines need network namespaces
 
-    res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    with NamespaceWatch() as watch:
+        res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=REPO,
+                             capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     assert set(data) == SECTIONS
@@ -48,7 +47,9 @@ def test_every_benchmark_runs_and_writes_its_files(tmp_path):
     assert "QUICK mode" in page
     for png in ("collectives.png", "launch.png", "control_plane.png", "throughput.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
-    cluster = next(line.split()[1] for line in res.stdout.splitlines() if line.startswith("cluster ") and "is up" in line)
-    assert namespaces_of(cluster) == []  # the benchmark's own cluster is gone
-    own = re.findall(r"^control_plane: cluster (\S+) is up", res.stdout, re.MULTILINE)
-    assert len(own) == 2 and all(namespaces_of(name) == [] for name in own)  # and the control plane's, one per N
+    # The benchmark's own cluster and the control plane's, one per N: the independent leak check on each.
+    clusters = re.findall(r"^(?:control_plane: )?cluster (\S+) is up \(.*MULTINODE_HOME=(\S+?)\)$", res.stdout, re.MULTILINE)
+    assert len(clusters) == 3, res.stdout
+    for name, home in clusters:
+        assert watch.seen.get(name), f"the watch never saw {name}'s namespaces"
+        assert_nothing_left(watch.marks_seen(name, Path(home)))

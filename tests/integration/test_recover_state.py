@@ -1,10 +1,11 @@
 """State you can always recover from, on a real local cluster: a damaged known_hosts and a truncated
 inventory.json are one line each on every verb (no traceback), and `down` still removes everything
-the provider made (namespaces, links, sshds: found by the cluster's name)."""
+the provider made (namespaces, links, sshds), judged by the independent leak check (leakcheck.py)."""
 
 from __future__ import annotations
 
 import pytest
+import leakcheck
 from localcluster import bring_up
 
 pytestmark = pytest.mark.integration
@@ -22,10 +23,10 @@ def assert_one_line(res, *fragments: str) -> None:
 
 def test_damaged_state_is_one_line_and_down_leaves_nothing(tmp_path):
     from multinode.providers.local.netns import namespaces_of
-    from multinode.providers.local.provider import leftovers
 
     cluster = bring_up(tmp_path, 2, prefix="rs")
     state = cluster.state
+    marks = leakcheck.marks(cluster.name, cluster.home)  # read while the cluster is whole
     try:
         good_hosts = state.known_hosts.read_bytes()
         state.known_hosts.write_bytes(good_hosts[:20] + b"\xff\xfe" + good_hosts[22:])
@@ -43,5 +44,5 @@ def test_damaged_state_is_one_line_and_down_leaves_nothing(tmp_path):
         res = cluster.cli("down", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Traceback" not in res.stderr and "nothing left" in res.stdout, res.stdout + res.stderr
-    assert leftovers(cluster.name) == []
+    leakcheck.assert_nothing_left(marks)
     assert not state.root.exists() or not any(state.root.iterdir())
