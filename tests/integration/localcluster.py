@@ -89,24 +89,32 @@ def tear_down(cluster: Cluster) -> None:
 
 
 @contextlib.contextmanager
-def another_torch(cluster: Cluster, node: str, root: Path):
-    """``node``'s SSH sessions see another torch first on their path (its sshd sets PYTHONPATH to a second
-    environment holding only a torch version file), until the block ends."""
+def sshd_options(cluster: Cluster, node: str, *lines: str):
+    """``node``'s sshd runs with ``lines`` ahead of its own configuration (sshd keeps an option's first
+    value), restarted, until the block ends."""
     from multinode.providers.local.meta import node_dir
     from multinode.providers.local.sshd import start_sshd, stop_sshd
 
-    fake = root / "other-env" / "torch"
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text("raise ImportError('this torch is only a version file')\n")
-    (fake / "version.py").write_text("__version__ = '2.12.0+cpu'\ncuda = None\nhip = None\n")
     config = node_dir(cluster.state, node) / "sshd_config"
     original = config.read_text()
-    config.write_text(f"SetEnv PYTHONPATH={fake.parent}\n" + original)  # sshd keeps an option's first value
+    config.write_text("".join(f"{line}\n" for line in lines) + original)
     stop_sshd(cluster.state, node)
     start_sshd(cluster.state, node)
     try:
-        yield cluster
+        yield node_dir(cluster.state, node) / "sshd.log"
     finally:
         config.write_text(original)
         stop_sshd(cluster.state, node)
         start_sshd(cluster.state, node)
+
+
+@contextlib.contextmanager
+def another_torch(cluster: Cluster, node: str, root: Path):
+    """``node``'s SSH sessions see another torch first on their path (its sshd sets PYTHONPATH to a second
+    environment holding only a torch version file), until the block ends."""
+    fake = root / "other-env" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError('this torch is only a version file')\n")
+    (fake / "version.py").write_text("__version__ = '2.12.0+cpu'\ncuda = None\nhip = None\n")
+    with sshd_options(cluster, node, f"SetEnv PYTHONPATH={fake.parent}"):
+        yield cluster

@@ -1,0 +1,31 @@
+"""One SSH connection and one session per node for a whole `train` (docs/architecture.md), counted by each
+node's own sshd: its log at LogLevel VERBOSE has a line per accepted connection ("Accepted publickey") and
+per session started on it ("Starting session:"), whatever the orchestrator believes it opened."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from localcluster import Cluster, sshd_options
+
+pytestmark = pytest.mark.integration
+
+NODES = ("node-0", "node-1", "node-2")
+
+
+def counts(log) -> tuple[int, int]:
+    text = log.read_text() if log.exists() else ""
+    return text.count("Accepted publickey"), text.count("Starting session:")
+
+
+def test_a_whole_train_uses_one_connection_and_one_session_per_node(cluster3: Cluster):
+    with contextlib.ExitStack() as stack:
+        logs = {node: stack.enter_context(sshd_options(cluster3, node, "LogLevel VERBOSE")) for node in NODES}
+        before = {node: counts(log) for node, log in logs.items()}
+        res = cluster3.cli("train", "--nodes", "3", timeout=300)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        during = {node: tuple(a - b for a, b in zip(counts(log), before[node])) for node, log in logs.items()}
+    assert all(sum(counts(log)) for log in logs.values()), "sshd logged nothing: LogLevel VERBOSE did not apply"
+    assert during == {node: (1, 1) for node in NODES}, during
+    assert cluster3.job_processes() == {node: [] for node in NODES}
