@@ -24,6 +24,8 @@ APT_PACKAGES := openssh-server openmpi-bin libopenmpi-dev iproute2 iperf3 pdsh p
 APT_PACKAGES += slurmctld slurmd slurm-client munge
 # The bootstrap tests: shellcheck on the rendered user data, systemd-analyze on the TTL timer's calendar time.
 APT_PACKAGES += shellcheck systemd
+# tests/integration/test_errors_local.py cuts a node's link with iptables (here it came only through podman).
+APT_PACKAGES += iptables
 IMAGE_PACKAGES := buildah podman debootstrap runc
 IMAGES := cpu cuda rocm
 IMAGE ?= cpu

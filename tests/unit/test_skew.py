@@ -60,31 +60,6 @@ def test_the_probes_are_one_python_run_each():
     assert CODE_HASH in code[2] and "torch" not in code[2] and code[3:] == ["-", "/c", "user/x.py"]
 
 
-def test_versions_probe_reads_distributions_like_importlib_metadata(tmp_path):
-    """The probe's directory listing gives importlib.metadata's answer, first entry on the path winning."""
-    import json
-    import subprocess
-    import sys
-
-    from multinode.checks.software import versions_probe
-
-    first, second = tmp_path / "a", tmp_path / "b"
-    for root, nccl, mpi in ((first, "2.29.7", None), (second, "2.27.3", "4.1.2")):
-        (root / f"nvidia_nccl_cu13-{nccl}.dist-info").mkdir(parents=True)
-        if mpi:
-            (root / f"mpi4py-{mpi}.dist-info").mkdir()
-    argv = shlex_split(versions_probe(sys.executable, mpi=False))
-    env = {"PYTHONPATH": f"{first}:{second}", "PATH": "/usr/bin:/bin"}
-    info = json.loads(subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout)
-    assert info["NCCL"] == "2.29.7" and info["mpi4py"] == "4.1.2" and info["python"] == sys.version.split()[0]
-
-
-def shlex_split(text: str) -> list[str]:
-    import shlex
-
-    return shlex.split(text)
-
-
 def test_a_node_without_torch_is_refused_in_one_line():
     from types import SimpleNamespace
 

@@ -1,0 +1,76 @@
+"""What the orchestrator runs on a node, run for real on this host: the stop script on real processes, a
+node's home step under /bin/sh, the software probe in a real interpreter. They start subprocesses, so they
+are integration tests (tests/unit holds only pure ones)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from multinode.ssh.runner import STOP_SCRIPT
+
+pytestmark = pytest.mark.integration
+
+
+def stop(run_id: str) -> str:
+    res = subprocess.run(["sh", "-c", STOP_SCRIPT, "stop", run_id, "30"], capture_output=True, text=True, timeout=20)
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip()
+
+
+def test_it_stops_every_process_of_its_run_and_nothing_else():
+    run, other = f"t-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    ours = [subprocess.Popen(["sleep", "60"], env={**os.environ, "MULTINODE_RUN_ID": run}) for _ in range(3)]
+    paused = subprocess.Popen(["sleep", "60"], env={**os.environ, "MULTINODE_RUN_ID": run})
+    paused.send_signal(signal.SIGSTOP)  # acts on the TERM only once continued
+    theirs = subprocess.Popen(["sleep", "60"], env={**os.environ, "MULTINODE_RUN_ID": other})
+    try:
+        time.sleep(0.1)
+        assert stop(run) == "stopped 4"
+        assert [p.wait(5) for p in ours + [paused]] == [-signal.SIGTERM] * 4
+        assert theirs.poll() is None
+        assert stop(run) == "stopped 0"
+    finally:
+        for p in ours + [paused, theirs]:
+            p.kill()
+            p.wait()
+
+
+def test_a_refused_overlay_leaves_the_home_shared_and_the_node_starting(tmp_path: Path):
+    from multinode.providers.local.home import own_home_steps
+
+    home, state = tmp_path / "home", tmp_path / "state" / "dev"
+    home.mkdir()
+    node = state / "provider" / "node-0"
+    node.mkdir(parents=True)
+    (step,) = own_home_steps(home, state, node)
+    # Where the overlay cannot be made (here: no mkdir or mount on PATH), the step still succeeds.
+    res = subprocess.run(["/bin/sh", "-c", f"{step} && echo started"], capture_output=True, text=True,
+                         env={"PATH": "/nonexistent"})
+    assert res.stdout == "started\n"
+    assert "the home stays shared" in (node / "sshd.log").read_text()
+
+
+def test_versions_probe_reads_distributions_like_importlib_metadata(tmp_path):
+    """The probe's directory listing gives importlib.metadata's answer, first entry on the path winning."""
+    import json
+    import sys
+
+    from multinode.checks.software import versions_probe
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    for root, nccl, mpi in ((first, "2.29.7", None), (second, "2.27.3", "4.1.2")):
+        (root / f"nvidia_nccl_cu13-{nccl}.dist-info").mkdir(parents=True)
+        if mpi:
+            (root / f"mpi4py-{mpi}.dist-info").mkdir()
+    argv = shlex.split(versions_probe(sys.executable, mpi=False))
+    env = {"PYTHONPATH": f"{first}:{second}", "PATH": "/usr/bin:/bin"}
+    info = json.loads(subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout)
+    assert info["NCCL"] == "2.29.7" and info["mpi4py"] == "4.1.2" and info["python"] == sys.version.split()[0]
