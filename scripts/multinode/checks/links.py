@@ -1,0 +1,159 @@
+"""The link check (``LINKCHECK=refuse|warn|off``, default refuse): before the job starts, every node's link to
+its peers, measured in about a second for the whole cluster, so a throttled or broken link is named at
+pre-flight instead of surfacing as a gloo ``Connection reset`` minutes into the job.
+
+Who talks to whom: each node sends to its two ring neighbours (node i to i+1 and i-1; with two nodes, to the
+other) and receives from them, all at once (:mod:`multinode.checks.linkprobe`). Every node then has two measured
+links out and two in, so a bad node is the one common to the slow links -- whether its sending or its receiving
+side is slow -- with 2N transfers in one round, where all pairs would take N(N-1).
+
+A link is **slow** when it is below both ``ratio`` x the median of all links and the absolute ``floor``
+(a uniformly slow cluster is not refused: it is the cluster). The verdict names every node that is an endpoint
+of at least two slow links (with two nodes, the slow direction), with its figures against the others'.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import statistics
+from dataclasses import asdict, dataclass
+
+from multinode.checks.linkprobe import PROBE
+from multinode.core.errors import PreflightFailed
+from multinode.core.inventory import Inventory
+from multinode.ssh.runner import RemoteRunner
+
+WINDOW_S = 0.3  # each transfer's measuring window
+FLOOR_MBIT = 1000.0  # a link is slow only below this...
+RATIO = 0.2  # ... and below this fraction of the cluster's median
+MODES = ("refuse", "warn", "off")
+
+
+@dataclass(frozen=True)
+class Link:
+    src: str
+    dst: str
+    mbit_s: float | None  # None: nothing arrived
+    rtt_ms: float | None
+
+
+@dataclass(frozen=True)
+class LinkReport:
+    links: list[Link]
+    median_mbit_s: float | None
+    slow: list[Link]
+    culprits: list[str]
+    errors: dict[str, list[str]]
+    unmeasured: dict[str, str]  # nodes whose probe could not run (no python3, its port busy): not judged
+    verdict: str  # "ok", or the one line naming the slow node(s)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def neighbours(names: list[str]) -> dict[str, list[str]]:
+    """Each node's ring neighbours (both directions; the other node alone with two; none with one)."""
+    n = len(names)
+    return {name: sorted({names[(i + 1) % n], names[(i - 1) % n]} - {name}, key=names.index)
+            for i, name in enumerate(names)}
+
+
+def plan_probe(inv: Inventory, port: int, window: float = WINDOW_S) -> dict[str, str]:
+    """Each node's command: the probe listening on ``port`` and sending to its ring neighbours."""
+    names = [n.name for n in inv.nodes]
+    ring = neighbours(names)
+    commands = {}
+    for node in inv.nodes:
+        peers = ",".join(f"{p}={inv.node(p).private_ip}" for p in ring[node.name])
+        commands[node.name] = (f"python3 -c {shlex.quote(PROBE)} {shlex.quote(node.name)} {port} {window} "
+                               f"{len(ring[node.name])} {shlex.quote(peers)}")
+    return commands
+
+
+def parse(answers: dict[str, str]) -> tuple[list[Link], dict[str, list[str]]]:
+    """The links (receiver's bandwidth, sender's round trip) and each node's errors from the probes' JSON lines."""
+    reports, errors = {}, {}
+    for name, text in answers.items():
+        line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), None)
+        try:
+            reports[name] = json.loads(line) if line else None
+        except json.JSONDecodeError:
+            reports[name] = None
+        if reports[name] is None:
+            errors[name] = [f"the probe printed no result: {text.strip()[-200:] or 'nothing'}"]
+        elif reports[name]["errors"]:
+            errors[name] = reports[name]["errors"]
+    ring = neighbours(list(answers))
+    links = []
+    for src, dsts in ring.items():
+        for dst in dsts:
+            got = ((reports.get(dst) or {}).get("in") or {}).get(src)
+            sent = ((reports.get(src) or {}).get("out") or {}).get(dst)
+            mbit = got["bytes"] * 8 / got["seconds"] / 1e6 if got and got["seconds"] > 0 else None
+            links.append(Link(src, dst, mbit, sent["rtt_ms"] if sent else None))
+    return links, errors
+
+
+def rate(mbit: float | None) -> str:
+    if mbit is None:
+        return "nothing"
+    return f"{mbit / 1000:.1f} Gbit/s" if mbit >= 1000 else f"{mbit:.0f} Mbit/s"
+
+
+def span(low: float, high: float) -> str:
+    """'9.1-9.8 Gbit/s', '120-480 Mbit/s', or '236 Mbit/s-8.0 Gbit/s'."""
+    (a, unit_a), (b, unit_b) = rate(low).split(" "), rate(high).split(" ")
+    return f"{a}-{b} {unit_b}" if unit_a == unit_b else f"{rate(low)}-{rate(high)}"
+
+
+def judge(links: list[Link], errors: dict[str, list[str]], floor: float = FLOOR_MBIT, ratio: float = RATIO) -> LinkReport:
+    """Slow links and the nodes they have in common; a node whose probe did not run is left out, not blamed."""
+    unmeasured = {n: e[0] for n, e in errors.items() if e and (e[0].startswith("the probe printed no result")
+                                                                 or " is busy" in e[0])}
+    links = [x for x in links if x.src not in unmeasured and x.dst not in unmeasured]
+    measured = [x.mbit_s for x in links if x.mbit_s is not None]
+    median = statistics.median(measured) if measured else None
+    slow = [x for x in links if x.mbit_s is None or (median is not None and x.mbit_s < min(floor, ratio * median))]
+    count: dict[str, int] = {}
+    for x in slow:
+        for end in (x.src, x.dst):
+            count[end] = count.get(end, 0) + 1
+    nodes = sorted({x.src for x in links}, key=lambda n: [x.src for x in links].index(n))
+    culprits = [n for n in nodes if count.get(n, 0) >= 2] if len(nodes) > 2 else sorted({x.src for x in slow})
+    return LinkReport(links, median, slow, culprits, errors, unmeasured, verdict(links, slow, culprits))
+
+
+def verdict(links: list[Link], slow: list[Link], culprits: list[str]) -> str:
+    """'ok', or one line per the issue's shape: 'node-2: 18 Mbit/s to node-0 (others 9.1-9.8 Gbit/s): ...'."""
+    if not slow:
+        return "ok"
+    fine = [x.mbit_s for x in links if x not in slow and x.mbit_s is not None]
+    others = f"others {span(min(fine), max(fine))}" if fine else "no link was fast"
+    parts = []
+    for node in culprits or sorted({x.src for x in slow}):
+        mine = [x for x in slow if node in (x.src, x.dst)]
+        figures = ", ".join(f"{rate(x.mbit_s)} {'to ' + x.dst if x.src == node else 'from ' + x.src}" for x in mine)
+        parts.append(f"{node}: {figures}")
+    return f"{'; '.join(parts)} ({others}): its link is throttled or broken"
+
+
+def link_check(runner: RemoteRunner, inv: Inventory, mode: str, port: int) -> LinkReport | None:
+    """Measure (one round on every node), judge, and refuse (``refuse``) or say (``warn``) a slow link."""
+    if mode == "off" or len(inv.nodes) < 2:
+        return None
+    results = runner.run_each(plan_probe(inv, port), timeout=WINDOW_S + 10)
+    answers = {name: (res.stdout if res.exit_code == 0 else f"{res.stdout}{res.stderr}{res.error or ''}")
+               for name, res in results.items()}
+    report = judge(*parse(answers))
+    for node, why in report.unmeasured.items():
+        runner.say(f"warning: link check: {node} not measured: {why}")
+    if report.verdict != "ok":
+        if mode == "refuse":
+            raise PreflightFailed(f"link check: {report.verdict}; LINKCHECK=warn runs anyway")
+        runner.say(f"warning: link check: {report.verdict} (LINKCHECK=warn: running anyway)")
+    elif report.median_mbit_s is not None:
+        rtts = [x.rtt_ms for x in report.links if x.rtt_ms is not None]
+        runner.say(f"link check: {len(report.links)} links, median {rate(report.median_mbit_s)}"
+                   + (f", round trip {statistics.median(rtts):.2f} ms" if rtts else ""))
+    return report

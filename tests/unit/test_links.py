@@ -1,0 +1,78 @@
+"""The link check's pure parts: who sends to whom, reading the probes' lines, naming the slow node."""
+
+from __future__ import annotations
+
+import json
+
+from multinode.checks import links
+from multinode.checks.links import Link
+
+
+def test_each_node_talks_to_its_ring_neighbours():
+    assert links.neighbours(["a"]) == {"a": []}
+    assert links.neighbours(["a", "b"]) == {"a": ["b"], "b": ["a"]}
+    assert links.neighbours(["a", "b", "c", "d"]) == {"a": ["b", "d"], "b": ["a", "c"], "c": ["b", "d"], "d": ["a", "c"]}
+
+
+def test_the_probe_command_names_the_peers_by_cluster_address(make_inv):
+    commands = links.plan_probe(make_inv(3), 29501)
+    assert set(commands) == {"node-0", "node-1", "node-2"}
+    assert commands["node-1"].startswith("python3 -c ")
+    assert commands["node-1"].endswith(" node-1 29501 0.3 2 node-0=10.200.7.10,node-2=10.200.7.12")
+
+
+def _answer(name, incoming, rtts, errors=()):
+    return json.dumps({"name": name, "in": {p: {"bytes": mbit * 1e6 / 8 * 0.3, "seconds": 0.3} for p, mbit in incoming.items()},
+                       "out": {p: {"rtt_ms": r} for p, r in rtts.items()}, "errors": list(errors)})
+
+
+def test_links_are_read_from_the_receivers_bytes_and_the_senders_round_trips():
+    answers = {"node-0": "noise\n" + _answer("node-0", {"node-1": 9000}, {"node-1": 0.1}),
+               "node-1": _answer("node-1", {"node-0": 8000}, {"node-0": 0.2})}
+    found, errors = links.parse(answers)
+    assert [(x.src, x.dst, round(x.mbit_s), x.rtt_ms) for x in found] == [("node-0", "node-1", 8000, 0.1),
+                                                                          ("node-1", "node-0", 9000, 0.2)]
+    assert errors == {}
+    found, errors = links.parse({"node-0": "python3: not found", "node-1": _answer("node-1", {}, {}, ["port 1 is busy"])})
+    assert all(x.mbit_s is None for x in found)
+    assert errors == {"node-0": ["the probe printed no result: python3: not found"], "node-1": ["port 1 is busy"]}
+
+
+def _ring(slow_from: str | None = None, mbit: float = 18.0) -> list[Link]:
+    names = ["node-0", "node-1", "node-2"]
+    ring = links.neighbours(names)
+    return [Link(s, d, mbit if s == slow_from else 9400.0 + 100 * i, 0.1) for i, (s, ds) in enumerate(ring.items()) for d in ds]
+
+
+def test_a_healthy_or_uniformly_slow_cluster_passes():
+    assert links.judge(_ring(), {}).verdict == "ok"
+    uniform = [Link(x.src, x.dst, 300.0, 0.1) for x in _ring()]
+    assert links.judge(uniform, {}).verdict == "ok"  # slow, but it is the cluster: below the floor, not the median
+
+
+def test_the_node_common_to_the_slow_links_is_named_with_its_figures():
+    report = links.judge(_ring(slow_from="node-2"), {})
+    assert report.culprits == ["node-2"]
+    assert report.verdict == ("node-2: 18 Mbit/s to node-0, 18 Mbit/s to node-1 (others 9.4-9.5 Gbit/s): "
+                              "its link is throttled or broken")
+    receiving = [Link(x.src, x.dst, 18.0 if x.dst == "node-1" else x.mbit_s, 0.1) for x in _ring()]
+    assert links.judge(receiving, {}).culprits == ["node-1"]  # a slow receiving side is found the same way
+
+
+def test_with_two_nodes_the_slow_direction_is_named():
+    pair = [Link("node-0", "node-1", 9400.0, 0.1), Link("node-1", "node-0", 18.0, 0.1)]
+    report = links.judge(pair, {})
+    assert report.culprits == ["node-1"] and report.verdict.startswith("node-1: 18 Mbit/s to node-0")
+
+
+def test_a_link_that_delivered_nothing_is_slow():
+    dead = [Link(x.src, x.dst, None if x.src == "node-1" else x.mbit_s, None) for x in _ring()]
+    report = links.judge(dead, {})
+    assert report.culprits == ["node-1"] and "nothing to node-0" in report.verdict
+
+
+def test_a_node_whose_probe_did_not_run_is_left_out_not_blamed():
+    dead = [Link(x.src, x.dst, None if "node-1" in (x.src, x.dst) else x.mbit_s, None) for x in _ring()]
+    report = links.judge(dead, {"node-1": ["port 29501 is busy: [Errno 98] Address already in use"]})
+    assert report.verdict == "ok" and report.unmeasured == {"node-1": "port 29501 is busy: [Errno 98] Address already in use"}
+    assert {(x.src, x.dst) for x in report.links} == {("node-0", "node-2"), ("node-2", "node-0")}
