@@ -2,7 +2,7 @@
 
     python -m bench.collectives [--quick] [--out-dir docs]     (brings up its own 2-node cluster)
 
-All in one run, 2 nodes of a local cluster, one rank per node, the job ``bench/jobs/allreduce_perf.py``:
+All in one run, 2 nodes of a local cluster, one rank per node, the job ``training/allreduce_perf.py``:
 
 * **ours**: the job through ``multinode train --script`` (gloo under torchrun; mpi4py with ``--mode mpi``);
 * **raw**: the same job without the orchestrator -- gloo: one process per node started directly in the
@@ -27,7 +27,7 @@ from bench.collectives_runs import (  # noqa: F401  (parse_rows: re-exported)
     raw_mpi,
     row_at,
 )
-from bench.jobs.allreduce_perf import bus_bandwidth  # noqa: F401  (the one definition, re-exported)
+from training.allreduce_perf import bus_bandwidth  # noqa: F401  (the one definition, re-exported)
 from bench.nodes import LocalCluster, median
 from bench.verdicts import Target, attach, describe, paired, shown, verdict
 from multinode.core.config import DEFAULT_MTU

@@ -1,5 +1,5 @@
 """The collectives section's measurements (:mod:`bench.collectives` runs, judges and reports them): the job
-``bench/jobs/allreduce_perf.py`` on 2 nodes through the orchestrator (*ours*), without it (*raw*: gloo with
+``training/allreduce_perf.py`` on 2 nodes through the orchestrator (*ours*), without it (*raw*: gloo with
 env:// variables, or the orchestrator's own mpirun line typed by hand), both ranks in one namespace, iperf3
 between the nodes, and the gloo MTU sweep on fresh clusters. Each returns the job's ``ALLREDUCE`` rows.
 """
@@ -12,10 +12,10 @@ import subprocess
 import sys
 import time
 
-from bench.nodes import JOBS, LocalCluster, bring_up, median
+from bench.nodes import REPO, LocalCluster, bring_up, median
 from multinode.core.config import DEFAULT_MTU
 
-JOB = JOBS / "allreduce_perf.py"
+JOB = REPO / "training" / "allreduce_perf.py"
 ROW = re.compile(r"ALLREDUCE (\{.*\})")
 MIB64 = 64 << 20
 MTUS = (1500, 9001, DEFAULT_MTU)  # Ethernet's default; EC2's jumbo frames inside a VPC; the local default

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench import collectives, launch, mpi_vs_ddp, report, throughput, verdicts
-from bench.jobs.allreduce_perf import bus_bandwidth, iterations
+from training.allreduce_perf import bus_bandwidth, iterations
 from bench.nodes import LocalCluster, parse_dry_run
 
 

@@ -1,13 +1,15 @@
 """All-reduce bandwidth sweep, measured the way nccl-tests' ``all_reduce_perf`` does.
 
     torchrun ... allreduce_perf.py --backend gloo [--sizes 4096,...]      (torch.distributed, gloo)
+    torchrun ... allreduce_perf.py --backend nccl [--sizes 4096,...]      (torch.distributed, NCCL/RCCL, GPU buffers)
     mpirun   ... allreduce_perf.py --backend mpi  [--sizes 4096,...]      (mpi4py, no torch needed)
 
 Per size: float32 buffer, a few warm-up calls, then ``iters`` timed in-place sums; the time of a
 call is the slowest rank's mean. algbw = bytes / time; busbw = algbw * 2(n-1)/n (the factor that
 makes a ring all-reduce's busbw comparable with the link's bandwidth). Rank 0 prints one line per
 size: ``ALLREDUCE {"backend": ..., "bytes": ..., "time_s": ..., "algbw_gbs": ..., "busbw_gbs": ...}``
-(GB = 1e9 bytes). A stand-alone script on purpose: the orchestrator runs it as a user script.
+(GB = 1e9 bytes). A stand-alone script on purpose: the orchestrator runs it as a user script (`make netcheck`,
+and the benchmarks' collectives section).
 """
 
 from __future__ import annotations
@@ -30,26 +32,39 @@ def iterations(nbytes: int, budget_bytes: float) -> int:
     return max(3, min(50, int(budget_bytes // nbytes)))
 
 
-class Gloo:
-    def __init__(self) -> None:
+class TorchDist:
+    """torch.distributed with gloo (CPU buffers) or NCCL/RCCL (the local GPU's buffers; ROCm builds answer to
+    "nccl" with RCCL: https://pytorch.org/docs/stable/distributed.html#backends)."""
+
+    def __init__(self, backend: str) -> None:
         import torch
         import torch.distributed as dist
 
         self.torch, self.dist = torch, dist
-        dist.init_process_group("gloo")
+        self.device = torch.device("cpu")
+        if backend == "nccl":
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(self.device)
+        dist.init_process_group(backend)
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
 
     def buffer(self, count: int):
-        return self.torch.ones(count, dtype=self.torch.float32)
+        return self.torch.ones(count, dtype=self.torch.float32, device=self.device)
 
     def allreduce(self, buf) -> None:
         self.dist.all_reduce(buf)
 
     def barrier(self) -> None:
+        self.sync()
         self.dist.barrier()
 
+    def sync(self) -> None:
+        """GPU collectives are queued on a stream: the clock stops only once they ran."""
+        if self.device.type == "cuda":
+            self.torch.cuda.synchronize(self.device)
+
     def max(self, value: float) -> float:
-        t = self.torch.tensor([value], dtype=self.torch.float64)
+        t = self.torch.tensor([value], dtype=self.torch.float64, device=self.device)
         self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
         return float(t[0])
 
@@ -74,6 +89,9 @@ class Mpi:
     def barrier(self) -> None:
         self.comm.Barrier()
 
+    def sync(self) -> None:
+        pass
+
     def max(self, value: float) -> float:
         return self.comm.allreduce(value, op=self.MPI.MAX)
 
@@ -83,13 +101,13 @@ class Mpi:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", choices=("gloo", "mpi"), required=True)
+    parser.add_argument("--backend", choices=("gloo", "nccl", "mpi"), required=True)
     parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)), help="bytes, comma-separated")
     parser.add_argument("--budget-mb", type=float, default=1024, help="about this many MB moved per size")
     parser.add_argument("--warmup", type=int, default=5)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    comm = Gloo() if args.backend == "gloo" else Mpi()
+    comm = Mpi() if args.backend == "mpi" else TorchDist(args.backend)
     n = comm.size
     for nbytes in (int(s) for s in args.sizes.split(",")):
         buf = comm.buffer(max(1, nbytes // 4))
@@ -100,6 +118,7 @@ def main() -> None:
         start = time.perf_counter()
         for _ in range(iters):
             comm.allreduce(buf)
+        comm.sync()
         elapsed = comm.max((time.perf_counter() - start) / iters)
         if comm.rank == 0:
             algbw = nbytes / elapsed / 1e9
