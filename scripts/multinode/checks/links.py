@@ -15,6 +15,7 @@ of at least two slow links (with two nodes, the slow direction), with its figure
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import statistics
 from dataclasses import asdict, dataclass
@@ -23,6 +24,14 @@ from multinode.checks.linkprobe import PROBE
 from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
 from multinode.ssh.runner import RemoteRunner
+
+# How a broken or throttled link shows in a rank's log: gloo's TCP transport (gloo/transport/tcp/pair.cc raises
+# "Read error", "Write error", "writev", "Connection reset/closed/timed out"), NCCL's socket transport
+# (src/transport/net_socket.cc: "NET/Socket : socket progress error", "Connection closed by remote peer"),
+# Open MPI's TCP BTL (btl_tcp_frag.c: "mca_btl_tcp_frag_recv: readv failed: Connection reset by peer").
+CONNECTION_ERROR = re.compile(r"gloo/transport/tcp/pair\.cc.*(?:Read error|Write error|writev|Connection)|"
+                              r"NET/Socket.*(?:error|closed)|Connection closed by remote peer|"
+                              r"btl_tcp.*(?:readv|writev|Connection)|Connection reset by peer")
 
 WINDOW_S = 0.3  # each transfer's measuring window
 FLOOR_MBIT = 1000.0  # a link is slow only below this...
@@ -50,6 +59,11 @@ class LinkReport:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def connection_error(lines: list[str]) -> str | None:
+    """The first line of a rank's log that reads like a broken connection (see CONNECTION_ERROR), else None."""
+    return next((line.strip() for line in lines if CONNECTION_ERROR.search(line)), None)
 
 
 def neighbours(names: list[str]) -> dict[str, list[str]]:
