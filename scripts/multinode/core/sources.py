@@ -55,7 +55,7 @@ class Settled:
         """Where each value came from, one line per setting (ENV values never shown: names only)."""
         lines = [f"settings (flag > make variable > task file {self.task.shown if self.task else '(none)'} > default):"]
         for key in KEYS.values():
-            lines.append(f"  {key.name:17} {_shown(key, spec):30} {self._origin(key)}")
+            lines.append(f"  {key.name:17} {_shown(key, spec):24} [{self._origin(key)}]")
         return "\n".join(lines)
 
     def _origin(self, key: Key) -> str:
@@ -75,6 +75,8 @@ def _shown(key: Key, spec: LaunchSpec) -> str:
         return " ".join(var.shown for var in value) or "-"
     if key.name == "args":
         return shlex.join(value) or "-"
+    if isinstance(value, str):
+        return value.strip().replace("\n", "\\n")  # a multi-line SETUP on one line
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
