@@ -148,3 +148,15 @@ def test_cli_bad_task_key_is_one_line_exit_2_nothing_written(tmp_path, monkeypat
     assert cli.main(["train", "--task", str(path)]) == 2
     assert capsys.readouterr().err == f"multinode: {path}: unknown key 'num_nodes'; did you mean 'nodes'?\n"
     assert not (tmp_path / "home").exists()
+
+
+def test_the_task_files_in_the_docs_are_valid(tmp_path):
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    blocks = [block for doc in ("docs/configuration.md", "docs/projects.md")
+              for block in re.findall(r"```yaml\n(.*?)```", (repo / doc).read_text(), re.S)]
+    assert len(blocks) == 2
+    for i, block in enumerate(blocks):
+        spec = settle({}, {}, load_task(task(tmp_path, block, f"doc{i}.yaml"))).spec({"HF_TOKEN": "x"}, run_id="r")
+        assert spec.nodes == 3 and spec.module == "pkg.train" and spec.workdir == str(tmp_path)

@@ -110,7 +110,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Se
     run = Run(state, state.load_inventory(), spec, out)
     task = settled.task if settled else None
     if task and not spec.dry_run:
-        print(f"task file {task.shown}: {', '.join(task.values)} "
+        print(f"task file {task.shown}: {', '.join(k for k in task.values if k not in task.implied)} "
               f"(flags and make variables win over it; DRY_RUN=1 shows each value's source)", file=run.out)
     summary = run.execute()
     if task and spec.dry_run:
