@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from localcluster import Cluster, bring_up, clean_env, tear_down
-from test_golden_dry_run import CPU3, _project  # noqa: I001  (helpers, not tests)
+from test_golden_dry_run import CPU3, _project  # helpers, not tests
 
 pytestmark = pytest.mark.integration
 

@@ -67,6 +67,7 @@ def test_values_are_typed_for_launchspec_and_paths_are_relative_to_the_file(tmp_
     ("setup:\n", "setup has no value; give one or remove the line"),
     ("- nodes: 2\n", "must hold keys and values (nodes: 2, script: train.py ...), not a list"),
     ("nodes: [2\n", "is not valid YAML at line 2, column 1"),
+    ("nodes: 2\nmode: cpu\nnodes: 3\n", "'nodes' (line 3) is given twice; keep one"),
 ])
 def test_a_bad_task_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, message):
     path = task(tmp_path, text)

@@ -110,9 +110,11 @@ def load_task(path: Path) -> TaskFile:
     """Read and type-check a task file (one-line UserError naming the file and the key)."""
     path = path.resolve()
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader
     except OSError as err:
         raise UserError(f"{path}: cannot read it ({err.strerror}); check TASK") from None
+    except _DuplicateKey as err:
+        raise UserError(f"{path}: {err} is given twice; keep one") from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -133,6 +135,23 @@ def load_task(path: Path) -> TaskFile:
     if implied:
         values["workdir"] = str(path.parent)
     return TaskFile(path, values, implied)
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """safe_load, but a key given twice is an error (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(f"{key!r} (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def _key(path: Path, name: object) -> Key:
