@@ -161,3 +161,23 @@ def test_the_task_files_in_the_docs_are_valid(tmp_path):
     for i, block in enumerate(blocks):
         spec = settle({}, {}, load_task(task(tmp_path, block, f"doc{i}.yaml"))).spec({"HF_TOKEN": "x"}, run_id="r")
         assert spec.nodes == 3 and spec.module == "pkg.train" and spec.workdir == str(tmp_path)
+
+
+def test_a_plan_error_caused_by_the_task_file_names_it(tmp_path, monkeypatch, capsys):
+    from dataclasses import replace
+
+    from conftest import make_inventory
+
+    home = tmp_path / "home"
+    (home / "dev").mkdir(parents=True)
+    for name in ("id_ed25519", "known_hosts"):
+        (home / "dev" / name).write_text("")
+    replace(make_inventory(2), ssh_key=str(home / "dev" / "id_ed25519"),
+            known_hosts=str(home / "dev" / "known_hosts")).save(home / "dev" / "inventory.json")
+    monkeypatch.setenv("MULTINODE_HOME", str(home))
+    path = task(tmp_path, "nodes: 3\n")
+    assert cli.main(["train", "--task", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"multinode: {path}: nodes: NODES=3 but cluster 'dev' has 2 nodes") and err.count("\n") == 1
+    assert cli.main(["train", "--task", str(path), "--dry-run", "--nodes", "3"]) == 2  # a flag: its own message
+    assert capsys.readouterr().err.startswith("multinode: NODES=3 but cluster 'dev' has 2 nodes")

@@ -107,12 +107,17 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Se
     With a task file (``settled.task``) a real run says it read it; a dry run ends with where each value came
     from. Without one the output is what it always was."""
     state = ClusterState.for_cluster(cluster)
-    run = Run(state, state.load_inventory(), spec, out)
     task = settled.task if settled else None
-    if task and not spec.dry_run:
-        print(f"task file {task.shown}: {', '.join(k for k in task.values if k not in task.implied)} "
-              f"(flags and make variables win over it; DRY_RUN=1 shows each value's source)", file=run.out)
-    summary = run.execute()
+    try:
+        run = Run(state, state.load_inventory(), spec, out)
+        if task and not spec.dry_run:
+            print(f"task file {task.shown}: {', '.join(k for k in task.values if k not in task.implied)} "
+                  f"(flags and make variables win over it; DRY_RUN=1 shows each value's source)", file=run.out)
+        summary = run.execute()
+    except UserError as err:  # "NODES=3 but cluster 'dev' has 2 nodes": say that nodes: 3 is the task file's
+        if not task:
+            raise
+        raise settled.located(err) from None
     if task and spec.dry_run:
         print(settled.describe(spec), file=run.out)
     return summary

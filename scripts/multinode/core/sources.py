@@ -42,9 +42,10 @@ class Settled:
             values["env"] = parse_env(values.get("env"), environ)
             return LaunchSpec(**values, **run)
         except UserError as err:
-            raise self._located(err) from None
+            raise self.located(err) from None
 
-    def _located(self, err: UserError) -> UserError:
+    def located(self, err: UserError) -> UserError:
+        """``err`` prefixed with the task file and its keys that the message names (NODES -> nodes), if any."""
         from_task = [key.name for key in KEYS.values() if self.origins.get(key.name) == TASK
                      and re.search(rf"\b{key.variable}\b", str(err))]
         if not from_task or self.task is None:
