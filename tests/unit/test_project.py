@@ -168,8 +168,8 @@ def test_script_module_form_and_its_errors():
     with pytest.raises(UserError, match="NPROC='two' must be a number or auto"):
         LaunchSpec(nproc="two")
     with pytest.raises(UserError, match="NPROC='x' must be a number or auto"):
-        typed(KEYS["nproc"], "x", "NPROC")
-    assert typed(KEYS["nproc"], "auto", "NPROC") == "auto" and typed(KEYS["nproc"], "2", "NPROC") == 2
+        typed(KEYS["nproc"], "x")
+    assert typed(KEYS["nproc"], "auto") == "auto" and typed(KEYS["nproc"], "2") == 2
 
 
 def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launcher():

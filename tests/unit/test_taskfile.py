@@ -123,7 +123,7 @@ def test_variables_and_flags_are_typed_with_one_line_errors(environ, message):
     with pytest.raises(UserError) as err:
         settle({}, environ, None)
     assert str(err.value) == message
-    with pytest.raises(UserError, match="^--rdzv-port='x' must be a whole number$"):
+    with pytest.raises(UserError, match="^RDZV_PORT='x' must be a whole number$"):  # a flag: named the same way
         settle({"rdzv_port": "x"}, {}, None)
 
 

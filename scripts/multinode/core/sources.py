@@ -88,16 +88,17 @@ def settle(flags: Mapping[str, str | None], environ: Mapping[str, str], task: Ta
     for key in KEYS.values():
         flag, variable = flags.get(key.name), environ.get(f"MULTINODE_{key.variable}") or None
         if flag is not None:
-            values[key.name], origins[key.name] = typed(key, flag, f"--{key.name.replace('_', '-')}"), FLAG
+            values[key.name], origins[key.name] = typed(key, flag), FLAG
         elif variable is not None:
-            values[key.name], origins[key.name] = typed(key, variable, key.variable), VARIABLE
+            values[key.name], origins[key.name] = typed(key, variable), VARIABLE
         elif task is not None and key.name in task.values:
             values[key.name], origins[key.name] = task.values[key.name], TASK
     return Settled(values, origins, task)
 
 
-def typed(key: Key, text: str, source: str) -> Any:
-    """A flag's or a variable's text as the setting's type; ``source`` (NODES, --nodes) names it in errors."""
+def typed(key: Key, text: str) -> Any:
+    """A flag's or a variable's text as the setting's type; errors name the make variable, as LaunchSpec's do."""
+    source = key.variable
     if key.kind in ("int", "number") or (key.kind == "nproc" and text != "auto"):
         try:
             return int(text) if key.kind != "number" else float(text)
