@@ -68,11 +68,19 @@ def test_values_are_typed_for_launchspec_and_paths_are_relative_to_the_file(tmp_
     ("- nodes: 2\n", "must hold keys and values (nodes: 2, script: train.py ...), not a list"),
     ("nodes: [2\n", "is not valid YAML at line 2, column 1"),
     ("nodes: 2\nmode: cpu\nnodes: 3\n", "'nodes' (line 3) is given twice; keep one"),
+    ("[nodes]: 2\n", "is not valid YAML at line 1, column 1: found unhashable key"),
+    ("mode: !!python/name:os.system\n", "is not valid YAML at line 1, column 7"),
 ])
 def test_a_bad_task_file_is_one_line_naming_the_file_and_the_key(tmp_path, text, message):
     path = task(tmp_path, text)
     error = one_line_error(path)
     assert error.startswith(str(path)) and message in error, error
+
+
+def test_a_file_that_is_not_text_is_one_line(tmp_path):
+    path = tmp_path / "multinode.yaml"
+    path.write_bytes(b"nodes: \xff\xfe\n")
+    assert one_line_error(path) == f"{path} is not UTF-8 text; a task file is YAML (key: value per line)"
 
 
 def test_env_errors_never_show_a_value(tmp_path):

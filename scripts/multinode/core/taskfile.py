@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import difflib
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -113,6 +113,8 @@ def load_task(path: Path) -> TaskFile:
         data = yaml.load(path.read_text(), Loader=_StrictLoader)  # a SafeLoader
     except OSError as err:
         raise UserError(f"{path}: cannot read it ({err.strerror}); check TASK") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path} is not UTF-8 text; a task file is YAML (key: value per line)") from None
     except _DuplicateKey as err:
         raise UserError(f"{path}: {err} is given twice; keep one") from None
     except yaml.YAMLError as err:
@@ -148,9 +150,10 @@ class _StrictLoader(yaml.SafeLoader):
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            if isinstance(key, Hashable) and key in seen:
                 raise _DuplicateKey(f"{key!r} (line {key_node.start_mark.line + 1})")
-            seen.add(key)
+            if isinstance(key, Hashable):
+                seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
 
