@@ -1,12 +1,12 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
-#   make train [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
+#   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
-# Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > default).
+# Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > task file > default).
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -38,9 +38,13 @@ BUILDAH ?= buildah
 WHEEL_CACHE ?= /var/tmp/multinode-images/wheels
 WHEELHOUSE_IMAGES := cpu cuda
 
+# Only what the user gave (`make train NODES=3`, or NODES in the environment), never the defaults above: a task
+# file's `nodes: 3` must win over this file's NODES ?= 2 (docs/configuration.md, "Task file"). The CLI has the
+# same defaults, so without a task file nothing changes.
+given = $(if $(filter command line environment environment override,$(origin $(1))),$($(1)))
 export MULTINODE_PROVIDER := $(PROVIDER)
-export MULTINODE_NODES := $(NODES)
-export MULTINODE_MODE := $(MODE)
+export MULTINODE_NODES := $(call given,NODES)
+export MULTINODE_MODE := $(call given,MODE)
 export MULTINODE_CLUSTER := $(CLUSTER)
 export MULTINODE_NPROC := $(NPROC)
 export MULTINODE_SCRIPT := $(SCRIPT)
@@ -53,6 +57,8 @@ export MULTINODE_MTU := $(MTU)
 export MULTINODE_SCHEDULER := $(SCHEDULER)
 export MULTINODE_NODE := $(NODE)
 export MULTINODE_LAUNCHER := $(LAUNCHER)
+# A task file (docs/configuration.md, "Task file"); default: WORKDIR/multinode.yaml when there is one.
+export MULTINODE_TASK := $(TASK)
 # Your own project (README, "Run your own project"): ENV holds names (values come from your environment) or NAME=value.
 export MULTINODE_WORKDIR := $(WORKDIR)
 export MULTINODE_WORKDIR_LIMIT_MB := $(WORKDIR_LIMIT_MB)
@@ -74,7 +80,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 

@@ -1,11 +1,13 @@
 """Command line: parsing only. Everything it does is a call into :mod:`multinode.app.verbs`.
 
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
-    multinode train  [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto] [--script PATH|"-m pkg.mod"] [--args "..."]
-                     [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"] [--launcher auto|torchrun|static] [--dry-run]
+    multinode train  [--task multinode.yaml] [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto]
+                     [--script PATH|"-m pkg.mod"] [--args "..."] [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"]
+                     [--launcher auto|torchrun|static] [--dry-run]
     multinode down | status | logs [--run ID] [--node I] | stacks [--run ID] | ssh NODE [CMD...] | reap --region R [--yes]
 
-Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default.
+Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default;
+for ``train``: flag > environment > task file (``WORKDIR/multinode.yaml`` or ``--task``) > default.
 User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
 """
 
@@ -14,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shlex
 import sys
 from collections.abc import Sequence
 
@@ -31,8 +32,9 @@ from multinode.core.config import (
     env_default,
     new_run_id,
 )
-from multinode.core.envvars import parse_env
 from multinode.core.errors import JobFailed, MultinodeError, UserError
+from multinode.core.sources import Settled, settle
+from multinode.core.taskfile import KEYS, TASK_FILE, find_task
 
 log = logging.getLogger("multinode")
 
@@ -68,40 +70,35 @@ def _add_down(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    """``train``: the job (MODE, nodes, processes, the script and its project, rendezvous, timeouts, launcher)."""
+    """``train``: the job (MODE, nodes, processes, the script and its project, rendezvous, timeouts, launcher).
+    The task's settings default to None here: :func:`multinode.core.sources.settle` picks flag > make variable
+    > task file > default and knows which one it took."""
     train = sub.add_parser("train", help="run the training job on the cluster")
-    train.add_argument("--mode", default=env_default("MODE", "cpu"), help=f"one of {', '.join(MODES)}")
-    train.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
-    train.add_argument("--nproc", default=env_default("NPROC", "1"),
-                       help="processes per node, or auto (one per GPU on GPU nodes, 1 on CPU nodes)")
-    train.add_argument("--script", default=env_default("SCRIPT"),
-                       help="run this script (a path in WORKDIR) or '-m package.module' instead of our trainer")
-    train.add_argument("--workdir", default=env_default("WORKDIR"),
-                       help="project directory synced to every node (default: SCRIPT's directory; '.' for -m)")
-    train.add_argument("--workdir-limit-mb", type=int, default=env_default("WORKDIR_LIMIT_MB", "200"),
-                       help="refuse a WORKDIR larger than this (default %(default)s)")
-    train.add_argument("--setup", default=env_default("SETUP"),
-                       help="command run once per node in WORKDIR before the job, again when it or its files change")
-    train.add_argument("--env", default=env_default("ENV"), metavar='"NAME OTHER=value"',
+    train.add_argument("--task", default=env_default("TASK"), metavar="PATH",
+                       help=f"task file with the settings below (default: WORKDIR/{TASK_FILE} if there is one)")
+    train.add_argument("--mode", help=f"one of {', '.join(MODES)} (default cpu)")
+    train.add_argument("--nodes", help="nodes taking part (default 2)")
+    train.add_argument("--nproc", help="processes per node, or auto (one per GPU on GPU nodes, 1 on CPU nodes)")
+    train.add_argument("--script", help="run this script (a path in WORKDIR) or '-m package.module' instead of our trainer")
+    train.add_argument("--workdir", help="project directory synced to every node (default: SCRIPT's directory; '.' for -m)")
+    train.add_argument("--workdir-limit-mb", help="refuse a WORKDIR larger than this (default 200)")
+    train.add_argument("--setup", help="command run once per node in WORKDIR before the job, again when it or its files change")
+    train.add_argument("--env", metavar='"NAME OTHER=value"',
                        help="variables for every rank; NAME alone takes your environment's value; values are never shown")
-    train.add_argument("--args", default=env_default("ARGS"),
-                       help=f"arguments for the script, one string (default: {' '.join(DEFAULT_TRAIN_ARGS)})")
-    train.add_argument("--rdzv-port", type=int, default=env_default("RDZV_PORT", "29500"))
-    train.add_argument("--max-restarts", type=int, default=env_default("MAX_RESTARTS", "0"))
-    train.add_argument("--elastic", default=env_default("ELASTIC"), metavar="MIN:MAX", help="elastic node range")
-    train.add_argument("--rdzv-timeout", type=int, default=env_default("RDZV_TIMEOUT", "60"))
-    train.add_argument("--pg-timeout", type=int, default=env_default("PG_TIMEOUT", "30"))
-    train.add_argument("--deadline", type=float, default=env_default("DEADLINE"), help="seconds the job may take")
-    train.add_argument("--stall-timeout", type=float, default=env_default("STALL_TIMEOUT", str(DEFAULT_STALL_TIMEOUT)),
-                       help="seconds without progress (step heartbeat, output, CPU) before the job is ended "
-                            "naming the culprit; 0: off (default %(default)s)")
-    train.add_argument("--skew", default=env_default("SKEW", "refuse"),
-                       help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
+    train.add_argument("--args", help=f"arguments for the script, one string (default: {' '.join(DEFAULT_TRAIN_ARGS)})")
+    train.add_argument("--rdzv-port", help="rendezvous port on node-0 (default 29500)")
+    train.add_argument("--max-restarts", help="torchrun restarts per node (default 0)")
+    train.add_argument("--elastic", metavar="MIN:MAX", help="elastic node range")
+    train.add_argument("--rdzv-timeout", help="seconds a rendezvous waits for the nodes (default 60)")
+    train.add_argument("--pg-timeout", help="seconds a collective waits for a dead peer (default 30)")
+    train.add_argument("--deadline", help="seconds the job may take")
+    train.add_argument("--stall-timeout", help="seconds without progress (step heartbeat, output, CPU) before the job "
+                                               f"is ended naming the culprit; 0: off (default {DEFAULT_STALL_TIMEOUT})")
+    train.add_argument("--skew", help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
-    train.add_argument("--launcher", default=env_default("LAUNCHER", "auto"),
-                       help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, restarts), "
-                            "or auto (default: torchrun only with ELASTIC or MAX_RESTARTS)")
+    train.add_argument("--launcher", help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, "
+                                          "restarts), or auto (default: torchrun only with ELASTIC or MAX_RESTARTS)")
 
 
 def _add_logs(sub: argparse._SubParsersAction) -> None:
@@ -147,45 +144,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _nproc(value: str) -> int | str:
-    if value == "auto":
-        return value
-    try:
-        return int(value)
-    except ValueError:
-        raise UserError(f"NPROC={value!r} must be a number or auto (one process per GPU, 1 on CPU nodes)") from None
+def _settled(args: argparse.Namespace) -> Settled:
+    """The train settings from their sources (flag > make variable > task file > default)."""
+    flags = {name: getattr(args, name) for name in KEYS}
+    workdir = flags["workdir"] if flags["workdir"] is not None else env_default("WORKDIR")
+    return settle(flags, os.environ, find_task(args.task, workdir))
 
 
-def _launch_spec(args: argparse.Namespace) -> LaunchSpec:
-    if args.args is None:
-        script_args = DEFAULT_TRAIN_ARGS if not args.script else ()
-    else:
-        try:
-            script_args = tuple(shlex.split(args.args))
-        except ValueError as err:
-            raise UserError(f"ARGS={args.args!r} cannot be split like a shell line ({err}); check its quotes") from None
-    return LaunchSpec(
-        mode=args.mode,
-        nodes=args.nodes,
-        nproc=_nproc(str(args.nproc)),
-        script=args.script,
-        args=script_args,
-        rdzv_port=args.rdzv_port,
-        max_restarts=args.max_restarts,
-        elastic=args.elastic,
-        rdzv_timeout=args.rdzv_timeout,
-        pg_timeout=args.pg_timeout,
-        deadline=args.deadline,
-        run_id=args.run_id or new_run_id(),
-        dry_run=args.dry_run,
-        launcher=args.launcher,
-        workdir=args.workdir,
-        workdir_limit_mb=args.workdir_limit_mb,
-        setup=args.setup,
-        env=parse_env(args.env, os.environ),
-        stall_timeout=args.stall_timeout,
-        skew=args.skew,
-    )
+def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> LaunchSpec:
+    settled = settled or _settled(args)
+    return settled.spec(os.environ, run_id=args.run_id or new_run_id(), dry_run=args.dry_run)
 
 
 def dispatch(args: argparse.Namespace) -> int:
@@ -201,7 +169,8 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "status":
         return verbs.status(args.cluster)
     elif args.command == "train":
-        verbs.train(args.cluster, _launch_spec(args))
+        settled = _settled(args)
+        verbs.train(args.cluster, _launch_spec(args, settled), settled=settled)
     elif args.command == "logs":
         verbs.logs(args.cluster, run_id=args.run, node=args.node)
     elif args.command == "stacks":

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from multinode.cli import _nproc
+from multinode.core.sources import typed
+from multinode.core.taskfile import KEYS
 from multinode.core.config import LaunchSpec
 from multinode.core.envvars import EnvVar, env_file_content, parse_env
 from multinode.core.errors import UserError
@@ -167,8 +168,8 @@ def test_script_module_form_and_its_errors():
     with pytest.raises(UserError, match="NPROC='two' must be a number or auto"):
         LaunchSpec(nproc="two")
     with pytest.raises(UserError, match="NPROC='x' must be a number or auto"):
-        _nproc("x")
-    assert _nproc("auto") == "auto" and _nproc("2") == 2
+        typed(KEYS["nproc"], "x")
+    assert typed(KEYS["nproc"], "auto") == "auto" and typed(KEYS["nproc"], "2") == 2
 
 
 def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launcher():

@@ -18,6 +18,7 @@ from multinode.checks.preflight import probe_ssh
 from multinode.core.config import ClusterSpec, LaunchSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
+from multinode.core.sources import Settled
 from multinode.core.state import ClusterState
 from multinode.diagnose.capture import capture
 from multinode.diagnose.report import group_stacks
@@ -100,10 +101,26 @@ def _print_sinfo(inventory: Inventory) -> int:
 # --- train ------------------------------------------------------------------------
 
 
-def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None) -> RunSummary | None:
-    """One run of ``spec`` on the cluster (:class:`multinode.app.run.Run`); None for a dry run."""
+def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Settled | None = None) -> RunSummary | None:
+    """One run of ``spec`` on the cluster (:class:`multinode.app.run.Run`); None for a dry run.
+
+    With a task file (``settled.task``) a real run says it read it; a dry run ends with where each value came
+    from. Without one the output is what it always was."""
     state = ClusterState.for_cluster(cluster)
-    return Run(state, state.load_inventory(), spec, out).execute()
+    task = settled.task if settled else None
+    try:
+        run = Run(state, state.load_inventory(), spec, out)
+        if task and not spec.dry_run:
+            print(f"task file {task.shown}: {', '.join(k for k in task.values if k not in task.implied)} "
+                  f"(flags and make variables win over it; DRY_RUN=1 shows each value's source)", file=run.out)
+        summary = run.execute()
+    except UserError as err:  # "NODES=3 but cluster 'dev' has 2 nodes": say that nodes: 3 is the task file's
+        if not task:
+            raise
+        raise settled.located(err) from None
+    if task and spec.dry_run:
+        print(settled.describe(spec), file=run.out)
+    return summary
 
 
 # --- stacks -------------------------------------------------------------------------

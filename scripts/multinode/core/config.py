@@ -1,7 +1,8 @@
 """Typed, validated-once configuration for the orchestrator.
 
 Precedence is CLI flag > environment (the Makefile passes ``NODES=2`` etc. through as
-``MULTINODE_NODES``...) > default. Each spec is a frozen dataclass that validates itself in
+``MULTINODE_NODES``...) > default; for ``train`` a task file sits before the default
+(:mod:`multinode.core.taskfile`, :mod:`multinode.core.sources`). Each spec is a frozen dataclass that validates itself in
 ``__post_init__`` and raises :class:`UserError` with one actionable line, so nothing downstream
 re-checks user input.
 """
