@@ -73,8 +73,9 @@ def test_mpirun_plan_is_one_command_on_the_head(inventory):
     # every rank starts with the run id in its environment (remote ranks get -x values only inside MPI_Init)
     assert argv.count("MULTINODE_RUN_ID=r4") == 3
     at = argv.index("MULTINODE_RUN_ID=r4")
-    assert argv[at - 1:at + 9] == ("env", "MULTINODE_RUN_ID=r4", "MASTER_ADDR=10.200.7.10", "MASTER_PORT=29500",
-                                   "GROUP_RANK=0", "sh", "-c", RANK_ENV, "-", "/repo/.venv/bin/python")
+    assert argv[at - 1:at + 12] == ("env", "MULTINODE_RUN_ID=r4", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
+                                    "MASTER_ADDR=10.200.7.10", "MASTER_PORT=29500", "GROUP_RANK=0",
+                                    "sh", "-c", RANK_ENV, "-", "10.200.7.0/24", "/repo/.venv/bin/python")
     # the env:// contract: literal per app context (the node's index), the rest from Open MPI's own variables
     assert [a for a in argv if a.startswith("GROUP_RANK=")] == ["GROUP_RANK=0", "GROUP_RANK=1", "GROUP_RANK=2"]
     assert argv.count("MASTER_ADDR=10.200.7.10") == 3 and argv.count("MASTER_PORT=29500") == 3

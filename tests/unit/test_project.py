@@ -184,8 +184,8 @@ def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launch
         assert plan.commands[0].cwd == "/state/dev/nodes/node-0/code/project"
         if name == "mpirun":  # each node's ranks import from their own node's copy
             i = argv.index("/state/dev/nodes/node-1/code/project", argv.index("/state/dev/nodes/node-1/code/project") + 1)
-            assert argv[i - 3:i + 2] == ["sh", "-c", RANK_ENV, "/state/dev/nodes/node-1/code/project",
-                                         "/repo/.venv/bin/python"]
+            assert argv[i - 3:i + 3] == ["sh", "-c", RANK_ENV, "/state/dev/nodes/node-1/code/project",
+                                         "10.200.7.0/24", "/repo/.venv/bin/python"]
             assert 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"' in RANK_ENV
         else:
             assert all(cmd.node_env["PYTHONPATH"] == f"/state/dev/nodes/{cmd.node}/code/project${{PYTHONPATH:+:$PYTHONPATH}}"

@@ -64,10 +64,12 @@ MPIRUN_FAILED_RANK = (
 TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
 
 # The env:// variables each rank derives from Open MPI's own (set in every rank's environment by
-# Open MPI 4.1: OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK, _LOCAL_SIZE; mpirun(1) "Environment Variables").
-# $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows.
+# Open MPI 4.1: OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK, _LOCAL_SIZE; mpirun(1) "Environment Variables"),
+# and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node.
+# $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
 RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
-            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
+            'GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk \'NR==1{print $2}\')"; shift; '
             '[ "$0" = - ] || export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"')
 
 
@@ -138,12 +140,14 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         # context: a -x before the first one reaches only that context's ranks (measured here: the
         # other nodes' ranks see none of FORWARDED either).
         *(arg for var in spec.env for arg in ("-x", var.name)),
-        # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
-        # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ);
-        # so do the env:// variables, which accelerate and torch read before any MPI call.
-        "env", f"MULTINODE_RUN_ID={spec.run_id}", f"MASTER_ADDR={inv.head.private_ip}",
-        f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
-        "sh", "-c", RANK_ENV, project,
+        # -x sets variables only once MPI starts inside the rank (measured: a remote rank's Python starts without
+        # OMP_NUM_THREADS, PYTHONUNBUFFERED or GLOO_SOCKET_IFNAME, and a script that never calls MPI never gets
+        # them): the run id goes into the environment the rank starts with, where the gang-stop and the stack
+        # capture find ranks by it (/proc/<pid>/environ); so do BASE_ENV and the env:// variables, which torch and
+        # accelerate read before any MPI call.
+        "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in BASE_ENV.items()),
+        f"MASTER_ADDR={inv.head.private_ip}", f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
+        "sh", "-c", RANK_ENV, project, inv.subnet,
         node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
