@@ -69,7 +69,7 @@ TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
 # $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
 RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
             'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
-            'GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk \'NR==1{print $2}\')"; shift; '
+            'GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk "NR==1{print \\$2}")"; shift; '
             '[ "$0" = - ] || export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"')
 
 
