@@ -11,7 +11,8 @@ Every rank starts with torch's env:// contract, as under torchrun, so ``init_pro
 accelerate's ``PartialState`` work unchanged: ``MASTER_ADDR`` (the head's cluster address), ``MASTER_PORT``
 (the run's rendezvous port, checked free on the head at pre-flight), ``GROUP_RANK`` (the node's index),
 literal per app context; ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` copied from the
-``OMPI_COMM_WORLD_*`` variables Open MPI gives each rank (mpirun(1), Open MPI 4.1, "Environment Variables")
+``OMPI_COMM_WORLD_*`` variables Open MPI defines on every MPI process (docs.open-mpi.org, "Environment
+variables set for MPI applications"; the integration test checks all four under Debian 12's 4.1.4)
 by a one-line ``sh -c`` (:data:`RANK_ENV`) that then execs the program -- mpirun's ``-x`` carries fixed
 values only. DeepSpeed maps the same variables the same way (deepspeedai/DeepSpeed@edaa722,
 ``deepspeed/comm/comm.py`` ``patch_aws_sm_env_for_torch_nccl_backend``: ``RANK=OMPI_COMM_WORLD_RANK``,
@@ -58,13 +59,15 @@ MPIRUN_FAILED_RANK = (
 )
 
 
-# --tag-output starts every chunk of a rank's output, and every line inside a chunk, with
-# "[jobid,rank]<stdout>:" (or <stderr>, <stddiag>), and adds nothing else -- no space, no newline
-# (open-mpi/ompi v4.1.x, orte/mca/iof/base/iof_base_output.c, orte_iof_base_write_output).
+# --tag-output: "Tag each line of output to stdout, stderr, and stddiag with [jobid, MCW_rank]<stdxxx>"
+# (mpirun.openmpi(1), Debian 12's Open MPI 4.1.4). What 4.1.4 does (tests/unit/fixtures/mpirun): the tag
+# "[jobid,rank]<stdout>:" starts every chunk read from the rank's pipe and every line inside one, with no
+# space and no newline added -- so a chunk ending mid-line is continued after a tag, often after other
+# ranks' lines. orte_iof_base_write_output (orte/mca/iof/base/iof_base_output.c) writes the tags.
 TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
 
-# The env:// variables each rank derives from Open MPI's own (set in every rank's environment by
-# Open MPI 4.1: OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK, _LOCAL_SIZE; mpirun(1) "Environment Variables"),
+# The env:// variables each rank derives from Open MPI's own (OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK,
+# _LOCAL_SIZE: "defined on every MPI process", docs.open-mpi.org "Environment variables set for MPI applications"),
 # and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node.
 # $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
 RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
