@@ -68,11 +68,13 @@ TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
 
 # The env:// variables each rank derives from Open MPI's own (OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK,
 # _LOCAL_SIZE: "defined on every MPI process", docs.open-mpi.org "Environment variables set for MPI applications"),
-# and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node.
+# and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node where it has
+# `ip` (the images in docker/ have none: there the rank gets it from mpirun's -x, at MPI_Init).
 # $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
 RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
-            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" '
-            'GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk "NR==1{print \\$2}")"; shift; '
+            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+            'if command -v ip >/dev/null; then '
+            'export GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk "NR==1{print \\$2}")"; fi; shift; '
             '[ "$0" = - ] || export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"')
 
 
