@@ -45,17 +45,19 @@ class Launch:
 
 
 def detect(env: Mapping[str, str]) -> Launch:
+    # MPI first: multinode's mpirun launch also gives every rank the env:// variables (derived from
+    # OMPI_COMM_WORLD_*), for scripts that read them; MPI itself stays the truth for our trainer.
+    if any(marker in env for marker in MPI_MARKERS):
+        rank = int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", env.get("PMIX_RANK", 0))))
+        size = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", 1)))
+        local = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", 0)))
+        return Launch("mpirun", rank, size, local)
     if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         # torchrun's agent also sets TORCHELASTIC_RUN_ID; multinode's static launch, DeepSpeed's
         # launcher or a hand-typed line give only the env:// variables.
         name = "torchrun" if "TORCHELASTIC_RUN_ID" in env else "env"
         return Launch(name, int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)),
                       env["MASTER_ADDR"], int(env.get("MASTER_PORT", 29500)))
-    if any(marker in env for marker in MPI_MARKERS):
-        rank = int(env.get("OMPI_COMM_WORLD_RANK", env.get("PMI_RANK", env.get("PMIX_RANK", 0))))
-        size = int(env.get("OMPI_COMM_WORLD_SIZE", env.get("PMI_SIZE", 1)))
-        local = int(env.get("OMPI_COMM_WORLD_LOCAL_RANK", env.get("MPI_LOCALRANKID", 0)))
-        return Launch("mpirun", rank, size, local)
     if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         addr = env.get("MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR")
         return Launch("slurm", int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"]), int(env.get("SLURM_LOCALID", 0)),

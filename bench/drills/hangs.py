@@ -5,9 +5,10 @@ orchestrator must name it (node, rank, why, top of its stack) -- not the ranks t
 
 Each drill runs tests/integration/jobs/user_hang.py through the real CLI on 3 nodes with a process-group
 timeout of PG_TIMEOUT seconds; rank 2 (on node-2) hangs after a few steps: SIGSTOPped from outside, spinning
-in a Python loop, or blocked on a lock right before its next collective. Recorded: exit code, seconds from the
-hang to the orchestrator's exit (bound: PG_TIMEOUT + 10), the node and rank named, the root-cause line, and
-the processes left on every node.
+in a Python loop, or blocked on a lock right before its next collective -- or rank 0 (on node-0) calls
+all_reduce while ranks 1-2 call broadcast (every rank waits; the stall watchdog ends the job). Recorded: exit
+code, seconds from the hang to the orchestrator's exit (bound: the detecting timeout + 10), the node and rank
+named, the root-cause line, and the processes left on every node.
 """
 
 from __future__ import annotations
@@ -62,11 +63,16 @@ def sigstop(state) -> None:
 
 @dataclass(frozen=True)
 class HangDrill:
-    how: str  # how rank 2 hangs in the job (user_hang.py --how)
-    fault: Callable | None  # what the drill does from outside once rank 2 did HANG_AFTER steps
+    how: str  # how the rank hangs in the job (user_hang.py --how)
+    fault: Callable | None  # what the drill does from outside once the rank did HANG_AFTER steps
     evidence: tuple[str, ...]  # what the root-cause line must say
     pg_timeout: int = PG_TIMEOUT
     stall_timeout: int = 0  # STALL_TIMEOUT (0: off, the process-group timeout ends the job)
+    rank: int = 2  # the rank that hangs, on node-<rank> (one rank per node): the one to name
+
+    @property
+    def node(self) -> str:
+        return f"node-{self.rank}"
 
     @property
     def bound(self) -> int:
@@ -83,22 +89,29 @@ HANG_DRILLS: dict[str, HangDrill] = {
         HangDrill("lock", None, ("is blocked outside any collective", "(state S", "wait_for_the_lock (project/user_hang.py:")),
     f"hang: rank 2 on node-2 SIGSTOPped, process-group timeout 600 s, STALL_TIMEOUT={STALL_TIMEOUT}":
         HangDrill("none", sigstop, ("is stopped (state T", "user_hang.py"), pg_timeout=600, stall_timeout=STALL_TIMEOUT),
+    # Every rank waits, each in a collective: no process state or timeout tells them apart, only the collective
+    # on their stacks. The process-group timeout would fire on every rank at once (and take the stacks with it):
+    # the stall watchdog ends the job while they still wait.
+    f"hang: rank 0 on node-0 calls all_reduce, ranks 1-2 call broadcast, STALL_TIMEOUT={STALL_TIMEOUT}":
+        HangDrill("mismatch", None, ("is the odd one out: rank 0 in all_reduce, ranks 1-2 in broadcast: the ranks "
+                                     "called different collectives", "all_reduce (torch/distributed/"),
+                  pg_timeout=600, stall_timeout=STALL_TIMEOUT, rank=0),
 }
 
 
 def run_hang_drill(cluster, name: str) -> HangResult:
     drill = HANG_DRILLS[name]
     fault = drill.fault
-    args = f"--hang-rank 2 --how {drill.how} --after {HANG_AFTER} --timeout {drill.pg_timeout}"
+    args = f"--hang-rank {drill.rank} --how {drill.how} --after {HANG_AFTER} --timeout {drill.pg_timeout}"
     proc = cluster.popen("train", "--nodes", "3", "--script", str(HANG_JOB), f"--args={args}",
                          f"--stall-timeout={drill.stall_timeout}", PYTHONFAULTHANDLER="1")
     with watched(proc) as (out, err):
         if fault is not None:
-            out.wait_for(rf"^\[node-2\] \[rank2\]: USER step {HANG_AFTER} ")
+            out.wait_for(rf"^\[{drill.node}\] \[rank{drill.rank}\]: USER step {HANG_AFTER} ")
             start = time.monotonic()
             fault(cluster.state)
         else:
-            out.wait_for(r"^\[node-2\] \[rank2\]: USER rank=2 .* hangs now")
+            out.wait_for(rf"^\[{drill.node}\] \[rank{drill.rank}\]: USER rank={drill.rank} .* hangs now")
             start = out.first(r"hangs now")[0]
         try:
             proc.wait(timeout=120)

@@ -24,14 +24,15 @@ JOBS = Path(__file__).parent / "jobs"
 def test_hung_rank_is_named(cluster3, name: str):
     result = run_hang_drill(cluster3, name)
     print(f"{name}: {result}")
-    evidence = HANG_DRILLS[name].evidence
+    drill = HANG_DRILLS[name]
     assert result.exit_code == 1, result
-    assert (result.named_node, result.named_rank) == ("node-2", 2), result
-    assert result.root_cause.startswith("node-2 rank 2 ") and "top of its stack: " in result.root_cause, result
-    assert all(fragment in result.root_cause for fragment in evidence), result
-    assert result.stacks and (Path(result.stacks) / "node-2.json").exists(), result
-    assert "rank 2" in (Path(result.stacks) / "node-2.txt").read_text()
-    assert result.seconds_to_exit <= HANG_DRILLS[name].bound, result
+    assert (result.named_node, result.named_rank) == (drill.node, drill.rank), result
+    assert result.root_cause.startswith(f"{drill.node} rank {drill.rank} ") and "top of its stack: " in result.root_cause, \
+        result
+    assert all(fragment in result.root_cause for fragment in drill.evidence), result
+    assert result.stacks and (Path(result.stacks) / f"{drill.node}.json").exists(), result
+    assert f"rank {drill.rank}" in (Path(result.stacks) / f"{drill.node}.txt").read_text()
+    assert result.seconds_to_exit <= drill.bound, result
     assert not any(result.left_at_exit.values()), result
 
 

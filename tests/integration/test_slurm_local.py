@@ -141,6 +141,22 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread) 
     return "".join(lines)
 
 
+def test_an_env_script_runs_in_the_mpi_step(slurm):
+    """MODE=mpi through the scheduler: each MPI rank gets torch's env:// contract too (RANK etc. from the rank
+    srun or mpirun gave it, MASTER_ADDR = the allocation's first host, MASTER_PORT = the rendezvous port), so a
+    plain env:// script runs unchanged."""
+    script = REPO / "tests" / "integration" / "jobs" / "env_contract.py"
+    res = slurm.cli("train", "--nodes", "3", "--mode", "mpi", "--script", str(script), timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    found = re.findall(r"^\[(node-\d)\] \[rank(\d)\] CONTRACT rank=(\d) world=(\d) local=(\d) local_world=(\d) "
+                       r"group=(\d) master=(\S+) sum=(\d) ", res.stdout, re.M)
+    assert sorted(rank for _, rank, *_ in found) == ["0", "1", "2"], res.stdout[-3000:]
+    for node, shown, rank, world, local, local_world, group, master, total in found:
+        assert shown == rank == group and node == f"node-{rank}", found
+        assert (world, local, local_world, master, total) == ("3", "0", "1", f"{slurm.name}-node-0:29500", "3")
+    assert_nothing_left(slurm)
+
+
 def test_killed_rank_and_ctrl_c_cancel_the_job(slurm):
     from multinode.providers.local.faults import node_pids
 

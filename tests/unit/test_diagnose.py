@@ -142,3 +142,43 @@ def test_a_node_that_failed_on_its_own_outranks_a_rank_merely_outside_a_collecti
     assert root_cause(busy, [reacted]).rank == 2  # every failure reacted to the hang: the stuck rank is the cause
     stopped = recorded("sigstop")
     assert root_cause(stopped, [killed]).rank == 2  # a stopped rank outranks everything
+
+
+def test_ranks_in_different_collectives_name_the_odd_one_out():
+    """A real capture: rank 0 waits in all_reduce, ranks 1-2 in broadcast. Every rank waits on its peers, so no
+    verdict clears one; the mismatch names rank 0 -- before a node's own failure (the watchdog's stall)."""
+    from multinode.core.errors import NodeError
+    from multinode.diagnose.collectives import collective_of, mismatch
+    from multinode.diagnose.rank import root_cause
+
+    dumps = recorded("mismatch")
+    assert [collective_of(d.last.frames) for d in dumps] == ["all_reduce", "broadcast", "broadcast"]
+    assert pick_culprit(dumps) is None
+    found = mismatch(dumps)
+    assert found.describe() == "rank 0 in all_reduce, ranks 1-2 in broadcast: the ranks called different collectives"
+    stall = NodeError("node-0", "job", None, "no rank made progress for 8 s", tail=["USER step 1 rank=0"])
+    culprit = root_cause(dumps, [stall])
+    assert (culprit.node, culprit.rank) == ("node-0", 0)
+    assert culprit.describe().startswith(f"rank 0 (pid {culprit.pid}) is the odd one out: rank 0 in all_reduce, "
+                                         "ranks 1-2 in broadcast: the ranks called different collectives; top of its "
+                                         "stack: all_reduce (torch/distributed/distributed_c10d.py:")
+    assert group_stacks(dumps).splitlines()[0] == f"different collectives: {found.describe()}"
+
+
+@pytest.mark.parametrize("name", ["sigstop", "spin", "lock"])
+def test_ranks_in_the_same_collective_are_no_mismatch(name):
+    from multinode.diagnose.collectives import mismatch
+
+    waiters = [d for d in recorded(name) if d.rank != 2]
+    assert mismatch(waiters) is None  # both in all_reduce
+    assert mismatch(recorded(name)) is None  # rank 2 is in none
+    assert not group_stacks(recorded(name)).startswith("different collectives")
+
+
+def test_two_even_groups_name_no_odd_one():
+    from multinode.diagnose.collectives import mismatch, rank_list
+
+    dumps = recorded("mismatch")
+    even = [d for d in dumps if d.rank != 2]  # rank 0 in all_reduce, rank 1 in broadcast: which is wrong?
+    assert mismatch(even).odd is None and mismatch(even).describe().startswith("rank 0 in all_reduce, rank 1 in")
+    assert rank_list([5, 0, 3, 4]) == "ranks 0, 3-5" and rank_list([2]) == "rank 2"

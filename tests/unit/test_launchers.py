@@ -7,6 +7,7 @@ import pytest
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
 from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for_mode
+from multinode.plan.launchers.mpirun import RANK_ENV
 from multinode.app.run import plan_job
 from multinode.diagnose.rank import pick_root_cause
 from multinode.core.errors import NodeError
@@ -71,8 +72,13 @@ def test_mpirun_plan_is_one_command_on_the_head(inventory):
     assert ["-x", "MULTINODE_RUN_ID"] == list(argv[argv.index("MULTINODE_RUN_ID") - 1 : argv.index("MULTINODE_RUN_ID") + 1])
     # every rank starts with the run id in its environment (remote ranks get -x values only inside MPI_Init)
     assert argv.count("MULTINODE_RUN_ID=r4") == 3
-    assert argv[argv.index("MULTINODE_RUN_ID=r4") - 1 : argv.index("MULTINODE_RUN_ID=r4") + 3] == \
-        ("env", "MULTINODE_RUN_ID=r4", "/repo/.venv/bin/python", "training/train.py")
+    at = argv.index("MULTINODE_RUN_ID=r4")
+    assert argv[at - 1:at + 12] == ("env", "MULTINODE_RUN_ID=r4", "OMP_NUM_THREADS=1", "PYTHONUNBUFFERED=1",
+                                    "MASTER_ADDR=10.200.7.10", "MASTER_PORT=29500", "GROUP_RANK=0",
+                                    "sh", "-c", RANK_ENV, "-", "10.200.7.0/24", "/repo/.venv/bin/python")
+    # the env:// contract: literal per app context (the node's index), the rest from Open MPI's own variables
+    assert [a for a in argv if a.startswith("GROUP_RANK=")] == ["GROUP_RANK=0", "GROUP_RANK=1", "GROUP_RANK=2"]
+    assert argv.count("MASTER_ADDR=10.200.7.10") == 3 and argv.count("MASTER_PORT=29500") == 3
     # so do the orted daemons Open MPI starts over SSH on the other nodes (the gang-stop finds them by it)
     assert argv[argv.index("orte_launch_agent") + 1] == "env MULTINODE_RUN_ID=r4 orted"
     assert cmd.env["OMPI_ALLOW_RUN_AS_ROOT"] == "1"

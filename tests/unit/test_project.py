@@ -13,6 +13,7 @@ from multinode.core.taskfile import KEYS
 from multinode.core.config import LaunchSpec
 from multinode.core.envvars import EnvVar, env_file_content, parse_env
 from multinode.core.errors import UserError
+from multinode.plan.launchers.mpirun import RANK_ENV
 from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for
 from multinode.code.setup import named_files, setup_hash
 from multinode.plan.runtime import to_shell
@@ -184,8 +185,9 @@ def test_a_module_runs_with_python_m_in_the_project_directory_under_every_launch
         assert plan.commands[0].cwd == "/state/dev/nodes/node-0/code/project"
         if name == "mpirun":  # each node's ranks import from their own node's copy
             i = argv.index("/state/dev/nodes/node-1/code/project", argv.index("/state/dev/nodes/node-1/code/project") + 1)
-            assert argv[i - 3:i + 2] == ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"',
-                                         "/state/dev/nodes/node-1/code/project", "MULTINODE_RUN_ID=r1"]
+            assert argv[i - 3:i + 3] == ["sh", "-c", RANK_ENV, "/state/dev/nodes/node-1/code/project",
+                                         "10.200.7.0/24", "/repo/.venv/bin/python"]
+            assert 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"' in RANK_ENV
         else:
             assert all(cmd.node_env["PYTHONPATH"] == f"/state/dev/nodes/{cmd.node}/code/project${{PYTHONPATH:+:$PYTHONPATH}}"
                        and "PYTHONPATH" not in cmd.env for cmd in plan.commands)
@@ -218,7 +220,7 @@ def test_nproc_auto_is_one_per_gpu_and_one_on_cpu_nodes():
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-np"] == ["4", "2"] and mpi.world_size == 6
     assert mpi.commands[0].files["/state/dev/nodes/node-0/runs/r/hostfile"] == "10.200.7.10 slots=4\n10.200.7.11 slots=2\n"
     relabel = get_launcher("mpirun").relabel(mpi)
-    assert relabel("node-0", "[1,4]<stdout>: hi") == ("node-1", "[rank4]: hi")
+    assert relabel("node-0", "[1,4]<stdout>: hi") == [("node-1", "[rank4]:  hi")]
     cpu = get_launcher("static").plan(make_inventory(3), LaunchSpec(nodes=3, nproc="auto", run_id="r"), entry)
     assert cpu.world_size == 3 and cpu.procs == (1, 1, 1)
 
@@ -269,3 +271,22 @@ def test_the_sync_line_groups_nodes_with_the_same_outcome():
     line = describe_sync(Project(Path("/p"), edited), plans)
     assert line == ("sync /p (2 files, 8 B): node-0..node-62 sent 1 file (5 bytes), deleted 0; "
                     "node-63 sent 2 files (8 bytes), deleted 0")
+
+
+@pytest.mark.parametrize("name, mode, refused", [
+    ("MASTER_ADDR", "mpi", "which the launcher sets on every rank (torch's env:// contract)"),  # mpirun sets it now
+    ("RANK", "cpu", "which the launcher sets on every rank (torch's env:// contract)"),
+    ("NCCL_SOCKET_IFNAME", "gpu", "which the launcher sets on every rank in MODE=gpu"),
+    ("NCCL_SOCKET_IFNAME", "mpi-gpu", None),  # mpirun's ranks get no NCCL pinning: the name is the user's
+    ("NCCL_SOCKET_IFNAME", "cpu", None),
+    ("NCCL_SOCKET_IFNAME", None, "in MODE=gpu"),  # mode not known: the reason says which mode sets it
+    ("PATH", "cpu", "which the launch itself needs"),
+])
+def test_env_refuses_only_what_the_mode_sets_and_says_who_sets_it(name, mode, refused):
+    if refused is None:
+        assert [v.name for v in parse_env(f"{name}=x", {}, mode=mode)] == [name]
+        return
+    with pytest.raises(UserError) as err:
+        parse_env(f"{name}=x", {}, mode=mode)
+    assert str(err.value).startswith(f"ENV names {name}, ") and refused in str(err.value)
+    assert str(err.value).endswith("; choose another name")

@@ -30,6 +30,14 @@ def test_open_mpi_and_mpich():
     assert (mpich.launcher, mpich.rank, mpich.world_size, mpich.local_rank) == ("mpirun", 2, 3, 1)
 
 
+def test_mpi_wins_over_the_env_contract_multinode_adds_under_mpirun():
+    """MODE=mpi gives every rank the env:// variables too (for scripts that read them); our trainer stays on MPI."""
+    env = {"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert detect(env) == Launch("mpirun", 3, 4, 1)
+    assert detect({**env, "PMIX_RANK": "3"}).launcher == "mpirun"  # srun --mpi=pmix in the SLURM MPI step
+
+
 def test_slurm():
     slurm = detect({"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1", "SLURM_LAUNCH_NODE_IPADDR": "10.1.1.1"})
     assert (slurm.launcher, slurm.rank, slurm.world_size, slurm.local_rank, slurm.master_addr) == \

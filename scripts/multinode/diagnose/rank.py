@@ -11,8 +11,10 @@ A hung rank does not fail: its peers do, when their collective times out, and th
 * :func:`own_failure` / :func:`pick_root_cause`: among the nodes that failed (NodeErrors, in the order
   they ended), the first whose log does not read like a reaction to another node's failure
   (:data:`PEER_FAILURE`).
-* :func:`root_cause` weighs the two: a stopped or uninterruptible rank; else none when a node failed on
-  its own (the caller names that node from its log); else a rank stuck outside any collective.
+* :func:`odd_collective`: when the live ranks wait in different collectives, the odd one out.
+* :func:`root_cause` weighs them: a stopped or uninterruptible rank; else the odd one out of mismatched
+  collectives; else none when a node failed on its own (the caller names that node from its log); else a rank
+  stuck outside any collective.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from multinode.diagnose.collectives import mismatch
 from multinode.diagnose.dumps import Frame, RankDump
 
 # A frame in one of these files means the rank is inside a collective, a store or rendezvous wait, or
@@ -132,16 +135,30 @@ def pick_root_cause(failures: list, first):
     return own_failure(failures) or first
 
 
+def odd_collective(dumps: Iterable[RankDump]) -> Culprit | None:
+    """The odd one out when the live ranks wait in different collectives (:mod:`multinode.diagnose.collectives`):
+    the lowest rank of the smallest group; None when they do not differ, or no group is smaller than the others."""
+    found = mismatch(dumps)
+    if found is None or found.odd is None:
+        return None
+    dump = found.odd[0]
+    frames = dump.last.frames
+    return Culprit(dump.node, dump.rank, dump.pid, f"is the odd one out: {found.describe()}",
+                   frames[0] if frames else None)
+
+
 def root_cause(dumps: Iterable[RankDump], failures: list) -> Culprit | None:
     """The rank to name from the live ranks and the nodes' failures (NodeErrors, in the order they ended):
-    a stopped or uninterruptible rank; else none when a node failed on its own (the caller names it from its
-    log: a rank busy computing when a peer crashed is not the cause); else a rank stuck outside any collective."""
+    a stopped or uninterruptible rank; else the odd one out when the ranks wait in different collectives (every
+    rank waits, so the first to time out or the watchdog's stall says nothing of the cause); else none when a
+    node failed on its own (the caller names it from its log: a rank busy computing when a peer crashed is not
+    the cause); else a rank stuck outside any collective."""
     dumps = list(dumps)
-    strong = pick_culprit(dumps, strong_only=True)
+    strong = pick_culprit(dumps, strong_only=True) or odd_collective(dumps)
     if strong is not None or own_failure(failures) is not None:
         return strong
     return pick_culprit(dumps)
 
 
-__all__ = ["PEER_FAILURE", "Culprit", "own_failure", "pick_culprit", "pick_root_cause", "root_cause", "verdict",
+__all__ = ["PEER_FAILURE", "Culprit", "odd_collective", "own_failure", "pick_culprit", "pick_root_cause", "root_cause", "verdict",
            "waiting"]

@@ -1,6 +1,7 @@
 """How captured stacks are shown and kept: ``multinode stacks`` and ``runs/<id>/stacks/``. Pure but for :func:`save`.
 
-* :func:`group_stacks` prints identical main-thread stacks once, with the ranks (and nodes) that share them.
+* :func:`group_stacks` prints identical main-thread stacks once, with the ranks (and nodes) that share them,
+  after a first line naming the collectives when the ranks wait in different ones.
 * :func:`describe_node` is a readable dump of one node: every rank, every sample, every thread's stack.
 * :func:`save` writes ``node-i.json`` (the raw capture) and ``node-i.txt`` (readable) per node, and
   ``stacks.txt`` (grouped).
@@ -12,6 +13,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
+from multinode.diagnose.collectives import mismatch
 from multinode.diagnose.dumps import Frame, RankDump, Sample
 
 STATE_WORDS = {"R": "running", "S": "sleeping", "D": "uninterruptible", "T": "stopped", "t": "stopped (traced)",
@@ -27,13 +29,16 @@ def stack_lines(sample: Sample) -> list[str]:
 
 
 def group_stacks(dumps: Iterable[RankDump]) -> str:
-    """Identical main-thread stacks printed once, with the ranks (and nodes) that share them."""
+    """Identical main-thread stacks printed once, with the ranks (and nodes) that share them; first, when the
+    ranks wait in different collectives, which ranks wait in which."""
+    dumps = list(dumps)
     groups: dict[tuple[str, ...], list[RankDump]] = {}
     for dump in dumps:
         if dump.last.state is None:
             continue
         groups.setdefault(tuple(stack_lines(dump.last)), []).append(dump)
-    lines = []
+    found = mismatch(dumps)
+    lines = [f"different collectives: {found.describe()}"] if found else []
     for stack, members in sorted(groups.items(), key=lambda item: (-len(item[1]), item[1][0].rank)):
         who = ", ".join(f"{d.rank} on {d.node}{' (child)' if d.parent_is_rank else ''}" for d in members)
         states = ", ".join(sorted({STATE_WORDS.get(d.last.state, d.last.state) for d in members}))

@@ -17,8 +17,9 @@ from multinode.core.inventory import Inventory
 
 log = logging.getLogger(__name__)
 
-# mpirun --tag-output can glue the next chunk's tag ("[1,0]<stdout>:") to a line that an
-# unbuffered print() wrote in two pieces (text, then the newline).
+# mpirun --tag-output glues the next chunk's tag ("[1,0]<stdout>:") to a line that an unbuffered print()
+# wrote in two pieces (text, then the newline); the runner re-assembles each rank's lines now
+# (multinode.ssh.lines.TaggedLines), but logs of runs recorded before still hold such lines.
 RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 

@@ -66,7 +66,7 @@ class SlurmBackend:
         return False  # srun (or mpirun inside the allocation) starts the ranks, not SSH
 
     def rendezvous_port(self, spec: LaunchSpec) -> int | None:
-        return None if spec.uses_mpi or self.shared else spec.rdzv_port
+        return None if self.shared else spec.rdzv_port  # MPI ranks get it as MASTER_PORT
 
     def finish_plan(self, run, job: SlurmJob) -> SlurmJob:
         """The PMI plugin the cluster's srun offers now (``srun --mpi=list``; none: mpirun in the allocation)."""

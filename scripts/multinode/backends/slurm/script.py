@@ -131,6 +131,17 @@ class _Launch:
     launch: str = "srun + torchrun"  # in words, for the run's first line
 
 
+def _env_contract(spec: LaunchSpec, rank_var: str) -> str:
+    """torch's env:// variables for one MPI rank, as the SSH path's mpirun gives them: the rank from the variable
+    its launcher sets (srun: ``SLURM_PROCID``; Open MPI: ``OMPI_COMM_WORLD_RANK``), the rest from the job's shape
+    (``spec.nproc`` ranks per node, placed node by node: srun's default block distribution, mpirun's
+    ``--map-by ppr:N:node``), the head from ``$MULTINODE_HEAD`` and the run's rendezvous port."""
+    rank = f"${rank_var}"
+    return (f'RANK="{rank}" LOCAL_RANK=$(({rank} % {spec.nproc})) WORLD_SIZE={spec.nodes * spec.nproc} '
+            f'LOCAL_WORLD_SIZE={spec.nproc} GROUP_RANK=$(({rank} / {spec.nproc})) '
+            f'MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT={spec.rdzv_port}')
+
+
 def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None) -> _Launch:
     """MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank, or (no plugin) mpirun in the allocation."""
     py = _python(inv, spec)
@@ -142,7 +153,8 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
         launcher = "mpirun"
         steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
     # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
-    launch_line = f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"'
+    launch_line = (f'{_env_contract(spec, "SLURM_PROCID" if mpi_plugin else "OMPI_COMM_WORLD_RANK")} '
+                   f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"')
     return _Launch(
         line=launch_line,
         tasks=f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}",

@@ -46,7 +46,7 @@ class SshBackend:
         return spec.uses_mpi
 
     def rendezvous_port(self, spec: LaunchSpec) -> int | None:
-        return None if spec.uses_mpi else spec.rdzv_port
+        return spec.rdzv_port  # mpirun's ranks get it as MASTER_PORT (launchers/mpirun.py)
 
     def finish_plan(self, run, plan: LaunchPlan) -> LaunchPlan:
         return plan

@@ -6,6 +6,23 @@ hostfile listing the nodes is also written on the head for anyone re-running by 
 
 Open MPI's TCP traffic (both the out-of-band channel and the byte transfer layer) is pinned to
 the cluster subnet by CIDR, which Open MPI accepts directly: no interface name is hard-coded.
+
+Every rank starts with torch's env:// contract, as under torchrun, so ``init_process_group()`` and
+accelerate's ``PartialState`` work unchanged: ``MASTER_ADDR`` (the head's cluster address), ``MASTER_PORT``
+(the run's rendezvous port, checked free on the head at pre-flight), ``GROUP_RANK`` (the node's index),
+literal per app context; ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` copied from the
+``OMPI_COMM_WORLD_*`` variables Open MPI defines on every MPI process (docs.open-mpi.org, "Environment
+variables set for MPI applications"; the integration test checks all four under Debian 12's 4.1.4)
+by a one-line ``sh -c`` (:data:`RANK_ENV`) that then execs the program -- mpirun's ``-x`` carries fixed
+values only. DeepSpeed maps the same variables the same way (deepspeedai/DeepSpeed@edaa722,
+``deepspeed/comm/comm.py`` ``patch_aws_sm_env_for_torch_nccl_backend``: ``RANK=OMPI_COMM_WORLD_RANK``,
+``LOCAL_RANK=OMPI_COMM_WORLD_LOCAL_RANK``, ``WORLD_SIZE=OMPI_COMM_WORLD_SIZE``; its ``mpi_discovery`` sets
+``MASTER_ADDR`` to rank 0's address and ``MASTER_PORT`` to a fixed port, 29500 by default). MPI stays the
+truth: our trainer still asks mpi4py (``training/dist_env.py``).
+
+Lines: ``--tag-output`` tags every chunk a rank's pipe gives, not every line (measured with Open MPI 4.1.4:
+``[1,0]<stderr>:    [1,0]<stderr>:outer()[1,0]<stderr>:``), so :func:`relabel_by_rank` re-assembles each
+rank's stream into whole lines (:class:`multinode.ssh.lines.TaggedLines`) before it is shown or logged.
 """
 
 from __future__ import annotations
@@ -16,6 +33,7 @@ from collections.abc import Sequence
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
 from multinode.core.nodepaths import env_file, run_dir
+from multinode.ssh.lines import TaggedLines
 from multinode.plan.launchers.base import (
     BASE_ENV,
     EntryPoint,
@@ -41,21 +59,34 @@ MPIRUN_FAILED_RANK = (
 )
 
 
-# --tag-output prefixes every rank's line with "[jobid,rank]<stdout>:".
-TAGGED_LINE = re.compile(r"^\[\d+,(\d+)\]<std(?:out|err)>:\s?")
+# --tag-output: "Tag each line of output to stdout, stderr, and stddiag with [jobid, MCW_rank]<stdxxx>"
+# (mpirun.openmpi(1), Debian 12's Open MPI 4.1.4). What 4.1.4 does (tests/unit/fixtures/mpirun): the tag
+# "[jobid,rank]<stdout>:" starts every chunk read from the rank's pipe and every line inside one, with no
+# space and no newline added -- so a chunk ending mid-line is continued after a tag, often after other
+# ranks' lines. orte_iof_base_write_output (orte/mca/iof/base/iof_base_output.c) writes the tags.
+TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
+
+# The env:// variables each rank derives from Open MPI's own (OMPI_COMM_WORLD_SIZE, _RANK, _LOCAL_RANK,
+# _LOCAL_SIZE: "defined on every MPI process", docs.open-mpi.org "Environment variables set for MPI applications"),
+# and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node where it has
+# `ip` (the images in docker/ have none: there the rank gets it from mpirun's -x, at MPI_Init).
+# $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
+RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
+            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+            'if command -v ip >/dev/null; then '
+            'export GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk "NR==1{print \\$2}")"; fi; shift; '
+            '[ "$0" = - ] || export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"')
 
 
-def relabel_by_rank(rank_nodes: Sequence[str]):
-    """Lines of every rank arrive through the head's mpirun: show them under the rank's own node."""
+def relabel_by_rank(rank_nodes: Sequence[str]) -> TaggedLines:
+    """Lines of every rank arrive through the head's mpirun, tagged by global rank: each rank's whole lines,
+    shown under the rank's own node as ``[rankN]: <line>`` (torchrun's prefix)."""
 
-    def relabel(node: str, line: str) -> tuple[str, str]:
-        match = TAGGED_LINE.match(line)
-        if not match or int(match[1]) >= len(rank_nodes):
-            return node, line
+    def label(match: re.Match, text: str) -> tuple[str, str] | None:
         rank = int(match[1])
-        return rank_nodes[rank], f"[rank{rank}]: {line[match.end():]}"
+        return (rank_nodes[rank], f"[rank{rank}]: {text}") if rank < len(rank_nodes) else None
 
-    return relabel
+    return TaggedLines(TAG, label)
 
 
 def mpi_ssh_args(inventory: Inventory) -> str:
@@ -99,14 +130,13 @@ def mpirun_options(inv: Inventory, spec: LaunchSpec) -> list[str]:
     return argv
 
 
-def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node) -> list[str]:
-    """One node's MPMD app context: its ranks, in its own node-local directory, with its own PYTHONPATH."""
+def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node, group_rank: int) -> list[str]:
+    """One node's MPMD app context: its ranks, in its own node-local directory, with its own PYTHONPATH and
+    the env:// contract (see the module doc)."""
     count = nproc_of(spec, node)
     # A project's directory differs per node (local nodes share a disk): PYTHONPATH per app context, put
-    # before the node's own (a site's module setup) by a shell on the node; `env` alone would replace it.
-    project = project_env(inv, node.name, entry).get("PYTHONPATH")
-    prepend = ["sh", "-c", 'export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec env "$@"', project] \
-        if project else ["env"]
+    # before the node's own (a site's module setup) by the rank's shell; `env` alone would replace it.
+    project = project_env(inv, node.name, entry).get("PYTHONPATH", "-")
     return [
         "-np", str(count),
         "--host", f"{node.private_ip}:{count}",
@@ -115,9 +145,14 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node)
         # context: a -x before the first one reaches only that context's ranks (measured here: the
         # other nodes' ranks see none of FORWARDED either).
         *(arg for var in spec.env for arg in ("-x", var.name)),
-        # -x sets variables only once MPI starts inside the rank: the run id goes into the environment the
-        # rank starts with, where the gang-stop and the stack capture find ranks by it (/proc/<pid>/environ).
-        *prepend, f"MULTINODE_RUN_ID={spec.run_id}",
+        # -x sets variables only once MPI starts inside the rank (measured: a remote rank's Python starts without
+        # OMP_NUM_THREADS, PYTHONUNBUFFERED or GLOO_SOCKET_IFNAME, and a script that never calls MPI never gets
+        # them): the run id goes into the environment the rank starts with, where the gang-stop and the stack
+        # capture find ranks by it (/proc/<pid>/environ); so do BASE_ENV and the env:// variables, which torch and
+        # accelerate read before any MPI call.
+        "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in BASE_ENV.items()),
+        f"MASTER_ADDR={inv.head.private_ip}", f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
+        "sh", "-c", RANK_ENV, project, inv.subnet,
         node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
@@ -155,7 +190,7 @@ class MpirunLauncher:
         for i, node in enumerate(inv.nodes):
             if i:
                 argv.append(":")
-            argv += app_context(inv, spec, entry, node)
+            argv += app_context(inv, spec, entry, node, i)
         counts = tuple(nproc_of(spec, node) for node in inv.nodes)
         return LaunchPlan(
             run_id=spec.run_id,
