@@ -39,7 +39,7 @@ class Settled:
         if "args" not in values:
             values["args"] = () if values.get("script") else DEFAULT_TRAIN_ARGS
         try:
-            values["env"] = parse_env(values.get("env"), environ)
+            values["env"] = parse_env(values.get("env"), environ, mode=values.get("mode", LaunchSpec.mode))
             return LaunchSpec(**values, **run)
         except UserError as err:
             raise self.located(err) from None
