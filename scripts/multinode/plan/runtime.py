@@ -50,11 +50,12 @@ ACCELERATOR_FLAGS = {
 }
 
 
-# Open MPI's shared-memory BTL (vader) copies large messages with process_vm_readv (CMA), which a container
-# may be refused (Docker without CAP_SYS_PTRACE; Yama's ptrace_scope=1 on Ubuntu hosts for a non-root user):
-# every rank then prints "Read -1, expected <n>, errno = 1" (open-mpi/ompi issue 4948). The vendor's
-# workaround there is this MCA parameter; messages then go through the shared-memory FIFOs
-# (copy-in/copy-out). Set in every container of the run: mpirun passes OMPI_MCA_* of its environment on.
+# Open MPI's shared-memory BTL (vader) copies large messages with process_vm_readv (CMA), which needs ptrace
+# access to the peer rank; a container may be refused it (Docker without CAP_SYS_PTRACE: open-mpi/ompi issue
+# 4948, where every rank prints "Read -1, expected <n>, errno = 1"; --cap-add gives a non-root user nothing).
+# The workaround given there is this MCA parameter: large messages then go through shared-memory FIFOs
+# (copy-in/copy-out). Set in every container of the run; mpirun passes OMPI_MCA_* of its environment on to
+# the orteds it starts (seen on their command line in tests/integration/test_container_owner.py's MPI run).
 CONTAINER_ENV = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
 # The node's SSH user, read by the node's shell where the line runs (kept out of shlex: that shell expands it).
 # USER/LOGNAME by value, not passed through: a CLI run through sudo (our local tests) would pass sudo's root.
