@@ -55,7 +55,7 @@ ACCELERATOR_FLAGS = {
 # 4948, where every rank prints "Read -1, expected <n>, errno = 1"; --cap-add gives a non-root user nothing).
 # The workaround given there is this MCA parameter: large messages then go through shared-memory FIFOs
 # (copy-in/copy-out). Set in every container of the run; mpirun passes OMPI_MCA_* of its environment on to
-# the orteds it starts (seen on their command line in tests/integration/test_container_owner.py's MPI run).
+# the orteds it starts (seen on an orted's command line in a container MPI run here, 2026-11-24).
 CONTAINER_ENV = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
 # The node's SSH user, read by the node's shell where the line runs (kept out of shlex: that shell expands it).
 # USER/LOGNAME by value, not passed through: a CLI run through sudo (our local tests) would pass sudo's root.
