@@ -5,7 +5,7 @@
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
-#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
+#   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [CLUSTER=..|ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > task file > default).
 
 SHELL := /bin/bash
@@ -27,6 +27,9 @@ APT_PACKAGES += shellcheck systemd
 # tests/integration/test_errors_local.py cuts a node's link with iptables (here it came only through podman).
 APT_PACKAGES += iptables
 IMAGE_PACKAGES := buildah podman debootstrap runc
+# The container tests: sudo (a non-root SSH user runs podman as root, as ubuntu has Docker's socket) and
+# Debian's docker-registry (distribution 2.8.2, a real registry for make image PUSH=1).
+IMAGE_PACKAGES += sudo docker-registry
 IMAGES := cpu cuda rocm
 IMAGE ?= cpu
 TAG ?= multinode-$(IMAGE):latest
@@ -133,9 +136,10 @@ bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/
 	$(PY) -m bench $(if $(QUICK),--quick --out-dir bench/out)
 	$(PY) -m bench.drills --out docs/reliability.md
 
-image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to ECR=<registry>/TAG, else to the AWS cluster's repository as :IMAGE
+image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to ECR=<registry>/TAG, else to the image CLUSTER runs, which every node then pulls
 	$(if $(filter $(IMAGE),$(IMAGES)),,$(error IMAGE=$(IMAGE) is not an image; use IMAGE=cpu, IMAGE=cuda or IMAGE=rocm))
-	$(if $(PUSH),$(if $(or $(ECR),$(shell $(PY) -m multinode.providers.aws.ecr_target $(CLUSTER) $(IMAGE) 2>/dev/null)),,$(error PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com or CLUSTER=<an AWS cluster that is up> whose repository it pushes to)))
+	$(if $(and $(PUSH),$(if $(ECR),,1)),$(eval PUSH_TO := $(shell $(PY) -m multinode.images.delivery target $(CLUSTER) $(IMAGE) 2>&1)))
+	$(if $(filter error:,$(firstword $(PUSH_TO))),$(error PUSH=1: $(wordlist 2,999,$(PUSH_TO))))
 	@set -eo pipefail; \
 	if docker info >/dev/null 2>&1; then engine=docker; build="docker build"; \
 	else engine="$(BUILDAH)"; build="$(BUILDAH) bud --isolation chroot --layers"; echo "no Docker engine: using buildah"; fi; \
@@ -144,13 +148,14 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to E
 	echo "$$build $(IMAGE) -> $(TAG)"; \
 	$$build $(BUILD_ARGS) -f $$context/$(IMAGE)/Dockerfile -t $(TAG) $$context; \
 	if [ -n "$(PUSH)" ]; then \
-	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$$($(PY) -m multinode.providers.aws.ecr_target $(CLUSTER) $(IMAGE))"); registry=$${dest%%/*}; \
-	  region=$$(echo "$$registry" | cut -d. -f4); \
-	  echo "push $(TAG) -> $$dest (region $$region)"; \
-	  aws ecr get-login-password --region "$$region" | $$engine login --username AWS --password-stdin "$$registry"; \
+	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$(PUSH_TO)"); registry=$${dest%%/*}; \
+	  echo "push $(TAG) -> $$dest"; \
+	  case "$$registry" in *.dkr.ecr.*.amazonaws.com) region=$$(echo "$$registry" | cut -d. -f4); \
+	    aws ecr get-login-password --region "$$region" | $$engine login --username AWS --password-stdin "$$registry";; esac; \
 	  $(if $(ECR),repo=$$(echo "$$dest" | cut -d/ -f2- | cut -d: -f1); aws ecr describe-repositories --region "$$region" --repository-names "$$repo" >/dev/null 2>&1 || aws ecr create-repository --region "$$region" --repository-name "$$repo" --image-scanning-configuration scanOnPush=true --encryption-configuration encryptionType=KMS >/dev/null;) \
 	  $$engine tag $(TAG) "$$dest"; \
 	  $$engine push "$$dest"; \
+	  $(if $(ECR),echo "pushed $$dest; a cluster runs it with: make up ... IMAGE_REF=$$dest";,$(PY) -m multinode.images.delivery pull $(CLUSTER);) \
 	fi
 
 test: setup ## the whole test suite (unit + integration), as CI runs it

@@ -104,11 +104,12 @@ def test_every_hadolint_ignore_says_why():
 
 @pytest.mark.parametrize("args, message", [
     (["IMAGE=gpu"], "IMAGE=gpu is not an image; use IMAGE=cpu, IMAGE=cuda or IMAGE=rocm"),
-    (["IMAGE=cpu", "PUSH=1"], "PUSH=1 needs ECR=<account>.dkr.ecr.<region>.amazonaws.com"),
+    # PUSH=1 goes to the image the cluster runs (multinode.images.delivery): no cluster, nothing to push to.
+    (["IMAGE=cpu", "PUSH=1"], "PUSH=1: cluster 'dev' is not up here, so no node runs an image to push to"),
 ])
-def test_make_image_rejects_bad_values_in_one_line(args, message):
+def test_make_image_rejects_bad_values_in_one_line(args, message, tmp_path):
     res = run(["make", "-s", "--no-print-directory", "-C", str(REPO), "image", *args,
-               "BUILDAH=false-buildah-must-not-run"], env={**os.environ, "MAKEFLAGS": ""})
+               "BUILDAH=false-buildah-must-not-run"], env={**os.environ, "MAKEFLAGS": "", "MULTINODE_HOME": str(tmp_path)})
     assert res.returncode == 2
     assert res.stdout == ""
     assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr

@@ -74,6 +74,26 @@ def test_every_answer_is_one_line_naming_the_node(stdout, stderr, code, expected
     assert line is None or "\n" not in line
 
 
+ROCBLAS_ABORT = (
+    "\nrocBLAS error: Cannot read /opt/venv/lib/python3.12/site-packages/torch/lib/rocblas/library/TensileLibrary.dat: "
+    "No such file or directory for GPU arch : gfx1011\n List of available TensileLibrary Files : \n"
+    '"/opt/venv/lib/python3.12/site-packages/torch/lib/rocblas/library/TensileLibrary_lazy_gfx90a.dat"\n'
+    '"/opt/venv/lib/python3.12/site-packages/torch/lib/rocblas/library/TensileLibrary_lazy_gfx942.dat"\n')
+
+
+def test_rocblas_aborting_the_process_is_named_as_missing_kernels_with_the_device_found_before():
+    """rocBLAS without a library for the GPU aborts (exit 134) instead of raising: the answer is the device line
+    printed before the compute, and rocBLAS's own text (the real run: tests/integration/test_gpucheck_local.py)."""
+    device = "GPUCHECK-DEVICE " + json.dumps(V520) + "\n"
+    assert failure_line("node-1", "img:1", 134, device, ROCBLAS_ABORT) == (
+        "node-1: torch in img:1 has no kernels for gfx1011 (AMD Radeon Pro V520): rocBLAS aborted at the first matmul "
+        "(it has kernels for gfx90a, gfx942); use a build for gfx1011 (docker/README.md)")
+    # "Illegal seek" is the same failure (ROCm/rocBLAS issue 1339), and a run that died before the device line.
+    seek = ROCBLAS_ABORT.replace("No such file or directory", "Illegal seek")
+    assert failure_line("node-1", None, 134, "", seek).startswith(
+        "node-1: the node's torch has no kernels for gfx1011 (its GPU): rocBLAS aborted")
+
+
 def test_host_runtime_names_the_nodes_torch():
     out = answer(error="no_gpu", torch="2.13.0+cpu", cuda=None, hip=None, archs=[], devices=[])
     assert failure_line("node-0", None, 0, out, "").startswith("node-0: the node's torch is a CPU-only build")

@@ -64,3 +64,22 @@ def test_rocm_image_is_torch_for_rocm_7_2_on_a_complete_rocm_7_2_base():
     bases = [b for b in re.findall(r"^FROM (\S+)", text, re.MULTILINE) if b.startswith("rocm/")]
     assert bases and all(b == "rocm/dev-ubuntu-24.04:${ROCM_VERSION}-complete" for b in bases), bases
     assert "rocm6" not in text
+
+
+def test_no_image_sets_an_mpi_parameter_that_mpiruns_command_line_overrides(make_inv):
+    """Issue 27, 8: the ROCm image set OMPI_MCA_pml=ucx, which the planned `mpirun --mca pml ob1` silently
+    overrode (Open MPI: the command line beats the environment). An image default that mpirun overrides is
+    a setting nobody gets; the two must agree."""
+    from multinode.app.run import plan_job
+    from multinode.core.config import LaunchSpec
+
+    inv = make_inv(2, runtime="docker", image="img:1")
+    plan, _ = plan_job(inv, LaunchSpec(mode="mpi", nodes=2, run_id="r1"))
+    argv = plan.commands[0].argv
+    on_command_line = {argv[i + 1] for i, word in enumerate(argv) if word == "--mca"}
+    assert "pml" in on_command_line
+    for name in ["cpu", "cuda", "rocm"]:
+        text = (DOCKER / name / "Dockerfile").read_text()
+        in_image = set(re.findall(r"^\s*(?:ENV\s+)?OMPI_MCA_(\w+)=", text, re.MULTILINE))
+        assert not in_image & on_command_line, (
+            f"docker/{name}/Dockerfile sets OMPI_MCA_{sorted(in_image & on_command_line)} that mpirun's --mca overrides")

@@ -50,6 +50,8 @@ count = torch.cuda.device_count()
 props = torch.cuda.get_device_properties(0)
 arch = props.gcnArchName.split(":")[0] if hip else f"sm_{props.major}{props.minor}"
 info.update(gpus=count, name=props.name, arch=arch)
+# What was found, before anything can take the process down (rocBLAS aborts without a kernel library).
+print("GPUCHECK-DEVICE " + json.dumps(info), flush=True)
 if want > count:
     report(error="too_many_procs", want=want, **info)
 for index in range(want):
@@ -71,6 +73,14 @@ report(ok=True, **info)
 """
 
 RESULT = re.compile(r"^GPUCHECK (\{.*\})\s*$")
+DEVICE = re.compile(r"^GPUCHECK-DEVICE (\{.*\})\s*$")
+# rocBLAS without a Tensile library for the GPU prints this and aborts the process (SIGABRT; no Python
+# exception): "rocBLAS error: Cannot read /opt/rocm-6.4.0/lib/rocblas/library/TensileLibrary.dat: No such
+# file or directory for GPU arch : gfx906", then " List of available TensileLibrary Files : " and one
+# "...TensileLibrary_lazy_<arch>.dat" per line (ROCm/ROCm issue 4625; the abort: ROCm/rocBLAS issue 1339).
+# "Illegal seek" instead of "No such file" is the same failure (ROCm/rocBLAS issue 1339).
+ROCBLAS_NO_ARCH = re.compile(r"rocBLAS error: Cannot read \S*TensileLibrary\.dat: .*? for GPU arch : (gfx\w+)")
+ROCBLAS_HAS = re.compile(r"TensileLibrary_lazy_(gfx\w+)\.dat")
 # What the container CLI says when the node cannot give a container the GPU.
 NO_TOOLKIT = re.compile(r"could not select device driver|nvidia-container-cli|unknown or invalid runtime name: nvidia", re.I)
 NO_DEVICE = re.compile(r"error gathering device information while adding custom device \"?/dev/(kfd|dri)|no such file or directory.*?/dev/(kfd|dri)", re.I)
@@ -94,22 +104,9 @@ def smoke_commands(inventory: Inventory, spec: LaunchSpec) -> dict[str, NodeComm
 def failure_line(node: str, image: str | None, exit_code: int | None, stdout: str, stderr: str) -> str | None:
     """The one line naming ``node`` and the cause, or None when its GPUs passed."""
     where = f"torch in {image}" if image else "the node's torch"
-    answer = None
-    for line in stdout.splitlines():
-        match = RESULT.match(line.strip())
-        if match:
-            answer = json.loads(match[1])
+    answer, device = _last_json(RESULT, stdout), _last_json(DEVICE, stdout) or {}
     if answer is None:
-        text = (stderr or stdout).strip()
-        last = text.splitlines()[-1] if text else f"exit code {exit_code}"
-        if NO_TOOLKIT.search(text):
-            return (f"{node}: no NVIDIA driver visible in the container (the container engine cannot give it the GPU: "
-                    f"{last}); install the NVIDIA container toolkit or use the Deep Learning Base OSS Nvidia Driver AMI")
-        if NO_DEVICE.search(text):
-            return f"{node}: no AMD GPU devices (/dev/kfd, /dev/dri) on the node ({last}); is the amdgpu driver loaded?"
-        if exit_code == 124:
-            return f"{node}: the GPU smoke test did not finish within {SMOKE_TIMEOUT - 5} s (a hung driver or device?)"
-        return f"{node}: the GPU smoke test could not run ({last})"
+        return _no_answer_line(node, where, device, exit_code, stdout, stderr)
     if answer.get("ok"):
         return None
     error = answer.get("error")
@@ -135,6 +132,36 @@ def failure_line(node: str, image: str | None, exit_code: int | None, stdout: st
         what = "a matmul" if error == "wrong_matmul" else "a reduction"
         return f"{node}: {what} on GPU {answer.get('device')} ({answer.get('name')}) gave a wrong result ({answer.get('detail')})"
     return f"{node}: GPU {answer.get('device')} ({answer.get('name')}) failed the smoke test: {answer.get('detail')}"
+
+
+def _last_json(pattern: re.Pattern, stdout: str) -> dict | None:
+    found = None
+    for line in stdout.splitlines():
+        match = pattern.match(line.strip())
+        if match:
+            found = json.loads(match[1])
+    return found
+
+
+def _no_answer_line(node: str, where: str, device: dict, exit_code: int | None, stdout: str, stderr: str) -> str:
+    """The line for a smoke test that gave no answer: the engine could not start it, it hung, or a library
+    took the process down (``device``: what it had found by then, from its GPUCHECK-DEVICE line)."""
+    text = (stderr or stdout).strip()
+    last = text.splitlines()[-1] if text else f"exit code {exit_code}"
+    rocblas = ROCBLAS_NO_ARCH.search(text)
+    if rocblas:
+        has = ", ".join(ROCBLAS_HAS.findall(text)) or "none"
+        arch, name = rocblas[1], device.get("name") or "its GPU"
+        return (f"{node}: {where} has no kernels for {arch} ({name}): rocBLAS aborted at the first matmul (it has "
+                f"kernels for {has}); use a build for {arch} (docker/README.md)")
+    if NO_TOOLKIT.search(text):
+        return (f"{node}: no NVIDIA driver visible in the container (the container engine cannot give it the GPU: "
+                f"{last}); install the NVIDIA container toolkit or use the Deep Learning Base OSS Nvidia Driver AMI")
+    if NO_DEVICE.search(text):
+        return f"{node}: no AMD GPU devices (/dev/kfd, /dev/dri) on the node ({last}); is the amdgpu driver loaded?"
+    if exit_code == 124:
+        return f"{node}: the GPU smoke test did not finish within {SMOKE_TIMEOUT - 5} s (a hung driver or device?)"
+    return f"{node}: the GPU smoke test could not run ({last})"
 
 
 def gpu_smoke(runner, inventory: Inventory, spec: LaunchSpec) -> None:

@@ -13,7 +13,6 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import shlex
 import time
@@ -210,9 +209,8 @@ def start_mpi_sshds(runner: RemoteRunner, run_id: str, timeout: float = 30.0) ->
         if not res.ok:
             detail = (res.error or res.stderr.strip() or f"exit {res.exit_code}").splitlines()[-1:]
             raise PreflightFailed(f"{name}: the image's sshd did not start ({' '.join(detail)}); check the image with 'make status'")
-    # mpirun runs as the image's user, root, whatever the nodes' SSH user is.
-    as_root = tuple(dataclasses.replace(node, ssh_user="root") for node in inv.nodes)
-    label, probe = mpi_mesh_check(dataclasses.replace(inv, nodes=as_root))
+    # mpirun runs in the head's container as the node's SSH user (multinode.plan.runtime): probe as that user.
+    label, probe = mpi_mesh_check(inv)
     end = time.monotonic() + timeout
     while True:
         res = runner.run_on(inv.head.name, probe, timeout=15)

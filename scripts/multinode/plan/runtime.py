@@ -15,6 +15,17 @@ in a container of the run (:func:`mpi_sshd_shell`), with the node's pinned host 
 authorized key mounted; ``stop_containers`` removes it with the run. The paths come from
 ``extra["container_sshd"]`` (``host_key`` may hold ``{node}``); defaults suit a cloud node.
 
+Ownership: a job container runs as the node's SSH user (``--user "$(id -u):$(id -g)"``, read by the node's
+shell), never as the image's root, so everything a job writes into the mounted work directory -- Python's
+``__pycache__``, snapshots, the SETUP environment -- belongs to that user and the next sync or ``rm -rf`` of
+the user works (a root-owned ``__pycache__`` made a second ``make train`` fail; issue 27). ``HOME`` is the
+node's ``<workdir>/home`` (pip's, torch hub's and Triton's caches persist per node there); ``USER`` and
+``LOGNAME`` are the SSH user's name, so ``getpass.getuser()`` (torch inductor's cache path) works without a
+passwd entry. The image's entrypoint adds that entry where the engine does not (Docker does not, podman does:
+``ssh`` -- mpirun's remote launch -- refuses a uid without one; docker/entrypoint.sh). The MPI sshd container
+alone starts as root (it reads the node's host key and logs the user in): its entrypoint adds the SSH user to
+the container's passwd so mpirun's sessions, and the ranks they start, run as that user too.
+
 Node-evaluated environment (``NodeCommand.node_env``) is computed on the host shell first and
 passed into the container by name, so ``ip`` need not exist in the image; ENV values are sourced
 from the node's env file by the host shell and passed the same way, never on the command line.
@@ -37,6 +48,28 @@ ACCELERATOR_FLAGS = {
     "amd": ("--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video", "--security-opt", "seccomp=unconfined",
             *UNLIMITED_MEMLOCK),
 }
+
+
+# Open MPI's shared-memory BTL (vader) copies large messages with process_vm_readv (CMA), which needs ptrace
+# access to the peer rank; a container may be refused it (Docker without CAP_SYS_PTRACE: open-mpi/ompi issue
+# 4948, where every rank prints "Read -1, expected <n>, errno = 1"; --cap-add gives a non-root user nothing).
+# The workaround given there is this MCA parameter: large messages then go through shared-memory FIFOs
+# (copy-in/copy-out). Set in every container of the run; mpirun passes OMPI_MCA_* of its environment on to
+# the orteds it starts (seen on an orted's command line in a container MPI run here, 2026-11-24).
+CONTAINER_ENV = {"OMPI_MCA_btl_vader_single_copy_mechanism": "none"}
+# The node's SSH user, read by the node's shell where the line runs (kept out of shlex: that shell expands it).
+# USER/LOGNAME by value, not passed through: a CLI run through sudo (our local tests) would pass sudo's root.
+RUN_AS_USER = '--user "$(id -u):$(id -g)" -e USER="$(id -un)" -e LOGNAME="$(id -un)"'
+# The MPI sshd container starts as root and learns whom to let in from these (docker/entrypoint.sh).
+SSHD_USER = '-e MULTINODE_USER="$(id -un)" -e MULTINODE_UID="$(id -u)" -e MULTINODE_GID="$(id -g)"'
+# AMD: /dev/kfd belongs to the host's `render` group (Ubuntu >= 20.04), whose gid the image cannot know;
+# root ignored that, the SSH user needs the number (ROCm/ROCm-docker issues 90 and 116).
+AMD_RENDER_GROUP = '--group-add "$(stat -c %g /dev/kfd)"'
+
+
+def node_home(inventory: Inventory, node: str) -> str:
+    """HOME inside the node's containers: in the mounted work directory, the SSH user's."""
+    return f"{inventory.workdir_for(node)}/home"
 
 
 # Where the image's sshd (MODE=mpi) finds the node's host key and the authorized keys on the node.
@@ -107,18 +140,21 @@ class ContainerRuntime(Runtime):
             "-v", f"{workdir}:{workdir}",
             "-w", command.cwd,
             "-e", "MULTINODE_RUN_ID",
+            "-e", f"HOME={node_home(inv, node.name)}",
         ]
         argv += inv.extra.get("container_args", [])
+        for key, value in CONTAINER_ENV.items():
+            argv += ["-e", f"{key}={value}"]
         for key, value in command.env.items():
             argv += ["-e", f"{key}={value}"]
         for key in (*command.node_env, *command.secret_env):  # by name: the values come from the host shell
             argv += ["-e", key]
         argv += ACCELERATOR_FLAGS[node.accelerator]
-        argv.append(inv.image or "")
-        argv += command.argv
+        user = RUN_AS_USER + (f" {AMD_RENDER_GROUP}" if node.accelerator == "amd" else "")
         exports = [f'export {k}="{expr}"' for k, expr in command.node_env.items()]
-        return " && ".join([f"mkdir -p {shlex.quote(command.cwd)}", *command.sourced(), *exports,
-                            "exec " + shlex.join(argv)])
+        home = shlex.quote(node_home(inv, node.name))
+        return " && ".join([f"mkdir -p {shlex.quote(command.cwd)} {home}", *command.sourced(), *exports,
+                            f"exec {shlex.join(argv)} {user} {shlex.join([inv.image or '', *command.argv])}"])
 
     def checks(self) -> list[tuple[str, str]]:
         cli = container_cli(self.inventory)
@@ -137,7 +173,9 @@ class ContainerRuntime(Runtime):
 
 
 def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
-    """The line that starts the image's sshd on ``node`` in the background (container runtime, MODE=mpi)."""
+    """The line that starts the image's sshd on ``node`` in the background (container runtime, MODE=mpi).
+    It runs as root (the node's host key is root's); its entrypoint adds the node's SSH user, named by
+    ``MULTINODE_USER``/``_UID``/``_GID``, read by the node's shell, whom mpirun then logs in as."""
     paths = {**CONTAINER_SSHD_DEFAULTS, **inventory.extra.get("container_sshd", {})}
     workdir = inventory.workdir_for(node)
     argv = [
@@ -146,13 +184,16 @@ def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
         "--network=host", "--ipc=host",
         "-v", f"{workdir}:{workdir}",
         "-v", f"{paths['host_key'].format(node=node)}:/etc/multinode/ssh_host_ed25519_key:ro",
+        "-e", f"HOME={node_home(inventory, node)}",
+        *[arg for key, value in CONTAINER_ENV.items() for arg in ("-e", f"{key}={value}")],
         *inventory.extra.get("container_args", []),
         *ACCELERATOR_FLAGS[inventory.node(node).accelerator],
         inventory.image or "",
     ]
     # Double quotes, not shlex: the node's shell expands $HOME in the default authorized_keys path.
     keys = f'-v "{paths["authorized_keys"]}:/etc/multinode/authorized_keys:ro"'
-    return f"{shlex.join(argv[:-1])} {keys} {shlex.quote(argv[-1])} >/dev/null"
+    return (f"mkdir -p {shlex.quote(node_home(inventory, node))} && "
+            f"{shlex.join(argv[:-1])} {keys} {SSHD_USER} {shlex.quote(argv[-1])} >/dev/null")
 
 
 RUNTIMES = Registry("runtime", "runtimes", {"host": f"{__name__}:Runtime", "docker": f"{__name__}:ContainerRuntime"})

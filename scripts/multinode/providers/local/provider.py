@@ -21,6 +21,11 @@ jobs run in the image on each node with the host network; the nodes' namespaces 
 cgroup mounts back (runc needs them: :mod:`multinode.providers.local.cgroups`), and MODE=mpi reaches
 the image's sshd on port 2222.
 
+``-o ssh_user=NAME`` (root only): the nodes are logged into as that existing user of this machine, not as
+root -- what a cloud node's ``ubuntu`` is -- and its work directories are that user's. With the docker runtime
+the user needs the container CLI as root, as ``ubuntu`` has Docker's socket: e.g.
+``-o container_cli="sudo -n podman ..."`` with a sudoers rule (tests/integration/test_container_owner.py).
+
 Fault injection for tests and drills: :mod:`multinode.providers.local.faults` and
 :func:`multinode.providers.local.sshd.stop_sshd` / ``start_sshd``.
 """
@@ -28,6 +33,7 @@ Fault injection for tests and drills: :mod:`multinode.providers.local.faults` an
 from __future__ import annotations
 
 import json
+import pwd
 import shlex
 import shutil
 import socket
@@ -58,6 +64,7 @@ class LocalProvider:
         if spec.nodes > 64:
             raise UserError(f"NODES={spec.nodes}: the local provider makes at most 64 nodes")
         _check_scheduler(spec.options.get("scheduler"))
+        ssh_user = _check_ssh_user(spec.options.get("ssh_user"))
         if isolated():
             subnet = str(localnet.pick_subnet(spec.name, localnet.host_networks()))
             port = 22
@@ -70,7 +77,7 @@ class LocalProvider:
         # "containers": the docker runtime; node namespaces then get the host's cgroup mounts back.
         meta_path(state).write_text(json.dumps(
             {"nodes": spec.nodes, "subnet": subnet, "mtu": spec.mtu, "port": port, "isolated": isolated(),
-             "containers": spec.options.get("runtime") == "docker"}, indent=2))
+             "containers": spec.options.get("runtime") == "docker", "ssh_user": ssh_user}, indent=2))
         try:
             return self._create(spec, state, plan, port)
         except BaseException:
@@ -94,12 +101,16 @@ class LocalProvider:
         start_sshds(state, plan, list(range(plan.nodes)), port)
         nodes = tuple(
             Node(name=f"node-{i}", hostname=plan.hostname(i) if isolated() else socket.gethostname(),
-                 private_ip=plan.ip(i), ssh_user=login_user(), ssh_port=port, host_key=host_keys[i])
+                 private_ip=plan.ip(i), ssh_user=spec.options.get("ssh_user") or login_user(), ssh_port=port,
+                 host_key=host_keys[i])
             for i in range(plan.nodes)
         )
         for node in nodes:
-            (state.provider_dir / "nodes" / node.name).mkdir(parents=True, exist_ok=True)
+            workdir = state.provider_dir / "nodes" / node.name
+            workdir.mkdir(parents=True, exist_ok=True)
+            shutil.chown(workdir, node.ssh_user, user_group(node.ssh_user))  # the login user's, as on a cloud node
         options = dict(spec.options)
+        options.pop("ssh_user", None)
         runtime = options.pop("runtime", "host")
         options.pop("scheduler", None)
         extra: dict = {"isolated": isolated(), "mtu": plan.mtu, "bridge": plan.bridge if isolated() else None,
@@ -122,7 +133,8 @@ class LocalProvider:
         inventory = Inventory(
             cluster=spec.name, provider=self.name, nodes=nodes, subnet=plan.subnet,
             ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts),
-            workdir=f"{state.provider_dir}/nodes/{{node}}", python=sys.executable,
+            # Another login user cannot run this venv (it may lie in root's home): the node's python3, as on AWS.
+            workdir=f"{state.provider_dir}/nodes/{{node}}", python="python3" if "ssh_user" in spec.options else sys.executable,
             runtime=runtime, image=options.pop("image", None), extra=extra,
         )
         inventory.save(state.inventory_path)
@@ -155,6 +167,25 @@ class LocalProvider:
 
 
 SCHEDULERS = ("slurm",)
+
+
+def _check_ssh_user(user: str | None) -> str:
+    """``-o ssh_user=NAME``: an existing user of this machine, and namespaces (root) to log in to it."""
+    if user is None:
+        return login_user()
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        raise UserError(f"-o ssh_user={user}: no such user on this machine; create it (useradd {user}) "
+                        "or leave ssh_user unset") from None
+    if not isolated():
+        raise UserError(f"-o ssh_user={user} needs root (each node's sshd logs users in); run as root or leave it unset")
+    return user
+
+
+def user_group(user: str) -> int:
+    """The primary group id of ``user``."""
+    return pwd.getpwnam(user).pw_gid
 
 
 def _check_scheduler(scheduler: str | None) -> None:

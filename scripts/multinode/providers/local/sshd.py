@@ -71,9 +71,10 @@ def _sshd_argv(state: ClusterState, plan: NetPlan, i: int) -> list[str]:
     if not isolated():
         return sshd
     # Own UTS namespace: the node's hostname, inherited by every session (c10d resolves it). Own home (providers.local.home).
+    meta = load_meta(state) or {}
     steps = [f"hostname {plan.hostname(i)}",
-             *own_home_steps(user_home(login_user()), state.root, ndir)]
-    if (load_meta(state) or {}).get("containers"):
+             *own_home_steps(user_home(meta.get("ssh_user") or login_user()), state.root, ndir)]
+    if meta.get("containers"):
         steps = cgroup_mount_commands(Path("/proc/self/mounts").read_text()) + steps
     inner = " && ".join([*steps, f"exec {' '.join(sshd)}"])
     return ["ip", "netns", "exec", plan.netns(i), "unshare", "--uts", "sh", "-c", inner]
