@@ -9,6 +9,6 @@ owner          = "alice"
 ttl_hours      = 4
 expires_at     = "2026-11-22T18:00:00Z"
 spot           = false
-image          = "multinode/cpu:0.1.0"
+# image = "<account>.dkr.ecr.us-east-1.amazonaws.com/multinode-<kind>:latest"  # unset: jobs run in the host runtime
 ssh_public_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIExampleOnlyReplaceWithYourKey alice@laptop"
 # host_keys: one ed25519 pair per node; generate with ssh-keygen -t ed25519 (multinode does it).
