@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT = 900.0  # seconds for every node to pass its status checks
 SSH_TIMEOUT = 300.0
-# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, a DKMS
-# build on g4ad, a pull of a multi-GB GPU image.
+# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, g4ad's reboot
+# for its driver, a pull of a multi-GB GPU image or the host runtime's torch (the ROCm wheel is ~6 GB).
 READY_TIMEOUT = 2400.0
 
 
