@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +12,8 @@ from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
 from multinode.providers.aws.keys import new_ed25519
-from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of, registry_of
+from multinode.providers.aws.settings import (PRICES, ROOT_VOLUME_GB, AwsSettings, cost_line, ecr_repository_of,
+                                              registry_of)
 from multinode.providers.aws.terraform import inventory_from_outputs, known_hosts_lines
 from multinode.core.state import ClusterState
 
@@ -194,3 +197,9 @@ def test_a_local_tag_error_also_names_the_host_runtime(clean_env):
 def test_registry_and_ecr_repository_of_an_image(image, registry, repository):
     assert registry_of(image) == registry
     assert ecr_repository_of(image, "us-east-1") == repository
+
+
+def test_the_cost_lines_root_volume_default_is_the_modules():
+    variables = (Path(__file__).resolve().parents[2] / "infra" / "ec2" / "variables.tf").read_text()
+    block = variables.split('variable "root_volume_gb"')[1].split("\n}\n")[0]
+    assert int(re.search(r"default\s*=\s*(\d+)", block).group(1)) == ROOT_VOLUME_GB
