@@ -3,7 +3,8 @@ the host runtime): the real terraform (offline, provider from the local mirror) 
 ``local.bootstrap_script`` of infra/ec2 with the variables ``up`` writes (its own bootstrap_tfvars),
 shellcheck checks every rendering, the TTL timer's calendar time is parsed by systemd itself, and the
 script's start (error trap, TTL, apt) runs for real here with its system paths moved under a temporary
-directory and systemctl/apt-get/sleep replaced by recording stand-ins on PATH. What the rest does on a
+directory and systemctl/apt-get/sleep/shutdown/modprobe replaced by recording stand-ins on PATH (g4ad's
+first boot and the boot after its reboot included). What the rest does on a
 real EC2 node is not run here (no AWS); tests/integration/test_bootstrap_runtime.py runs the host runtime
 install and the GPU smoke verdict on local nodes.
 """
@@ -156,16 +157,19 @@ STUBS = {
                'if [ "$n" -gt 0 ]; then echo $((n - 1)) >"$STUB_DIR/fails_left"\n'
                '  echo "E: Could not get lock /var/lib/apt/lists/lock. It is held by process 1234 (apt-get)" >&2; exit 100; fi\n',
     "sleep": '#!/bin/bash\necho "sleep $*" >>"$STUB_LOG"\n',  # no waiting in a test; the calls are recorded
+    "shutdown": '#!/bin/bash\necho "shutdown $*" >>"$STUB_LOG"\n',
+    "modprobe": '#!/bin/bash\necho "modprobe $*" >>"$STUB_LOG"\n',
 }
 
 
-def run_start(script: str, tmp_path, *, fails: int, active: int) -> tuple[subprocess.CompletedProcess, dict]:
-    """The rendered script up to its first `apt_get update`, then `echo PAST-APT`, run with bash: its system
-    paths moved under tmp_path, systemctl/apt-get/sleep the recording stand-ins above."""
-    head = script.split("\napt_get update\n", 1)[0] + "\napt_get update\necho PAST-APT\n"
-    where = {name: tmp_path / name for name in ("state", "units", "sbin", "stubs")}
+def run_start(script: str, tmp_path, *, fails: int, active: int, until: str = "apt_get update") -> tuple[subprocess.CompletedProcess, dict]:
+    """The rendered script up to its first line ``until`` (run, then `echo PAST-<until>`), run with bash: its
+    system paths moved under tmp_path, systemctl/apt-get/sleep/shutdown/modprobe the recording stand-ins above. Run
+    again with the same tmp_path, it finds the files the first run left (a second boot)."""
+    head = script.split(f"\n{until}\n", 1)[0] + f"\n{until}\necho PAST-{until}\n"
+    where = {name: tmp_path / name for name in ("state", "units", "sbin", "stubs", "opt")}
     for path in where.values():
-        path.mkdir()
+        path.mkdir(exist_ok=True)
     for name, body in STUBS.items():
         (where["stubs"] / name).write_text(body)
         (where["stubs"] / name).chmod(0o755)
@@ -173,8 +177,9 @@ def run_start(script: str, tmp_path, *, fails: int, active: int) -> tuple[subpro
     (where["stubs"] / "active_left").write_text(str(active))
     moved = (head.replace("/var/lib/multinode", str(where["state"]))
              .replace("/var/log/multinode-bootstrap.log", str(tmp_path / "bootstrap.log"))
-             .replace("/etc/systemd/system", str(where["units"])).replace("/usr/local/sbin", str(where["sbin"])))
-    assert "/var/lib/multinode" not in moved and "/etc/systemd" not in moved
+             .replace("/etc/systemd/system", str(where["units"])).replace("/usr/local/sbin", str(where["sbin"]))
+             .replace("/opt/multinode", str(where["opt"])).replace("-o ubuntu -g ubuntu ", ""))
+    assert "/var/lib/multinode" not in moved and "/etc/systemd" not in moved and "/opt/multinode" not in moved
     (tmp_path / "bootstrap.sh").write_text(moved)
     env = {"PATH": f"{where['stubs']}:/usr/bin:/bin", "STUB_LOG": str(tmp_path / "calls.log"), "STUB_DIR": str(where["stubs"])}
     result = subprocess.run(["bash", str(tmp_path / "bootstrap.sh")], capture_output=True, text=True, env=env, timeout=60)
@@ -186,7 +191,7 @@ def test_an_apt_failure_inside_apt_get_writes_the_failed_marker_with_its_line(re
     `up` waits 40 minutes for a node that died in its first minute."""
     script = rendered["cpu-host"]
     result, where = run_start(script, tmp_path, fails=99, active=0)
-    assert result.returncode == 100 and "PAST-APT" not in (tmp_path / "bootstrap.log").read_text()
+    assert result.returncode == 100 and "PAST-" not in (tmp_path / "bootstrap.log").read_text()
     line = next(n for n, text in enumerate(script.splitlines(), 1) if "# the 5th: its failure is the bootstrap's" in text)
     failed = (where["state"] / "failed").read_text()
     assert failed == f'line {line} exit 100: apt-get -o DPkg::Lock::Timeout=600 -y -q "$@"\n'
@@ -203,7 +208,7 @@ def test_apt_waits_for_apt_daily_then_retries_the_lists_lock_and_goes_on(rendere
     result, where = run_start(rendered["g4dn-image"], tmp_path, fails=1, active=3)
     assert result.returncode == 0, (tmp_path / "bootstrap.log").read_text()
     log = (tmp_path / "bootstrap.log").read_text()
-    assert log.rstrip().endswith("PAST-APT") and not (where["state"] / "failed").exists()
+    assert log.rstrip().endswith("PAST-apt_get update") and not (where["state"] / "failed").exists()
     assert log.count("waiting for apt-daily.service / unattended-upgrade to finish") == 3
     assert "apt-get update failed (attempt 1 of 5); retrying in 15 s" in log
     calls = (tmp_path / "calls.log").read_text().splitlines()
@@ -213,3 +218,30 @@ def test_apt_waits_for_apt_daily_then_retries_the_lists_lock_and_goes_on(rendere
     first_apt = calls.index("apt-get -o DPkg::Lock::Timeout=600 -y -q update")
     assert calls[:first_apt].count("systemctl is-active --quiet apt-daily.service") == 4
     assert [c for c in calls if c.startswith("apt-get")] == ["apt-get -o DPkg::Lock::Timeout=600 -y -q update"] * 2
+
+
+def test_g4ad_first_boot_installs_the_kernel_driver_reboots_once_and_the_second_boot_goes_on(rendered, tmp_path):
+    """Issue 27 item 3: AWS's g4ad steps for Ubuntu 24.04 (firmware + the kernel's extra modules, a reboot);
+    the reboot is scheduled and the script exits 0, so cloud-init ends its run; the resume unit runs it again."""
+    script = rendered["g4ad-host"]
+    first, where = run_start(script, tmp_path, fails=0, active=0, until="modprobe amdgpu")
+    assert first.returncode == 0, (tmp_path / "bootstrap.log").read_text()
+    log = (tmp_path / "bootstrap.log").read_text()
+    assert "PAST-modprobe amdgpu" not in log and "rebooting once (AWS's g4ad procedure)" in log
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    kernel = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
+    assert f"apt-get -o DPkg::Lock::Timeout=600 -y -q install linux-firmware linux-modules-extra-{kernel}" in calls
+    assert calls[-2:] == ["systemctl enable multinode-bootstrap.service",
+                          "shutdown -r +1 multinode: reboot for the amdgpu driver"]
+    assert (where["state"] / "resume").exists() and (where["state"] / "driver-rebooted").exists()
+    unit = (where["units"] / "multinode-bootstrap.service").read_text()
+    assert f"ConditionPathExists={where['state']}/resume" in unit and not (where["state"] / "failed").exists()
+
+    (tmp_path / "calls.log").unlink()
+    second, _ = run_start(script, tmp_path, fails=0, active=0, until="modprobe amdgpu")  # the boot after
+    assert second.returncode == 0, (tmp_path / "bootstrap.log").read_text()
+    assert (tmp_path / "bootstrap.log").read_text().rstrip().endswith("PAST-modprobe amdgpu")
+    calls = (tmp_path / "calls.log").read_text().splitlines()
+    assert not any(c.startswith("shutdown") for c in calls) and "systemctl disable multinode-bootstrap.service" in calls
+    assert calls[-1] == "modprobe amdgpu"  # the kernel's own amdgpu; no amdgpu-install unless asked for
+    assert not any("linux-firmware" in c for c in calls) and not (where["state"] / "resume").exists()
