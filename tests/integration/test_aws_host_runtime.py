@@ -40,7 +40,9 @@ def test_up_without_an_image_makes_a_host_runtime_cluster(ec2, offline_terraform
         assert (inv.runtime, inv.image, inv.interpreter) == ("host", None, "/opt/multinode/venv/bin/python")
         assert waited == [None]  # the readiness wait expects no image in the ready marker
         user_data = ec2.describe_instance_attribute(InstanceId=inv.nodes[0].instance_id, Attribute="userData")
-        cloud_config = yaml.safe_load(base64.b64decode(user_data["UserData"]["Value"]))
+        raw = base64.b64decode(user_data["UserData"]["Value"])
+        assert len(raw) <= 16384  # EC2's user data limit: 16 KB raw, before base64 (AWS EC2 User Guide, "user data")
+        cloud_config = yaml.safe_load(raw)
         script = cloud_config["write_files"][0]["content"]
         assert 'pip_install --index-url "https://pypi.org/simple" "torch==2.13.0"' in script
         assert "docker pull" not in script and 'image=""' in script

@@ -101,6 +101,9 @@ def test_every_rendering_goes_through_apt_get_and_ends_with_the_ready_marker(ren
     # The GPU smoke test, the very SMOKE_SCRIPT of multinode.checks.gpu, on GPU nodes only.
     assert ("def report(**kw):" in script) == (not kind.startswith("cpu"))
     assert "%{" not in script and "$${" not in script  # every template directive was evaluated
+    # EC2 takes at most 16 KB of user data (raw): the script plus the cloud-config around it (host keys, YAML
+    # escapes: 12.7 KB in all for the largest rendering, g4ad-image, measured with compute.tf's expression).
+    assert len(script.encode()) <= 13 * 1024
 
 
 def test_the_g4ad_driver_needs_no_dkms_unless_asked_and_the_host_torch_is_rocm72(rendered):
