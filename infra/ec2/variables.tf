@@ -143,7 +143,30 @@ variable "spot" {
 
 variable "image" {
   type        = string
-  description = "Container image every node pulls at boot so the first job starts without waiting for it."
+  description = "Container image every node pulls at boot and runs jobs in; null runs jobs in the host runtime instead (a virtualenv with torch for cluster_type, Open MPI and mpi4py, made by the bootstrap)."
+  default     = null
+
+  validation {
+    condition     = var.image == null || can(regex("^[a-z0-9.-]+(:[0-9]+)?/[^ ]+$", coalesce(var.image, "-")))
+    error_message = "image must be a reference with a registry host the nodes can pull from (e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-cuda:latest), or null for the host runtime."
+  }
+}
+
+variable "host_requirements" {
+  type        = list(string)
+  description = "Pinned Python packages the host runtime (image = null) installs next to torch; make up passes docker/requirements.txt, the images' own list."
+  default     = ["numpy==2.4.6", "mpi4py==4.1.2", "scikit-learn==1.9.1", "PyYAML==6.0.3", "tqdm==4.70.1"]
+
+  validation {
+    condition     = alltrue([for r in var.host_requirements : can(regex("^[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.+!-]*$", r))])
+    error_message = "host_requirements must be pinned requirements such as numpy==2.4.6 (name==version, nothing else)."
+  }
+}
+
+variable "gpu_smoke_script" {
+  type        = string
+  description = "Python source of multinode's GPU smoke test (multinode.checks.gpu.SMOKE_SCRIPT), run by the bootstrap of GPU nodes in the job runtime; make up passes it. Empty skips the test (a manual apply)."
+  default     = ""
 }
 
 variable "ami_id" {
@@ -226,13 +249,14 @@ variable "placement_group" {
 
 variable "amdgpu_installer_url" {
   type        = string
-  description = "amdgpu-install package that sets up the amdgpu kernel driver (DKMS) on g4ad nodes: AMD's installer of the ROCm release of the image (7.2.1), for Ubuntu 24.04 (noble)."
-  # https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/: AMD's installer package of ROCm 7.2.1 for Ubuntu 24.04, the release docker/rocm pins (ROCM_VERSION).
-  default = "https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/amdgpu-install_7.2.1.70201-1_all.deb"
+  description = "g4ad: AMD's amdgpu-install package for Ubuntu 24.04 (noble); when set the bootstrap also installs AMD's DKMS driver (amdgpu-install --usecase=dkms). null keeps the Ubuntu kernel's own amdgpu, from linux-modules-extra, as AWS documents for g4ad on Ubuntu 24.04: amdgpu-dkms 30.30.x is reported failing to build on 7.0 kernels (ROCm/legacy-rocm-build issue 6193)."
+  default     = null
 
   validation {
-    condition     = can(regex("^https://repo\\.radeon\\.com/amdgpu-install/7\\.2(\\.[0-9]+)?/ubuntu/noble/amdgpu-install_[0-9.]+-[0-9]+_all\\.deb$", var.amdgpu_installer_url))
-    error_message = "amdgpu_installer_url must be AMD's amdgpu-install .deb of ROCm 7.2.x for Ubuntu noble (https://repo.radeon.com/amdgpu-install/7.2/ubuntu/noble/...), the release of the image's ROCm."
+    # Any release directory: AMD's installer names are amdgpu-install_<major.minor>.<build>-<n>_all.deb,
+    # e.g. https://repo.radeon.com/amdgpu-install/7.2.1/ubuntu/noble/amdgpu-install_7.2.1.70201-1_all.deb.
+    condition     = var.amdgpu_installer_url == null || can(regex("^https://repo\\.radeon\\.com/amdgpu-install/[0-9][0-9.]*/ubuntu/noble/amdgpu-install_[0-9][0-9.]*-[0-9]+_all\\.deb$", coalesce(var.amdgpu_installer_url, "-")))
+    error_message = "amdgpu_installer_url must be AMD's amdgpu-install .deb for Ubuntu noble (https://repo.radeon.com/amdgpu-install/<release>/ubuntu/noble/amdgpu-install_<version>-<n>_all.deb), or null for the kernel's own amdgpu driver."
   }
 }
 

@@ -171,7 +171,8 @@ GOOD_VARS = {
     "nodes": 1, "ssh_cidr": "203.0.113.4/32", "ssh_public_key": "ssh-ed25519 AAAAC3Nza alice",
     "host_keys": [{"private_key": "-----BEGIN OPENSSH PRIVATE KEY-----\nx\n-----END OPENSSH PRIVATE KEY-----\n",
                    "public_key": "ssh-ed25519 AAAAC3Nza dev-node-0"}],
-    "owner": "alice", "ttl_hours": 8, "expires_at": "2026-11-22T18:00:00Z", "image": "multinode-cuda:latest",
+    "owner": "alice", "ttl_hours": 8, "expires_at": "2026-11-22T18:00:00Z",
+    "image": "123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-cuda:latest",
 }
 
 
@@ -212,7 +213,13 @@ def _variable_errors(tmp_path: Path, overrides: dict) -> str:
     ({"availability_zone": "us-east-1"}, "availability_zone must be a zone name such as us-east-1b"),
     ({"ecr_repository": "Multinode CUDA"}, "ecr_repository must be an ECR repository name"),
     ({"amdgpu_installer_url": "https://repo.radeon.com/amdgpu-install/6.1.3/ubuntu/jammy/amdgpu-install_6.1.60103-1_all.deb"},
-     "amdgpu_installer_url must be AMD's amdgpu-install .deb of ROCm 7.2.x for Ubuntu noble"),
+     "amdgpu_installer_url must be AMD's amdgpu-install .deb for Ubuntu noble"),
+    # any AMD release for noble (no longer only 7.2.x), or none: the kernel's own amdgpu (issue 27 item 3)
+    ({"amdgpu_installer_url": "https://repo.radeon.com/amdgpu-install/7.2.4/ubuntu/noble/amdgpu-install_7.2.4.70204-1_all.deb"}, ""),
+    ({"amdgpu_installer_url": None}, ""),
+    ({"image": None}, ""),  # the host runtime (issue 27 item 10)
+    ({"image": "multinode-cuda:latest"}, "image must be a reference with a registry host the nodes can pull from"),
+    ({"image": None, "host_requirements": ["numpy>=2"]}, "host_requirements must be pinned requirements"),
 ])
 def test_validation_rules_accept_good_and_reject_bad_values(tmp_path, overrides, message):
     errors = _variable_errors(tmp_path, overrides)

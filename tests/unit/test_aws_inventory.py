@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +12,8 @@ from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
 from multinode.providers.aws.keys import new_ed25519
-from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of, registry_of
+from multinode.providers.aws.settings import (PRICES, ROOT_VOLUME_GB, AwsSettings, cost_line, ecr_repository_of,
+                                              registry_of)
 from multinode.providers.aws.terraform import inventory_from_outputs, known_hosts_lines
 from multinode.core.state import ClusterState
 
@@ -92,6 +95,7 @@ ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-cuda:latest"
 def clean_env(monkeypatch):
     for name in ("REGION", "SSH_CIDR", "TTL_HOURS", "SPOT", "OWNER", "IMAGE", "INSTANCE_TYPE"):
         monkeypatch.delenv(f"MULTINODE_{name}", raising=False)
+    monkeypatch.delenv("TF_VAR_root_volume_gb", raising=False)
     return monkeypatch
 
 
@@ -118,14 +122,33 @@ def test_settings_fall_back_to_environment(clean_env):
         "eu-west-1", "198.51.100.7/32", True, "alice", 8)
 
 
-def test_cost_line_uses_price_table(clean_env):
+def test_cost_line_adds_public_ipv4_and_gp3_root_volumes(clean_env):
     prices = json.loads(PRICES.read_text())
-    assert prices["date"] and prices["source"]
+    assert prices["date"] and prices["source"] and set(prices["sources"]) >= {
+        "public_ipv4_usd_per_hour", "gp3_usd_per_gb_month", "on_demand_usd_per_hour.eu-west-1"}
     spec = ClusterSpec(name="gpu", provider="aws", nodes=2, cluster_type="g4dn",
                        options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32", "image": ECR_IMAGE})
     line = cost_line(spec, AwsSettings.from_spec(spec), prices)
-    expected = 2 * prices["on_demand_usd_per_hour"]["us-east-1"]["g4dn.xlarge"]
-    assert line.startswith(f"2 x g4dn.xlarge on-demand = ${expected:.2f}/h (prices of {prices['date']}, us-east-1")
+    # 2 x 0.526 + 2 x 0.005 + 2 x 100 GiB x 0.08 / 730 = 1.052 + 0.010 + 0.0219
+    assert line == ("2 x g4dn.xlarge on-demand $1.05/h + 2 public IPv4 $0.01/h + 2 x 100 GiB gp3 $0.02/h = $1.08/h "
+                    f"(prices of {prices['date']}, us-east-1)")
+
+
+def test_cost_line_in_another_region_names_what_has_no_price(clean_env):
+    spec = ClusterSpec(name="gpu", provider="aws", nodes=3, cluster_type="g4ad",
+                       options={"region": "eu-west-1", "ssh_cidr": "203.0.113.4/32"})
+    clean_env.setenv("TF_VAR_root_volume_gb", "200")
+    line = cost_line(spec, AwsSettings.from_spec(spec), json.loads(PRICES.read_text()))
+    # 3 x 0.42263 + 3 x 0.005 = 1.28289; no verified gp3 price for eu-west-1: named, not added.
+    assert line.startswith("3 x g4ad.xlarge on-demand $1.27/h + 3 public IPv4 $0.01/h + "
+                           "3 x 200 GiB gp3 (no price for eu-west-1 in infra/prices.json) = $1.28/h")
+
+
+def test_a_bad_root_volume_override_is_one_line(clean_env):
+    clean_env.setenv("TF_VAR_root_volume_gb", "big")
+    spec = ClusterSpec(name="gpu", provider="aws", options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32"})
+    with pytest.raises(UserError, match="TF_VAR_root_volume_gb='big' must be a whole number"):
+        cost_line(spec, AwsSettings.from_spec(spec), json.loads(PRICES.read_text()))
 
 
 def test_generated_host_key_is_openssh_ed25519():
@@ -144,9 +167,21 @@ def test_a_local_only_image_is_refused_with_how_to_push(clean_env, image):
     assert "'make image IMAGE=cuda PUSH=1 ECR=<account>.dkr.ecr.us-east-1.amazonaws.com'" in message
 
 
-def test_no_image_given_means_the_local_default_which_is_refused(clean_env):
+def test_no_image_given_means_the_host_runtime(clean_env, state):
+    """No registry dance: without IMAGE_REF, up is not refused and jobs run in the bootstrap's virtualenv."""
     spec = ClusterSpec(name="gpu", provider="aws", options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32"})
-    with pytest.raises(UserError, match="IMAGE_REF=multinode-cpu:latest is a local tag"):
+    assert AwsSettings.from_spec(spec).image is None
+    inv = inventory_from_outputs(OUTPUTS, state, KEYS, None)
+    assert (inv.runtime, inv.image, inv.interpreter) == ("host", None, "/opt/multinode/venv/bin/python")
+    # mpirun on the head reaches the other nodes' own sshd, with the key the head gets in its work directory.
+    assert (inv.extra["mpi_ssh_port"], inv.extra["mpi_ssh_key"]) == (22, "/opt/multinode/.ssh/id_ed25519")
+    assert "container_python" not in inv.extra
+
+
+def test_a_local_tag_error_also_names_the_host_runtime(clean_env):
+    spec = ClusterSpec(name="gpu", provider="aws", options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32",
+                                                           "image": "multinode-cpu:latest"})
+    with pytest.raises(UserError, match="leave IMAGE_REF unset to run jobs in the host runtime$"):
         AwsSettings.from_spec(spec)
 
 
@@ -162,3 +197,9 @@ def test_no_image_given_means_the_local_default_which_is_refused(clean_env):
 def test_registry_and_ecr_repository_of_an_image(image, registry, repository):
     assert registry_of(image) == registry
     assert ecr_repository_of(image, "us-east-1") == repository
+
+
+def test_the_cost_lines_root_volume_default_is_the_modules():
+    variables = (Path(__file__).resolve().parents[2] / "infra" / "ec2" / "variables.tf").read_text()
+    block = variables.split('variable "root_volume_gb"')[1].split("\n}\n")[0]
+    assert int(re.search(r"default\s*=\s*(\d+)", block).group(1)) == ROOT_VOLUME_GB

@@ -39,6 +39,7 @@ from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
 from multinode.providers.aws import ec2 as aws_ec2
 from multinode.providers.aws import sweep as aws_sweep
+from multinode.providers.aws.bootstrap_inputs import gpu_smoke_script, host_requirements
 from multinode.providers.aws.keys import new_ed25519, write_secret
 from multinode.providers.aws.reap import verify_gone
 from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of
@@ -49,8 +50,8 @@ log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT = 900.0  # seconds for every node to pass its status checks
 SSH_TIMEOUT = 300.0
-# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, a DKMS
-# build on g4ad, a pull of a multi-GB GPU image.
+# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, g4ad's reboot
+# for its driver, a pull of a multi-GB GPU image or the host runtime's torch (the ROCm wheel is ~6 GB).
 READY_TIMEOUT = 2400.0
 
 
@@ -59,7 +60,7 @@ class AwsProvider:
 
     def __init__(self, terraform: Terraform = run_terraform, ec2_client: Callable[[str], Any] = aws_ec2.client,
                  ssh_port: int = 22, wait_ssh: Callable[..., None] = aws_ec2.wait_tcp,
-                 wait_ready: Callable[[Inventory, str], None] | None = None,
+                 wait_ready: Callable[[Inventory, str | None], None] | None = None,
                  clients: Callable[[str], aws_sweep.Clients] = aws_sweep.Clients.for_region) -> None:
         self.terraform = terraform  # tests: the real binary against moto, or a stand-in for failure paths
         self.ec2_client = ec2_client
@@ -104,10 +105,11 @@ class AwsProvider:
             "cluster_name": spec.name, "cluster_id": cluster_id, "region": settings.region, "cluster_type": spec.cluster_type,
             "instance_type": settings.instance_type, "nodes": spec.nodes, "ssh_cidr": settings.ssh_cidr,
             "ssh_public_key": Path(f"{state.ssh_key}.pub").read_text().strip(), "owner": settings.owner,
-            "ttl_hours": settings.ttl_hours, "expires_at": expires, "spot": settings.spot, "image": settings.image,
+            "ttl_hours": settings.ttl_hours, "expires_at": expires, "spot": settings.spot,
             "host_keys": [{"private_key": private, "public_key": public} for private, public in host_keys],
         }
-        repository = ecr_repository_of(settings.image, settings.region)
+        tfvars.update(bootstrap_tfvars(spec, settings))
+        repository = settings.image and ecr_repository_of(settings.image, settings.region)
         if repository:
             tfvars["ecr_repository"] = repository  # the image's own repository, taken by name
         write_secret(tf_dir / "terraform.tfvars.json", json.dumps(tfvars, indent=2))  # holds private host keys
@@ -182,17 +184,26 @@ class AwsProvider:
         return lines
 
 
-def wait_bootstrap(inventory: Inventory, image: str) -> None:
+def bootstrap_tfvars(spec: ClusterSpec, settings: AwsSettings) -> dict[str, Any]:
+    """The bootstrap's inputs: the image (none: the host runtime and its packages) and, on GPU nodes, the
+    GPU smoke test that ends the bootstrap."""
+    tfvars: dict[str, Any] = {"image": settings.image} if settings.image else {"host_requirements": host_requirements()}
+    if spec.cluster_type != "cpu":
+        tfvars["gpu_smoke_script"] = gpu_smoke_script()
+    return tfvars
+
+
+def wait_bootstrap(inventory: Inventory, image: str | None) -> None:
     """Every node's bootstrap done (ready marker, image, GPUs, cloud-init) within READY_TIMEOUT."""
     from multinode.providers.aws.readiness import wait_ready
     from multinode.ssh.runner import RemoteRunner
 
+    runtime = image or "torch, Open MPI and mpi4py in a virtualenv"
     with RemoteRunner(inventory) as runner:
         runner.say(f"waiting up to {READY_TIMEOUT / 60:.0f} min for the bootstrap of {len(inventory.nodes)} nodes "
-                   f"(Docker, driver, {image}, GPU check)")
+                   f"(driver, {runtime}, GPU smoke test)")
         took = wait_ready(inventory, runner, image=image, timeout=READY_TIMEOUT, poll=10.0, say=runner.say)
         runner.say(f"every node is ready after {took:.0f}s")
-
 
 
 __all__ = ["AwsProvider", "wait_bootstrap"]

@@ -1,13 +1,14 @@
 """Wait, over SSH, until every node of a new cluster has finished its bootstrap; provider-independent.
 
 A node answering SSH is not a node that can run a job: its first-boot script may still be installing
-Docker or a driver, pulling the image, or may have failed. The bootstrap (infra/ec2/user_data.sh.tftpl)
-reports in files, and this module reads them:
+a driver (and rebooting for it, on g4ad), Docker and the image or the host runtime's virtualenv, or may
+have failed. The bootstrap (infra/ec2/user_data.sh.tftpl) reports in files, and this module reads them:
 
-* ``ready``: written last, after Docker, the driver, the image pull and the GPU check; it holds
-  ``image=<reference>`` and ``gpus=<count>``;
-* ``failed``: written by the bootstrap's error trap (the failing line), so a failure ends the wait
-  at once instead of at the deadline;
+* ``ready``: written last, after the driver, the runtime and the GPU smoke test; it holds
+  ``image=<reference>`` (empty for the host runtime), ``gpus=<count>``, ``runtime=...`` and, for the host
+  runtime, the torch/mpi4py/mpirun versions installed;
+* ``failed``: written by the bootstrap's error trap (the failing line) or by its own checks (the reason,
+  e.g. the GPU smoke test's arch), so a failure ends the wait at once instead of at the deadline;
 * the bootstrap log, whose tail is shown for the node that failed;
 * ``cloud-init status``: must say ``done`` (``error`` is a failure).
 

@@ -1,14 +1,17 @@
 """What ``make up PROVIDER=aws`` is asked for: the settings (validated once), the image's registry, the price.
 
 Settings come from ``spec.options`` or MULTINODE_REGION, MULTINODE_SSH_CIDR, MULTINODE_TTL_HOURS,
-MULTINODE_SPOT, MULTINODE_OWNER, MULTINODE_IMAGE; an image reference without a registry host is
-refused (the nodes could not pull it). The cost line reads ``infra/prices.json``.
+MULTINODE_SPOT, MULTINODE_OWNER, MULTINODE_IMAGE. No image: jobs run in the host runtime (the bootstrap
+installs torch, Open MPI and mpi4py on every node); an image reference without a registry host is refused
+(the nodes could not pull it). The cost line reads ``infra/prices.json``: the instances, their public IPv4
+addresses and their gp3 root volumes.
 """
 
 from __future__ import annotations
 
 import getpass
 import ipaddress
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +22,7 @@ from multinode.core.errors import UserError
 
 PRICES = Path(__file__).resolve().parents[4] / "infra" / "prices.json"
 FIX = "make up PROVIDER=aws SSH_CIDR=203.0.113.4/32 REGION=us-east-1"
-DEFAULT_IMAGES = {"cpu": "multinode-cpu:latest", "g4dn": "multinode-cuda:latest", "g4ad": "multinode-rocm:latest"}
+ROOT_VOLUME_GB = 100  # infra/ec2/variables.tf root_volume_gb's default (TF_VAR_root_volume_gb overrides it)
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class AwsSettings:
     ttl_hours: int
     spot: bool
     owner: str
-    image: str
+    image: str | None  # None: the host runtime
     instance_type: str | None
 
     @classmethod
@@ -55,13 +58,13 @@ class AwsSettings:
         ttl = pick("ttl_hours", "8")
         if not ttl.isdigit() or not 1 <= int(ttl) <= 72:
             raise UserError(f"TTL_HOURS={ttl!r} must be a whole number from 1 to 72")
-        image = pick("image") or DEFAULT_IMAGES[spec.cluster_type]
-        if registry_of(image) is None:
+        image = pick("image")
+        if image is not None and registry_of(image) is None:
             kind = {"cpu": "cpu", "g4dn": "cuda", "g4ad": "rocm"}[spec.cluster_type]
             raise UserError(
                 f"IMAGE_REF={image} is a local tag the nodes cannot pull; push it first: 'make image IMAGE={kind} PUSH=1 "
                 f"ECR=<account>.dkr.ecr.{region}.amazonaws.com', then 'make up ... IMAGE_REF=<account>.dkr.ecr."
-                f"{region}.amazonaws.com/multinode-{kind}:latest'")
+                f"{region}.amazonaws.com/multinode-{kind}:latest', or leave IMAGE_REF unset to run jobs in the host runtime")
         spot = pick("spot", "0").lower()
         if spot not in ("0", "1", "true", "false", "yes", "no"):
             raise UserError(f"SPOT={spot!r} must be 1 or 0")
@@ -103,14 +106,35 @@ def instance_type_for(spec: ClusterSpec, settings: AwsSettings) -> str:
     return settings.instance_type or {"cpu": "c6i.xlarge", "g4dn": "g4dn.xlarge", "g4ad": "g4ad.xlarge"}[spec.cluster_type]
 
 
+def root_volume_gb() -> int:
+    """Each node's root volume size: TF_VAR_root_volume_gb (the module's override) or its default."""
+    value = os.environ.get("TF_VAR_root_volume_gb") or str(ROOT_VOLUME_GB)
+    if not value.isdigit():
+        raise UserError(f"TF_VAR_root_volume_gb={value!r} must be a whole number of GiB, e.g. 100")
+    return int(value)
+
+
 def cost_line(spec: ClusterSpec, settings: AwsSettings, prices: dict[str, Any]) -> str:
-    """``2 x g4dn.xlarge on-demand = $1.05/h (prices of <date>, us-east-1)`` from infra/prices.json."""
+    """``2 x g4dn.xlarge on-demand $1.05/h + 2 public IPv4 $0.01/h + 2 x 100 GiB gp3 $0.02/h = $1.08/h (...)``
+    from infra/prices.json; a part without a price for the region is named, never guessed."""
     itype = instance_type_for(spec, settings)
     market = "spot" if settings.spot else "on-demand"
-    table = prices["on_demand_usd_per_hour"].get(settings.region, {})
+    region, nodes = settings.region, spec.nodes
+    table = prices["on_demand_usd_per_hour"].get(region, {})
     if itype not in table:
-        return (f"{spec.nodes} x {itype} {market} = price unknown (no entry for {settings.region} in "
+        return (f"{nodes} x {itype} {market} = price unknown (no entry for {region} in "
                 f"infra/prices.json); check https://aws.amazon.com/ec2/pricing/on-demand/")
-    total = spec.nodes * table[itype]
+    instances = nodes * table[itype]
+    ipv4 = nodes * prices["public_ipv4_usd_per_hour"]  # one public address per node (compute.tf)
+    size = root_volume_gb()
+    parts = [f"{nodes} x {itype} {market} ${instances:.2f}/h", f"{nodes} public IPv4 ${ipv4:.2f}/h"]
+    total = instances + ipv4
+    gp3 = prices["gp3_usd_per_gb_month"].get(region)
+    if gp3 is None:
+        parts.append(f"{nodes} x {size} GiB gp3 (no price for {region} in infra/prices.json)")
+    else:
+        storage = nodes * size * gp3 / prices["hours_per_month"]
+        parts.append(f"{nodes} x {size} GiB gp3 ${storage:.2f}/h")
+        total += storage
     note = ", spot is usually lower: this is its ceiling" if settings.spot else ""
-    return f"{spec.nodes} x {itype} {market} = ${total:.2f}/h (prices of {prices['date']}, {settings.region}{note})"
+    return f"{' + '.join(parts)} = ${total:.2f}/h (prices of {prices['date']}, {region}{note})"

@@ -25,6 +25,7 @@ log = logging.getLogger(__name__)
 MODULE_DIR = Path(__file__).resolve().parents[4] / "infra" / "ec2"
 WORKDIR = "/opt/multinode"
 MPI_SSH_PORT = 2222  # the images' sshd (docker/sshd_config)
+HOST_PYTHON = f"{WORKDIR}/venv/bin/python"  # the host runtime's virtualenv (infra/ec2/user_data.sh.tftpl)
 
 
 def terraform_binary() -> str:
@@ -52,8 +53,9 @@ Terraform = Callable[..., str]
 # --- outputs -> inventory -----------------------------------------------------------------
 
 
-def inventory_from_outputs(outputs: dict, state: ClusterState, host_keys: dict[str, str], image: str) -> Inventory:
-    """Build the inventory from ``terraform output -json`` (the ``inventory`` output of infra/ec2)."""
+def inventory_from_outputs(outputs: dict, state: ClusterState, host_keys: dict[str, str], image: str | None) -> Inventory:
+    """Build the inventory from ``terraform output -json`` (the ``inventory`` output of infra/ec2); ``image``
+    None is the host runtime (the bootstrap's virtualenv), else the docker runtime of that image."""
     try:
         value = outputs["inventory"]["value"]
         ssh_user = value["ssh_user"]
@@ -64,20 +66,22 @@ def inventory_from_outputs(outputs: dict, state: ClusterState, host_keys: dict[s
                  instance_id=n["instance_id"])
             for n in value["nodes"]
         )
+        # MODE=mpi: mpirun on the head reads the cluster key and known_hosts from the work directory
+        # (code.credentials puts them there): the host's sshd on 22, or in the image's sshd on 2222
+        # (runtimes.mpi_sshd_shell; the host's own sshd keeps 22), so the remote ranks run in the image too.
+        extra = {"mpi_ssh_port": 22 if image is None else MPI_SSH_PORT, "mpi_ssh_key": f"{WORKDIR}/.ssh/id_ed25519",
+                 "mpi_known_hosts": f"{WORKDIR}/.ssh/known_hosts", "region": value["region"],
+                 "cluster_id": value["cluster_id"], "zone": value["zone"],
+                 "ecr_repository_url": value["ecr"]["repository_url"],
+                 "ecr_created": bool(value["ecr"]["created_by_us"]), "instance_role": value["ecr"]["instance_role"],
+                 "instance_types": sorted({n["instance_type"] for n in value["nodes"]})}
+        if image is not None:
+            extra["container_python"] = "python3"
         return Inventory(
             cluster=value["cluster"], provider="aws", nodes=nodes, subnet=value["subnet_cidr"],
             ssh_key=str(state.ssh_key), known_hosts=str(state.known_hosts), workdir=WORKDIR,
-            python="python3", runtime="docker", image=image,
-            # MODE=mpi: mpirun in the head's container reaches the image's sshd on the other nodes (port
-            # 2222, runtimes.mpi_sshd_shell; the host's own sshd keeps 22), so the remote ranks run in the
-            # image too; the key and known_hosts live under the work directory, which the container mounts.
-            extra={"container_python": "python3", "mpi_ssh_port": MPI_SSH_PORT,
-                   "mpi_ssh_key": f"{WORKDIR}/.ssh/id_ed25519",
-                   "mpi_known_hosts": f"{WORKDIR}/.ssh/known_hosts", "region": value["region"],
-                   "cluster_id": value["cluster_id"], "zone": value["zone"],
-                   "ecr_repository_url": value["ecr"]["repository_url"],
-                   "ecr_created": bool(value["ecr"]["created_by_us"]), "instance_role": value["ecr"]["instance_role"],
-                   "instance_types": sorted({n["instance_type"] for n in value["nodes"]})},
+            python=HOST_PYTHON if image is None else "python3", runtime="host" if image is None else "docker",
+            image=image, extra=extra,
         )
     except KeyError as err:
         raise UserError(f"terraform output 'inventory' lacks {err}; is infra/ec2/outputs.tf out of date?") from None
