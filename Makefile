@@ -70,6 +70,7 @@ export MULTINODE_SETUP := $(SETUP)
 export MULTINODE_ENV := $(if $(filter command line,$(origin ENV)),$(ENV))
 export MULTINODE_STALL_TIMEOUT := $(STALL_TIMEOUT)
 export MULTINODE_SKEW := $(SKEW)
+export MULTINODE_LINKCHECK := $(LINKCHECK)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)
@@ -83,7 +84,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 

@@ -95,6 +95,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--stall-timeout", help="seconds without progress (step heartbeat, output, CPU) before the job "
                                                f"is ended naming the culprit; 0: off (default {DEFAULT_STALL_TIMEOUT})")
     train.add_argument("--skew", help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
+    train.add_argument("--linkcheck", help="a node whose link is far slower than the others': refuse (default), warn, "
+                                           "or off (docs/network.md)")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
     train.add_argument("--launcher", help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, "

@@ -1,6 +1,6 @@
 """What the orchestrator runs on a node, run for real on this host: the stop script on real processes, a
-node's home step under /bin/sh, the software probe in a real interpreter. They start subprocesses, so they
-are integration tests (tests/unit holds only pure ones)."""
+node's home step under /bin/sh, the software probe in a real interpreter, the head-reach check against real
+sockets. They start subprocesses, so they are integration tests (tests/unit holds only pure ones)."""
 
 from __future__ import annotations
 
@@ -74,3 +74,26 @@ def test_versions_probe_reads_distributions_like_importlib_metadata(tmp_path):
     env = {"PYTHONPATH": f"{first}:{second}", "PATH": "/usr/bin:/bin"}
     info = json.loads(subprocess.run(argv, capture_output=True, text=True, env=env, check=True).stdout)
     assert info["NCCL"] == "2.29.7" and info["mpi4py"] == "4.1.2" and info["python"] == sys.version.split()[0]
+
+
+def test_head_reach_check_takes_a_refused_rendezvous_port_as_reachable():
+    """Nothing listens on the rendezvous port before the job: the head's refusal proves the route (loopback here);
+    a listener there passes too (the head's own port check names it)."""
+    import socket
+    from types import SimpleNamespace
+
+    from multinode.checks.preflight import head_reach_check
+
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        open_port = listener.getsockname()[1]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            closed_port = probe.getsockname()[1]  # bound, never listening: a connection to it is refused
+            inv = SimpleNamespace(head=SimpleNamespace(name="node-0", private_ip="127.0.0.1", ssh_port=open_port))
+            for port in (closed_port, open_port, None):
+                desc, command = head_reach_check(inv, port)
+                res = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=10)
+                assert res.returncode == 0, (port, res.stdout, res.stderr)
+            assert "at port" in head_reach_check(inv, closed_port)[0] and "at port" not in head_reach_check(inv, None)[0]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from multinode.plan.launchers.mpirun import relabel_by_rank
-from multinode.checks.preflight import _check_script, head_reach_check, port_check, split_reads
+from multinode.checks.preflight import _check_script, port_check, split_reads
 from multinode.ssh.lines import LineSink
 from multinode.ssh.signals import StopSignals
 
@@ -50,28 +50,6 @@ def test_preflight_round_output_splits_into_the_checks_and_each_read():
     assert checks == "FAIL x: y\n"
     assert reads == {"versions": '{"torch": "2.13.0"}\n', "manifest": '{"a.py": [1, 420, "ab"]}', "empty": ""}
     assert split_reads("all fine\n", "tok") == ("all fine\n", {})
-
-
-def test_head_reach_check_takes_a_refused_rendezvous_port_as_reachable():
-    """Nothing listens on the rendezvous port before the job: the head's refusal proves the route (loopback here);
-    a listener there passes too (the head's own port check names it)."""
-    import socket
-    import subprocess
-    from types import SimpleNamespace
-
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        listener.listen()
-        open_port = listener.getsockname()[1]
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            closed_port = probe.getsockname()[1]  # bound, never listening: a connection to it is refused
-            inv = SimpleNamespace(head=SimpleNamespace(name="node-0", private_ip="127.0.0.1", ssh_port=open_port))
-            for port in (closed_port, open_port, None):
-                desc, command = head_reach_check(inv, port)
-                res = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=10)
-                assert res.returncode == 0, (port, res.stdout, res.stderr)
-            assert "at port" in head_reach_check(inv, closed_port)[0] and "at port" not in head_reach_check(inv, None)[0]
 
 
 def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():

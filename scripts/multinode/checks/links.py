@@ -36,7 +36,6 @@ CONNECTION_ERROR = re.compile(r"gloo/transport/tcp/pair\.cc.*(?:Read error|Write
 WINDOW_S = 0.3  # each transfer's measuring window
 FLOOR_MBIT = 1000.0  # a link is slow only below this...
 RATIO = 0.2  # ... and below this fraction of the cluster's median
-MODES = ("refuse", "warn", "off")
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ DEFAULT_MTU = 65000
 # See multinode.diagnose.watchdog for why 300.
 DEFAULT_STALL_TIMEOUT = 300
 SKEW_MODES = ("refuse", "warn")  # nodes whose software differs: refuse the job at pre-flight, or warn and run
+LINKCHECK_MODES = ("refuse", "warn", "off")  # a slow link at pre-flight: refuse, warn and run, or measure nothing
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
 
 
@@ -107,6 +108,7 @@ class LaunchSpec:
     env: tuple[EnvVar, ...] = ()  # variables for every rank (values never shown)
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before the job is ended; 0 = off
     skew: str = "refuse"  # one of SKEW_MODES (multinode.checks.software)
+    linkcheck: str = "refuse"  # one of LINKCHECK_MODES (multinode.checks.links)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -154,6 +156,9 @@ class LaunchSpec:
         if self.skew not in SKEW_MODES:
             raise UserError(f"SKEW={self.skew!r} is not one of {', '.join(SKEW_MODES)}; "
                             f"SKEW=warn runs on nodes whose software differs")
+        if self.linkcheck not in LINKCHECK_MODES:
+            raise UserError(f"LINKCHECK={self.linkcheck!r} is not one of {', '.join(LINKCHECK_MODES)}; "
+                            f"LINKCHECK=warn runs on a cluster with a slow link")
         if self.stall_timeout < 0:
             raise UserError(f"STALL_TIMEOUT={self.stall_timeout:g} must be 0 (off) or a number of seconds, "
                             f"e.g. {DEFAULT_STALL_TIMEOUT}")

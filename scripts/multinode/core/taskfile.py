@@ -66,6 +66,7 @@ KEYS: dict[str, Key] = {key.name: key for key in (
     Key("deadline", "DEADLINE", "number"),
     Key("stall_timeout", "STALL_TIMEOUT", "number"),
     Key("skew", "SKEW", "text"),
+    Key("linkcheck", "LINKCHECK", "text"),
 )}
 # Keys a task file may be expected to have but that belong to the command line: where to give them instead.
 ELSEWHERE = {

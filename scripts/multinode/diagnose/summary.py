@@ -39,6 +39,8 @@ class RunSummary:
     cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
     stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
     phases: dict[str, float] | None = None  # wall seconds of each phase, in order (see Phases)
+    links: dict | None = None  # the link check (multinode.checks.links.LinkReport): at pre-flight, or after a
+    # failure that read like a broken connection (then ``links["after_failure"]`` is true)
 
 
 class Phases:
@@ -110,6 +112,9 @@ def describe(summary: RunSummary) -> str:
             lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
         if summary.stacks:
             lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
+    if summary.links and summary.links.get("verdict", "ok") != "ok":
+        when = "links after the failure" if summary.links.get("after_failure") else "link check (warning)"
+        lines.append(f"  {when}: {summary.links['verdict']}")
     if summary.result:
         acc = summary.result.get("test_accuracy")
         if acc is not None:
