@@ -29,7 +29,7 @@ from multinode.ssh.runner import CommandResult, RemoteRunner
 from multinode.ssh.connect import refused
 
 
-def _refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:
+def refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:
     """One line naming the first node that does not answer SSH (a refused key first: waiting cannot fix it)."""
     if not failed:
         return
@@ -148,7 +148,7 @@ def _run_round(runner: RemoteRunner, commands: dict[str, str], end: float) -> di
             unreachable.setdefault(name, str(err))
     order = [n.name for n in inv.nodes]
     fatal = {n: unreachable[n] for n in order if n in unreachable and refused(unreachable[n])}
-    _refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
+    refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
     return results
 
 
