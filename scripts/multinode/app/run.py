@@ -11,7 +11,8 @@ container) is one object bound to the inventory and run id (:mod:`multinode.plan
 1. **plan** (pure; ``--dry-run`` stops here and prints it): the job against the cluster (NODES, GPUs), the
    entry point (our trainer or the user's project) and the backend's plan;
 2. **claim**: the cluster is this run's until it ends (:mod:`multinode.checks.claim`): a run in progress refuses
-   this one in one line (or, queued, this one waits); a backend whose scheduler queues jobs (SLURM) claims nothing;
+   this one in one line (or, queued, this one waits); a SLURM site reached through its login node claims nothing
+   (its scheduler queues jobs);
    **pre-flight**, every node in parallel: SSH, the runtime's checks, the MPI SSH mesh, the rendezvous port,
    and in the same round the software probe (skew) and what each node holds of the code; then the GPU smoke
    test on GPU nodes. A refused job has started nothing and leaves no run directory;

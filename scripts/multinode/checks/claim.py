@@ -11,7 +11,9 @@ it. An owner still written there when the lock is taken is a run whose orchestra
 cluster back: its processes may still run on the nodes (ranks outlive a lost SSH session) and would hold the
 rendezvous port, so :meth:`Claim.take` stops them first, and says so in one line.
 
-A backend that does not reach every node (SLURM: its scheduler queues jobs itself) takes no claim.
+The run takes no claim where its backend does not reach every node (a SLURM site described by its login node: the
+site's scheduler queues jobs, and the login node is shared by its users); the embedded SLURM cluster is claimed like
+any local one.
 """
 
 from __future__ import annotations
