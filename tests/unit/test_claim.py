@@ -11,7 +11,11 @@ def test_the_lock_lies_in_the_heads_work_directory(inventory):
 
 
 def test_the_holder_takes_the_lock_without_waiting_and_holds_it_until_its_input_ends():
-    command = holder_command("/w/node 0/busy.lock", "run-1 pid=7 host=ctl since=now")
+    import shlex
+
+    argv = shlex.split(holder_command("/w/node 0/busy.lock", "run-1 pid=7 host=ctl since=now"))
+    assert argv[:3] == ["exec", "sh", "-c"] and len(argv) == 4  # POSIX sh whatever the login shell
+    command = argv[3]
     assert "flock -n 9" in command and f"exit {BUSY_EXIT}" in command
     assert "exec 9<>'/w/node 0/busy.lock'" in command  # opened without truncating: the owner stays readable
     assert "'run-1 pid=7 host=ctl since=now'" in command

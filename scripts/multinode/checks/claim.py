@@ -40,17 +40,18 @@ def lock_path(inv: Inventory) -> str:
 
 
 def holder_command(path: str, owner: str) -> str:
-    """The head's side (POSIX sh + flock): take the lock or print ``BUSY <owner>`` and exit 75; once taken print
-    ``TAKEN <what the lock file held>`` (a previous owner that never gave it back, or nothing), write ``owner``,
-    and hold the lock until stdin ends; a ``release`` line first empties the file (a clean end)."""
+    """The head's side (POSIX sh + flock, whatever the login shell): take the lock or print ``BUSY <owner>`` and exit
+    75; once taken print ``TAKEN <what the lock file held>`` (a previous owner that never gave it back, or nothing),
+    write ``owner``, and hold the lock until stdin ends; a ``release`` line first empties the file (a clean end)."""
     p, d = shlex.quote(path), shlex.quote(path.rsplit("/", 1)[0])
-    return (
+    script = (
         f"command -v flock >/dev/null || {{ echo NOFLOCK; exit 0; }}; mkdir -p {d} && exec 9<>{p} || exit 70; "
         f"if ! flock -n 9; then i=0; while [ ! -s {p} ] && [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; "
         f"echo \"BUSY $(head -n 1 {p})\"; exit {BUSY_EXIT}; fi; "
         f"echo \"TAKEN $(head -n 1 {p})\"; printf '%s\\n' {shlex.quote(owner)} > {p}; echo HELD; "
         f"read -r line; [ \"$line\" = release ] && : > {p}; exit 0"
     )
+    return f"exec sh -c {shlex.quote(script)}"
 
 
 def owner_line(run_id: str) -> str:
