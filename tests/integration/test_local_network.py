@@ -69,3 +69,27 @@ def test_every_node_writes_to_a_home_of_its_own(cluster3: Cluster):
             assert seen.stdout.strip() == "1", f"{other} sees node-1's file: {seen}"
         assert runner.run_on("node-1", "echo ~").stdout.strip() == home
     assert not os.path.exists(os.path.join(home, name))  # and this machine does not either
+
+
+def test_nodes_name_each_other_and_no_rank_prints_a_resolver_warning(cluster3: Cluster):
+    """Every node looks up every peer's name by its address, also as a dual-stack socket sees it (``::ffff:``);
+    a 2-node train -- the torchrun launcher too, whose agents hold the c10d store -- prints no c10d resolver
+    warning in any rank's log, and pre-flight finds nothing to warn about."""
+    from pathlib import Path
+
+    inv = cluster3.inventory()
+    for ns in leakcheck.namespaces(cluster3.name):
+        for node in inv.nodes:
+            for address in (node.private_ip, f"::ffff:{node.private_ip}"):
+                found = subprocess.run(["ip", "netns", "exec", ns, "getent", "hosts", address],
+                                       capture_output=True, text=True, timeout=30)
+                assert found.stdout.split()[1:2] == [node.hostname], (ns, address, found)
+    for launcher in ("static", "torchrun"):
+        res = cluster3.cli("train", "--nodes", "2", "--launcher", launcher)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+        assert "cannot look up the name" not in res.stdout
+        logs = sorted(Path(cluster3.runs()[-1]).glob("node-*.log"))  # rank 0 speaks; the others only warn
+        assert len(logs) == 2 and "test_accuracy" in logs[0].read_text()
+        for log in logs:
+            text = log.read_text()
+            assert "hostname of the client socket" not in text, (launcher, log, text[-2000:])

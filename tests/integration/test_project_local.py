@@ -196,3 +196,17 @@ def test_what_is_sent_from_a_plain_directory_and_from_a_git_work_tree(tmp_path: 
     subprocess.run(["git", "-C", str(repo), "add", "train.py"], check=True)  # the rest is untracked
     assert sorted(select_files(repo)) == [".gitignore", ".multinodeignore", "link.py", "pkg/m.py", "train.py"]
     assert select_files(repo)["link.py"] == len("train.py")  # a link to a file travels as its content
+
+    # A WORKDIR its work tree ignores is a plain directory (an installed package in the project's .venv).
+    from multinode.code.workdir import load_project
+
+    (repo / ".gitignore").write_text("*.log\n/vendored/\n")
+    for rel in ("vendored/pkg/__init__.py", "vendored/pkg/run.py", "vendored/pkg/notes.log"):
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(rel)
+    plain_inside = load_project(str(repo / "vendored" / "pkg"))
+    assert sorted(plain_inside.manifest.files) == ["__init__.py", "notes.log", "run.py"]
+    assert plain_inside.rule == f"every file: a directory git ignores in {repo.resolve()}"
+    assert load_project(str(repo)).rule == f"git: tracked or not ignored in {repo.resolve()}"
+    assert "vendored/pkg/run.py" not in load_project(str(repo)).manifest.files
+    assert load_project(str(plain)).rule == "every file: not in a git work tree"

@@ -33,13 +33,15 @@ def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, la
     """cpu: the default (no agents for a fixed-size job) on 2 nodes, torchrun's agents on 3."""
     res = cluster3.cli("train", "--mode", mode, "--nodes", str(nodes), "--launcher", launcher)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    if mode == "cpu":  # every node streams its own ranks' lines
+    # Rank 0 speaks, the other ranks only warn: the trainer's lines come from node-0 (that every node streams its
+    # own ranks' lines is test_torchrun_lines_carry_node_and_rank's, with a script whose every rank prints).
+    assert re.search(r"^\[node-0\] \[rank0\]: ", res.stdout, re.M), res.stdout[-2000:]
+    if mode == "cpu":
+        # The nodes name each other (netns hosts files). Not yet under mpirun: the trainer's MPI rendezvous hosts its
+        # store at "0.0.0.0" (training/dist_env.py), an address no resolver names.
+        assert "hostname of the client socket" not in res.stdout
         plan = (Path(summary_of(cluster3)["log_dir"]) / "plan.json").read_text()
         assert ("torch.distributed.run" in plan) == (launcher == "torchrun")
-        for i in range(nodes):
-            assert f"[node-{i}] " in res.stdout, res.stdout[-2000:]
-    else:  # one mpirun on the head; rank 0's lines are shown as node-0's (other ranks only warn)
-        assert re.search(r"^\[node-0\] \[rank0\]: ", res.stdout, re.M), res.stdout[-2000:]
     summary = summary_of(cluster3)
     assert summary["exit_codes"] == ({f"node-{i}": 0 for i in range(nodes)} if mode == "cpu" else {"node-0": 0})
     assert summary["world_size"] == nodes
@@ -47,8 +49,9 @@ def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, la
     assert summary["result"]["world_size"] == nodes
     assert Path(summary["metrics"]).read_text().strip()
     assert "test accuracy: 0." in res.stdout
-    for i in range(nodes if mode == "cpu" else 1):
-        assert (Path(summary["log_dir"]) / f"node-{i}.log").read_text()
+    assert (Path(summary["log_dir"]) / "node-0.log").read_text()
+    for i in range(nodes if mode == "cpu" else 1):  # every node's log is kept, a silent one too
+        assert (Path(summary["log_dir"]) / f"node-{i}.log").is_file()
     assert_no_job_left(cluster3)
 
 

@@ -268,9 +268,9 @@ def test_the_sync_line_groups_nodes_with_the_same_outcome():
     edited = Manifest({**local.files, "pkg/b.py": FileEntry(5, 0o644, "z")})
     plans = {f"node-{i}": plan_sync(edited, local) for i in range(63)}
     plans["node-63"] = plan_sync(edited, Manifest({}))  # a new node gets everything
-    line = describe_sync(Project(Path("/p"), edited), plans)
-    assert line == ("sync /p (2 files, 8 B): node-0..node-62 sent 1 file (5 bytes), deleted 0; "
-                    "node-63 sent 2 files (8 bytes), deleted 0")
+    line = describe_sync(Project(Path("/p"), edited, "git: tracked or not ignored in /p"), plans)
+    assert line == ("sync /p (2 files, 8 B; git: tracked or not ignored in /p): node-0..node-62 sent 1 file (5 bytes), "
+                    "deleted 0; node-63 sent 2 files (8 bytes), deleted 0")
 
 
 @pytest.mark.parametrize("name, mode, refused", [

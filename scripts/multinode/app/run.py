@@ -10,7 +10,10 @@ container) is one object bound to the inventory and run id (:mod:`multinode.plan
 
 1. **plan** (pure; ``--dry-run`` stops here and prints it): the job against the cluster (NODES, GPUs), the
    entry point (our trainer or the user's project) and the backend's plan;
-2. **pre-flight**, every node in parallel: SSH, the runtime's checks, the MPI SSH mesh, the rendezvous port,
+2. **claim**: the cluster is this run's until it ends (:mod:`multinode.checks.claim`): a run in progress refuses
+   this one in one line (or, queued, this one waits); a SLURM site reached through its login node claims nothing
+   (its scheduler queues jobs);
+   **pre-flight**, every node in parallel: SSH, the runtime's checks, the MPI SSH mesh, the rendezvous port,
    and in the same round the software probe (skew) and what each node holds of the code; then the GPU smoke
    test on GPU nodes. A refused job has started nothing and leaves no run directory;
 3. **prepare**: one incremental sync of the code (our trainer or WORKDIR), SETUP, the -m module check, the
@@ -27,11 +30,13 @@ from __future__ import annotations
 import json
 import sys
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict
 from typing import TextIO
 
 from multinode.backends import backend_for
 from multinode.backends.base import Backend, JobEnd
+from multinode.checks.claim import Claim
 from multinode.checks.gpu import gpu_smoke
 from multinode.checks.preflight import preflight, start_mpi_sshds
 from multinode.checks.software import check_code, check_versions, probe_cache, versions_probe
@@ -86,7 +91,7 @@ class Run:
             return None
         runner = self.runner = RemoteRunner(self.inv, out=self.out)
         runner.prewarm()  # every node's login shell starts now, while the rest is prepared
-        with runner:  # closed however the rest ends
+        with runner, self.claim():  # the claim is given back, then the connections closed, however the rest ends
             self.backend_plan = self.prepare(self.backend_plan, self.preflight())
             try:
                 watchdog = self.launch()
@@ -106,6 +111,14 @@ class Run:
         check_gpu_request(self.inv, self.spec)
         self.code = resolve_entry(self.spec)
         return self.backend.plan(self, self.code.entry)
+
+    def claim(self) -> AbstractContextManager:
+        """The cluster held for this run until the run ends, taken on entry (PreflightFailed, one line, when another
+        run holds it and this one does not wait)."""
+        if not self.backend.reaches_every_node:
+            return nullcontext()
+        # QUEUE=1: wait for the cluster instead of being refused (LaunchSpec.queue, where the config has it).
+        return Claim(self.runner, self.spec.run_id, wait=bool(getattr(self.spec, "queue", False)))
 
     def preflight(self) -> dict[str, str]:
         """Every node can run the job (PreflightFailed, one line, otherwise); the nodes' code manifests."""

@@ -9,6 +9,11 @@ Checks, in order (each failure is one line naming the node and the fix, and noth
    next, inside the runtime, by the smoke test of :mod:`multinode.checks.gpu`;
 4. torchrun modes: the rendezvous port is free on the head node;
 5. mpi modes: the head can SSH to every other node with the cluster key (mpirun needs it).
+
+In the same round each node looks up the names of the peers its ranks talk to (the head: every node; the others:
+the head), by the address as c10d sees it on a dual-stack socket (``::ffff:<ip>``); a node that cannot is named in
+one warning line (:func:`resolve_warning`), not refused: the job runs, but every rank prints c10d's "hostname of
+the client socket cannot be retrieved" and each lookup may wait on an unreachable DNS.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from multinode.ssh.runner import CommandResult, RemoteRunner
 from multinode.ssh.connect import refused
 
 
-def _refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:
+def refuse_unreachable(inv: Inventory, failed: dict[str, str]) -> None:
     """One line naming the first node that does not answer SSH (a refused key first: waiting cannot fix it)."""
     if not failed:
         return
@@ -77,6 +82,30 @@ def mpi_mesh_check(inv: Inventory) -> tuple[str, str]:
     return ("the head can SSH to the other nodes", probes or "true")
 
 
+RESOLVE = "peer names"  # the read label of the reverse lookups
+
+
+def resolve_probe(inv: Inventory, name: str) -> str:
+    """Print each peer address ``name`` cannot look up (in parallel, 2 s each; nothing where getent is missing)."""
+    peers = [n for n in inv.nodes if n.name != name] if name == inv.head.name else [inv.head]
+    lookups = " ".join(f"{{ timeout 2 getent hosts ::ffff:{n.private_ip} >/dev/null || echo {n.name}={n.private_ip}; }} &"
+                       for n in peers)
+    return f"command -v getent >/dev/null && {{ {lookups} wait; }} || true" if peers else "true"
+
+
+def resolve_warning(unresolved: dict[str, str]) -> str | None:
+    """One line naming the first node that cannot look up a peer's name ({node: the probe's output}), or None."""
+    failed = {node: out.split() for node, out in unresolved.items() if out.split()}
+    if not failed:
+        return None
+    node, peers = next(iter(failed.items()))
+    others = f" (and {len(failed) - 1} more node(s))" if len(failed) > 1 else ""
+    named = ", ".join(f"{peer.split('=')[0]} ({peer.split('=')[-1]})" for peer in peers)
+    return (f"warning: {node} cannot look up the name of {named}{others}: every rank will print c10d's 'hostname of "
+            f"the client socket cannot be retrieved' and may wait on DNS; give the nodes DNS hostnames (AWS: "
+            f"enable_dns_hostnames on the VPC) or list every node in each node's /etc/hosts, also as ::ffff:<address>")
+
+
 def _node_commands(inv: Inventory, checks: list[tuple[str, str]], need_mpi_ssh: bool, port: int | None,
                    reads: dict[str, dict[str, str]] | None, token: str) -> dict[str, str]:
     """Each node's one pre-flight script: the checks (plus the head's or the other nodes' own), then the reads,
@@ -118,7 +147,7 @@ def _run_round(runner: RemoteRunner, commands: dict[str, str], end: float) -> di
             unreachable.setdefault(name, str(err))
     order = [n.name for n in inv.nodes]
     fatal = {n: unreachable[n] for n in order if n in unreachable and refused(unreachable[n])}
-    _refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
+    refuse_unreachable(inv, {**fatal, **{n: unreachable[n] for n in order if n in unreachable}})
     return results
 
 
@@ -156,9 +185,14 @@ def preflight(
     inv = runner.inventory
     end = time.monotonic() + timeout
     token = secrets.token_hex(8)  # separates the reads' outputs in the round's stdout
+    reads = {**(reads or {}), RESOLVE: {n.name: resolve_probe(inv, n.name) for n in inv.nodes}}
     commands = _node_commands(inv, checks, need_mpi_ssh, port, reads, token)
     results = _run_round(runner, commands, end)
-    return _answers(inv, results, token, list(reads or {}), port)
+    answers = _answers(inv, results, token, list(reads), port)
+    warning = resolve_warning(answers.pop(RESOLVE))
+    if warning is not None:
+        runner.say(warning)
+    return answers
 
 
 def split_reads(stdout: str, token: str) -> tuple[str, dict[str, str]]:

@@ -1,7 +1,10 @@
 """A user's project: SCRIPT and WORKDIR resolved into what every rank runs, checked before anything starts.
 
 * ``SCRIPT=path``: a file inside WORKDIR (default WORKDIR: the file's directory). A relative path is
-  looked up in WORKDIR first, then in the current directory. It must be among the synced files.
+  looked up in WORKDIR first, then in the current directory. It must be among the synced files. A script
+  in a directory its git work tree ignores (an installed package's script in a project's ``.venv``) runs:
+  that directory is sent as it is (:mod:`multinode.code.workdir`), not the whole site-packages -- the rest
+  of the environment is the node's own (its Python, or SETUP), as for any project.
 * ``SCRIPT="-m pkg.module [args]"``: run as ``python -m`` (torchrun's ``-m``); default WORKDIR: the current
   directory. The module must be in WORKDIR (``pkg/module.py``, or a package ``pkg/module/__main__.py``);
   one that is not is looked for on the head node's Python once SETUP ran (:func:`check_module_on_node`),
@@ -13,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from multinode.code.workdir import DEFAULT_LIMIT_MB, Project, load_project
+from multinode.code.workdir import DEFAULT_LIMIT_MB, Project, ignored_by_work_tree, load_project
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
 from multinode.core.state import state_root
@@ -82,8 +85,11 @@ def resolve_project(spec: LaunchSpec) -> ResolvedProject:
         raise UserError(f"SCRIPT={spec.script} is outside WORKDIR={spec.workdir}; "
                         f"move it into WORKDIR or set WORKDIR to a directory that holds it") from None
     if rel not in project.manifest.files:
-        raise UserError(f"SCRIPT={spec.script} is not synced (git-ignored, or excluded by .multinodeignore); "
-                        f"track it or remove the pattern that excludes it")
+        fix = "track it or remove the pattern that excludes it"
+        if ignored_by_work_tree(script.resolve().parent):
+            fix += f", or set WORKDIR={script.resolve().parent} (a directory git ignores is sent as it is)"
+        raise UserError(f"SCRIPT={spec.script} is not synced from WORKDIR={project.root} (git-ignored, or excluded "
+                        f"by .multinodeignore); {fix}")
     return ResolvedProject(EntryPoint(rel, spec.args, ours=False, subdir=PROJECT_SUBDIR), project)
 
 

@@ -117,7 +117,8 @@ def describe_sync(project: Project, plans: dict[str, SyncPlan]) -> str:
     parts = [f"{node_list(names)} sent {sent} file{'s' * (sent != 1)} ({size} bytes), deleted {deleted}"
              for (sent, size, deleted), names in groups.items()]
     files = project.manifest.files
-    return f"sync {project.root} ({len(files)} files, {_human(project.manifest.total_bytes)}): " + "; ".join(parts)
+    rule = f"; {project.rule}" if project.rule else ""
+    return f"sync {project.root} ({len(files)} files, {_human(project.manifest.total_bytes)}{rule}): " + "; ".join(parts)
 
 
 def node_list(names: list[str]) -> str:

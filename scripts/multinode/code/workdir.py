@@ -4,9 +4,12 @@ Contract:
 
 * What is sent: in a git work tree, the tracked files and the untracked files git does not ignore
   (``git ls-files --cached --others --exclude-standard``, run in WORKDIR, so only its subtree);
-  otherwise every file under WORKDIR. In both cases the default excludes (:data:`DEFAULT_EXCLUDES`)
-  and the gitignore-style patterns of WORKDIR's ``.multinodeignore`` are left out (pathspec's
-  ``GitIgnoreSpec``). Symbolic links are followed to files; directories are never followed.
+  otherwise every file under WORKDIR. A WORKDIR that its enclosing work tree ignores (a virtualenv's
+  site-packages inside a project that ignores ``.venv/``, a build directory) is a plain directory too:
+  git's rules are the project's, and the user pointed at this directory, not at the project. In every
+  case the default excludes (:data:`DEFAULT_EXCLUDES`) and the gitignore-style patterns of WORKDIR's
+  ``.multinodeignore`` are left out (pathspec's ``GitIgnoreSpec``). Symbolic links are followed to files;
+  directories are never followed. :attr:`Project.rule` says which rule chose the files (the sync line shows it).
 * A WORKDIR larger than the limit (``WORKDIR_LIMIT_MB``, default :data:`DEFAULT_LIMIT_MB`) is refused
   in one line naming its largest paths, before anything is hashed or sent.
 * :class:`Manifest`: every sent file's path, size, mode (the executable bit) and SHA-256. The node keeps
@@ -116,18 +119,41 @@ def check_size(sizes: dict[str, int], limit_mb: int, workdir: str) -> None:
     )
 
 
-def _git_files(root: Path) -> list[str] | None:
-    """Tracked + untracked-not-ignored files under ``root`` if it is inside a git work tree, else None."""
+def _git(cwd: Path, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=timeout)
+
+
+def _work_tree(directory: Path) -> tuple[Path | None, bool]:
+    """(the top of the git work tree ``directory`` lies in, or None; whether that work tree ignores ``directory``)."""
     try:
-        inside = subprocess.run(["git", "-C", str(root), "rev-parse", "--is-inside-work-tree"],
-                                capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if inside.returncode != 0 or inside.stdout.strip() != "true":
-        return None
-    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                            capture_output=True, timeout=60, check=True)
-    return [p for p in listed.stdout.decode().split("\0") if p]
+        top = _git(directory, "rev-parse", "--show-toplevel")
+        if top.returncode != 0 or not top.stdout.strip():
+            return None, False
+        toplevel = Path(top.stdout.decode().strip()).resolve()
+        rel = directory.resolve().relative_to(toplevel).as_posix()
+        return toplevel, rel != "." and _git(toplevel, "check-ignore", "-q", "--", f"{rel}/").returncode == 0
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None, False
+
+
+def ignored_by_work_tree(directory: Path) -> bool:
+    """Does the git work tree around ``directory`` ignore it (then it is sent as a plain directory)?"""
+    return _work_tree(directory)[1]
+
+
+def _git_files(root: Path) -> tuple[list[str] | None, str]:
+    """(tracked + untracked-not-ignored files under ``root``, the rule) where git's rules apply to ``root``; else
+    (None, the rule): outside a work tree, or in a directory its work tree ignores, every file is walked."""
+    toplevel, ignored = _work_tree(root)
+    if toplevel is None:
+        return None, "every file: not in a git work tree"
+    if ignored:
+        return None, f"every file: a directory git ignores in {toplevel}"
+    listed = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", timeout=60)
+    if listed.returncode != 0:
+        raise UserError(f"WORKDIR={root}: 'git ls-files' failed ({listed.stderr.decode().strip()}); fix the work tree "
+                        f"or list what to leave out in {IGNORE_FILE} outside of git")
+    return [p for p in listed.stdout.decode().split("\0") if p], f"git: tracked or not ignored in {toplevel}"
 
 
 def _walk_files(root: Path, patterns: list[str]) -> list[str]:
@@ -146,10 +172,10 @@ def _ignore_patterns(root: Path) -> list[str]:
     return ignore.read_text().splitlines() if ignore.is_file() else []
 
 
-def select_files(root: Path, extra_excludes: Iterable[str] = ()) -> dict[str, int]:
-    """{relative path: size} of the regular files that would be sent (see the module's contract)."""
+def selection(root: Path, extra_excludes: Iterable[str] = ()) -> tuple[dict[str, int], str]:
+    """({relative path: size} of the regular files that would be sent, the rule that chose them)."""
     patterns = [*_ignore_patterns(root), *extra_excludes]
-    listed = _git_files(root)
+    listed, rule = _git_files(root)
     paths = filter_paths(listed if listed is not None else _walk_files(root, patterns), patterns)
     sizes = {}
     for rel in paths:
@@ -159,7 +185,12 @@ def select_files(root: Path, extra_excludes: Iterable[str] = ()) -> dict[str, in
             continue  # tracked but deleted in the work tree, or a dangling link
         if stat.S_ISREG(info.st_mode):
             sizes[rel] = info.st_size
-    return sizes
+    return sizes, rule
+
+
+def select_files(root: Path, extra_excludes: Iterable[str] = ()) -> dict[str, int]:
+    """{relative path: size} of the regular files that would be sent (see the module's contract)."""
+    return selection(root, extra_excludes)[0]
 
 
 def build_manifest(root: Path, paths: Iterable[str]) -> Manifest:
@@ -182,6 +213,7 @@ class Project:
 
     root: Path
     manifest: Manifest
+    rule: str = ""  # which rule chose the files ("git: ...", "every file: ..."), said in the sync line
 
 
 def load_project(workdir: str, limit_mb: int = DEFAULT_LIMIT_MB, extra_excludes: Iterable[str] = ()) -> Project:
@@ -190,6 +222,6 @@ def load_project(workdir: str, limit_mb: int = DEFAULT_LIMIT_MB, extra_excludes:
     if not root.is_dir():
         raise UserError(f"WORKDIR={workdir} does not exist or is not a directory; pass your project's directory")
     root = root.resolve()
-    sizes = select_files(root, extra_excludes)
+    sizes, rule = selection(root, extra_excludes)
     check_size(sizes, limit_mb, workdir)
-    return Project(root, build_manifest(root, sizes))
+    return Project(root, build_manifest(root, sizes), rule)

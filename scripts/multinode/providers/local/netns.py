@@ -11,8 +11,9 @@ concurrent tests) never collide:
 
 The network is closed: namespaces get no default route, only their subnet, and the host's
 ``ip_forward`` is never touched, so a node can reach its peers and nothing else.
-Each namespace gets its own ``/etc/netns/<ns>/{hosts,resolv.conf}`` (every node's hostname;
-nameserver 127.0.0.1 so reverse lookups fail at once instead of waiting for an unreachable DNS).
+Each namespace gets its own ``/etc/netns/<ns>/{hosts,resolv.conf}`` (every node's hostname by its IPv4 address
+and its IPv4-mapped IPv6 one, so reverse lookups of peers succeed: :meth:`NetPlan.hosts_file`; nameserver
+127.0.0.1 so any other lookup fails at once instead of waiting for an unreachable DNS).
 """
 
 from __future__ import annotations
@@ -104,8 +105,14 @@ class NetPlan:
         return f"{self.cluster}-node-{i}"
 
     def hosts_file(self) -> str:
-        lines = ["127.0.0.1 localhost", "::1 localhost"]
-        lines += [f"{self.ip(i)} {self.hostname(i)}" for i in range(self.nodes)]
+        """Every node's name by its address, and again by the address as a dual-stack socket sees it
+        (``::ffff:10.x.y.z``): c10d's TCPStore listens on ``::`` and names each peer with getnameinfo, which
+        glibc's hosts-file backend does not map back to IPv4 (its DNS backend does, so a cloud's DNS answers);
+        without those lines every lookup fell through to DNS, failed, and every rank printed "The hostname
+        of the client socket cannot be retrieved". Forward lookups still give the IPv4 address first."""
+        names = [("127.0.0.1", "localhost"), *((self.ip(i), self.hostname(i)) for i in range(self.nodes))]
+        lines = [f"{ip} {name}" for ip, name in names] + ["::1 localhost"]
+        lines += [f"::ffff:{ip} {name}" for ip, name in names]
         return "\n".join(lines) + "\n"
 
 
