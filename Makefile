@@ -1,7 +1,7 @@
 # multinode: provision a cluster, run a data-parallel PyTorch job on it, destroy it.
 #   make demo                                   set up, up, train across 2 local nodes, down
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
-#   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1]
+#   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1] [QUEUE=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
@@ -84,7 +84,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK QUEUE DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 
@@ -113,7 +113,7 @@ up: setup ## provision the cluster (PROVIDER=aws: REGION, SSH_CIDR, YES=1 to ski
 	$(MN) up $(if $(YES),--yes)
 
 train: setup ## run the training job on the cluster
-	$(MN) train $(if $(DRY_RUN),--dry-run)
+	$(MN) train $(if $(DRY_RUN),--dry-run) $(if $(QUEUE),--queue)
 
 down: setup ## destroy the cluster and verify nothing is left (PROVIDER=aws YES=1: its ECR repository even with images)
 	$(MN) down $(if $(YES),--yes)

@@ -99,6 +99,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                                            "or off (docs/network.md)")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
+    train.add_argument("--queue", action="store_true", help="a cluster with a run in progress: wait for it to end "
+                                                           "instead of being refused (make train QUEUE=1)")
     train.add_argument("--launcher", help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, "
                                           "restarts), or auto (default: torchrun only with ELASTIC or MAX_RESTARTS)")
 
@@ -155,7 +157,7 @@ def _settled(args: argparse.Namespace) -> Settled:
 
 def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> LaunchSpec:
     settled = settled or _settled(args)
-    return settled.spec(os.environ, run_id=args.run_id or new_run_id(), dry_run=args.dry_run)
+    return settled.spec(os.environ, run_id=args.run_id or new_run_id(), dry_run=args.dry_run, queue=args.queue)
 
 
 def dispatch(args: argparse.Namespace) -> int:

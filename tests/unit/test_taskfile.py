@@ -30,7 +30,7 @@ def one_line_error(path: Path) -> str:
 
 
 def test_every_setting_of_a_task_is_a_key_with_its_make_variable():
-    per_run = {"run_id", "dry_run"}  # given per command, not part of a task
+    per_run = {"run_id", "dry_run", "queue"}  # given per command, not part of a task
     internal = {"preflight_timeout"}  # no flag or variable either: set by the tests and benchmarks
     assert set(KEYS) == {f.name for f in fields(LaunchSpec)} - per_run - internal
     assert all(key.variable == key.name.upper() for key in KEYS.values())

@@ -117,8 +117,7 @@ class Run:
         run holds it and this one does not wait)."""
         if not self.backend.reaches_every_node:
             return nullcontext()
-        # QUEUE=1: wait for the cluster instead of being refused (LaunchSpec.queue, where the config has it).
-        return Claim(self.runner, self.spec.run_id, wait=bool(getattr(self.spec, "queue", False)))
+        return Claim(self.runner, self.spec.run_id, wait=self.spec.queue)  # QUEUE=1: wait instead of being refused
 
     def preflight(self) -> dict[str, str]:
         """Every node can run the job (PreflightFailed, one line, otherwise); the nodes' code manifests."""

@@ -101,6 +101,7 @@ class LaunchSpec:
     preflight_timeout: float = 15.0  # seconds for every node to answer SSH and pass its checks (retries included)
     run_id: str = field(default_factory=new_run_id)
     dry_run: bool = False
+    queue: bool = False  # a cluster with a run in progress: wait for it (QUEUE=1) instead of being refused
     launcher: str = "auto"  # torchrun modes: one of TORCH_LAUNCHERS
     workdir: str | None = None  # the project directory synced to every node (default: SCRIPT's directory)
     workdir_limit_mb: int = 200  # a WORKDIR larger than this is refused

@@ -74,6 +74,7 @@ ELSEWHERE = {
     "provider": "the provider is the cluster's: make up PROVIDER=...",
     "run_id": "a run id is per run: --run-id",
     "dry_run": "a dry run is per command: DRY_RUN=1 (make) or --dry-run",
+    "queue": "waiting for a busy cluster is per command: QUEUE=1 (make) or --queue",
     "task": "a task file cannot name another one",
 }
 
