@@ -3,6 +3,7 @@
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1] [QUEUE=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
+#   make netcheck [NODES=n]                     the links (iperf3 matrix) and an all_reduce sweep, tables and a plot
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [CLUSTER=..|ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
@@ -80,7 +81,7 @@ export MULTINODE_OWNER := $(OWNER)
 export MULTINODE_IMAGE := $(IMAGE_REF)
 export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
-.PHONY: help setup demo up train down status logs stacks ssh test lint bench reap clean image
+.PHONY: help setup demo up train down status logs stacks netcheck ssh test lint bench reap clean image
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -123,6 +124,9 @@ status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM c
 
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)
 	$(MN) logs $(if $(RUN),--run $(RUN)) $(if $(NODE),--node $(NODE))
+
+netcheck: setup ## the network on demand: iperf3 matrix (1 and 4 flows) + an all_reduce sweep, tables and a plot (NODES=n)
+	$(MN) netcheck
 
 stacks: setup ## Python stacks of every rank of a running job, grouped (RUN=id to pick one); the job goes on
 	$(MN) stacks $(if $(RUN),--run $(RUN))

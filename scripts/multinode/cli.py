@@ -118,6 +118,12 @@ def _add_stacks(sub: argparse._SubParsersAction) -> None:
     stacks.add_argument("--run", default=env_default("RUN"), help="run id (default: every run with live ranks)")
 
 
+def _add_netcheck(sub: argparse._SubParsersAction) -> None:
+    """``netcheck``: the cluster's links and collectives, measured on demand."""
+    net = sub.add_parser("netcheck", help="node-to-node bandwidth (iperf3) and an all_reduce sweep, as tables and a plot")
+    net.add_argument("--nodes", type=int, default=env_default("NODES"), help="how many nodes (default: all)")
+
+
 def _add_ssh(sub: argparse._SubParsersAction) -> None:
     """``ssh``: a shell (or a command) on a node."""
     ssh = sub.add_parser("ssh", help="open a shell on a node (pinned host key)")
@@ -143,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_logs(sub)
     _add_stacks(sub)
+    _add_netcheck(sub)
     _add_ssh(sub)
     _add_reap(sub)
     return parser
@@ -179,6 +186,8 @@ def dispatch(args: argparse.Namespace) -> int:
         verbs.logs(args.cluster, run_id=args.run, node=args.node)
     elif args.command == "stacks":
         return verbs.stacks(args.cluster, run_id=args.run)
+    elif args.command == "netcheck":
+        verbs.netcheck(args.cluster, args.nodes)
     elif args.command == "ssh":
         return verbs.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":

@@ -38,6 +38,7 @@ from multinode.backends import backend_for
 from multinode.backends.base import Backend, JobEnd
 from multinode.checks.claim import Claim
 from multinode.checks.gpu import gpu_smoke
+from multinode.checks.links import connection_error, link_check
 from multinode.checks.preflight import preflight, start_mpi_sshds
 from multinode.checks.software import check_code, check_versions, probe_cache, versions_probe
 from multinode.code.credentials import sync_mpi_credentials
@@ -80,6 +81,7 @@ class Run:
         self.backend_plan = None  # the backend's plan: a LaunchPlan (ssh), a SlurmJob (slurm)
         self.runner: RemoteRunner | None = None
         self.captured: Capture | None = None
+        self.links: dict | None = None  # the link check's report (pre-flight, or after a broken connection)
         self._start = time.monotonic()
 
     # --- the template ------------------------------------------------------------------
@@ -137,10 +139,22 @@ class Run:
         elif self.runtime.compares_software and len(inv.nodes) > 1:
             self.runner.say(self.backend.unchecked)
         self.phases.mark("pre-flight")
+        self.check_links(spec.linkcheck)
         if spec.uses_gpu:
             gpu_smoke(self.runner, inv, spec)
             self.phases.mark("GPU smoke test")
         return answers["manifest"]
+
+    def check_links(self, mode: str, after_failure: bool = False) -> None:
+        """Every node's links to its ring neighbours (multinode.checks.links), on ``RDZV_PORT + 1``: refused or
+        warned at pre-flight per LINKCHECK; measured only (``report``) after a failure that read like a broken
+        connection, while the nodes still answer."""
+        if not self.backend.reaches_every_node or len(self.inv.nodes) < 2 or mode == "off":
+            return
+        report = link_check(self.runner, self.inv, mode, self.spec.rdzv_port + 1)
+        self.links = {**report.to_json(), "after_failure": after_failure}
+        if not after_failure:
+            self.phases.mark("link check")
 
     def prepare(self, plan, manifests: dict[str, str]):
         """Code, SETUP and the module ready on every node, then the run directory and the job's files."""
@@ -228,6 +242,8 @@ class Run:
             rank = culprit.rank
         stacks = str(save(self.run_dir / "stacks", self.captured.per_node, self.captured.errors)) \
             if self.captured else None
+        if any(connection_error(log_lines(f, self.run_dir)) for f in failures):
+            self.check_links("report", after_failure=True)
         summary = self._summary(plan, err.exit_codes, result=None, metrics=None, failed_node=first.node,
                                 failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks)
         self._save(summary)
@@ -249,7 +265,7 @@ class Run:
         return RunSummary(run_id=self.spec.run_id, mode=self.spec.mode, nodes=self.spec.nodes,
                           world_size=plan.world_size, exit_codes=exit_codes,
                           wall_seconds=round(time.monotonic() - self._start, 2), log_dir=str(self.run_dir),
-                          phases=self.phases.seconds, **how)
+                          phases=self.phases.seconds, links=self.links, **how)
 
     def _save(self, summary: RunSummary) -> None:
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))

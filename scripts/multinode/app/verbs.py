@@ -12,6 +12,7 @@ import shlex
 import sys
 from typing import TextIO
 
+from multinode.app.netcheck import netcheck as measure_network
 from multinode.app.run import Run
 from multinode.backends.slurm.script import sinfo_command
 from multinode.checks.preflight import probe_ssh
@@ -121,6 +122,17 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Se
     if task and spec.dry_run:
         print(settled.describe(spec), file=run.out)
     return summary
+
+
+def netcheck(cluster: str, nodes: int | None = None, out: TextIO | None = None) -> None:
+    """``make netcheck``: the link matrix and an all_reduce sweep on ``nodes`` of the cluster (all by default)."""
+    state = ClusterState.for_cluster(cluster)
+    inventory = state.load_inventory()
+    count = len(inventory.nodes) if nodes is None else int(nodes)
+    if not 2 <= count <= len(inventory.nodes):
+        raise UserError(f"NODES={count}: netcheck measures between 2 and the cluster's {len(inventory.nodes)} nodes; "
+                        f"use NODES=2..{len(inventory.nodes)}")
+    measure_network(state, inventory, LaunchSpec(nodes=count), out)
 
 
 # --- stacks -------------------------------------------------------------------------

@@ -151,14 +151,15 @@ def verdict(links: list[Link], slow: list[Link], culprits: list[str]) -> str:
     return f"{'; '.join(parts)} ({others}): its link is throttled or broken"
 
 
-def link_check(runner: RemoteRunner, inv: Inventory, mode: str, port: int) -> LinkReport | None:
-    """Measure (one round on every node), judge, and refuse (``refuse``) or say (``warn``) a slow link."""
-    if mode == "off" or len(inv.nodes) < 2:
-        return None
+def link_check(runner: RemoteRunner, inv: Inventory, mode: str, port: int) -> LinkReport:
+    """Measure (one round on every node), judge, and refuse (``refuse``) or say (``warn``) a slow link;
+    ``report`` only measures and judges (after a failure: the summary shows it)."""
     results = runner.run_each(plan_probe(inv, port), timeout=WINDOW_S + 10)
     answers = {name: (res.stdout if res.exit_code == 0 else f"{res.stdout}{res.stderr}{res.error or ''}")
                for name, res in results.items()}
     report = judge(*parse(answers))
+    if mode == "report":
+        return report
     for node, why in report.unmeasured.items():
         runner.say(f"warning: link check: {node} not measured: {why}")
     if report.verdict != "ok":

@@ -112,9 +112,10 @@ def describe(summary: RunSummary) -> str:
             lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
         if summary.stacks:
             lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
-    if summary.links and summary.links.get("verdict", "ok") != "ok":
-        when = "links after the failure" if summary.links.get("after_failure") else "link check (warning)"
-        lines.append(f"  {when}: {summary.links['verdict']}")
+    if summary.links and summary.links.get("after_failure"):
+        lines.append(f"  links after the failure: {summary.links['verdict']}")
+    elif summary.links and summary.links.get("verdict", "ok") != "ok":
+        lines.append(f"  link check (warning): {summary.links['verdict']}")
     if summary.result:
         acc = summary.result.get("test_accuracy")
         if acc is not None:
