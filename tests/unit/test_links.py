@@ -82,8 +82,13 @@ def test_a_node_whose_probe_did_not_run_is_left_out_not_blamed():
 GLOO_READ_ERROR = '[rank2]: [rank2]: RuntimeError: Got the following error when running the callback: RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [10.205.214.11]:44441: Connection timed out. This is typically caused by a remote worker hanging or bugs in the application. Check the logs of the remote wo'
 
 
+# Recorded: the throttled node's own rank, with a 10 s process-group timeout.
+GLOO_SEND_TIMEOUT = '[rank2]: [rank2]: RuntimeError: Got the following error when running the callback: RuntimeError: Got the following error when running the callback: RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] Timed out waiting 10000ms for send operation to complete'
+
+
 def test_a_broken_connection_is_read_from_the_ranks_log():
     assert links.connection_error(["epoch 1/10", GLOO_READ_ERROR]) == GLOO_READ_ERROR.strip()
+    assert links.connection_error([GLOO_SEND_TIMEOUT]) == GLOO_SEND_TIMEOUT.strip()
     assert links.connection_error(["[rank1]: mca_btl_tcp_frag_recv: readv failed: Connection reset by peer (104)"])
     assert links.connection_error(["NCCL WARN NET/Socket : socket progress error"])
     assert links.connection_error(["RuntimeError: CUDA out of memory", "ValueError: bad"]) is None

@@ -242,7 +242,8 @@ class Run:
             rank = culprit.rank
         stacks = str(save(self.run_dir / "stacks", self.captured.per_node, self.captured.errors)) \
             if self.captured else None
-        if any(connection_error(log_lines(f, self.run_dir)) for f in failures):
+        logs = [self.run_dir / f"{n.name}.log" for n in self.inv.nodes]
+        if any(connection_error(p.read_text(errors="replace").splitlines()) for p in logs if p.exists()):
             self.check_links("report", after_failure=True)
         summary = self._summary(plan, err.exit_codes, result=None, metrics=None, failed_node=first.node,
                                 failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks)

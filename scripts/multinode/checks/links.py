@@ -26,10 +26,13 @@ from multinode.core.inventory import Inventory
 from multinode.ssh.runner import RemoteRunner
 
 # How a broken or throttled link shows in a rank's log: gloo's TCP transport (gloo/transport/tcp/pair.cc raises
-# "Read error", "Write error", "writev", "Connection reset/closed/timed out"), NCCL's socket transport
+# "Read error", "Write error", "writev", "Connection reset/closed/timed out"; unbound_buffer.cc "Timed out
+# waiting ... for recv operation" -- seen on the throttled node itself), NCCL's socket transport
 # (src/transport/net_socket.cc: "NET/Socket : socket progress error", "Connection closed by remote peer"),
 # Open MPI's TCP BTL (btl_tcp_frag.c: "mca_btl_tcp_frag_recv: readv failed: Connection reset by peer").
-CONNECTION_ERROR = re.compile(r"gloo/transport/tcp/pair\.cc.*(?:Read error|Write error|writev|Connection)|"
+# A rank that hangs makes its peers' gloo time out too: then the check after the failure finds the links fine.
+CONNECTION_ERROR = re.compile(r"gloo/transport/tcp/(?:pair|unbound_buffer)\.cc.*(?:Read error|Write error|writev|"
+                              r"Connection|Timed out)|"
                               r"NET/Socket.*(?:error|closed)|Connection closed by remote peer|"
                               r"btl_tcp.*(?:readv|writev|Connection)|Connection reset by peer")
 
