@@ -71,7 +71,7 @@ def run_notice_drill(cluster, run_id: str, node: str = "node-1") -> PreemptResul
     try:
         proc = cluster.popen(*train_args(run_id))
         with watched(proc) as (out, err):
-            out.wait_for(rf"\[rank0\]: epoch {NOTICE_AFTER_EPOCH}/{EPOCHS} ", timeout=300)
+            out.wait_for(rf"\[rank0\]: (\[rank 0\] )?epoch {NOTICE_AFTER_EPOCH}/{EPOCHS} ", timeout=300)
             notice = arm_notice(cluster.state, node, random.uniform(0.0, 2.0))
             proc.wait(timeout=300)
         return _result(f"spot notice on {node}", proc, out, notice["visible_at"], notice["action_at"], cluster)
@@ -85,7 +85,7 @@ def run_sigterm_drill(cluster, run_id: str, node: str = "node-1", script: bytes 
     args = args or train_args(run_id, f"MULTINODE_GRACE={GRACE}")
     proc = cluster.popen(*args)
     with watched(proc) as (out, err):
-        out.wait_for(r"\[rank0\]: (epoch 2/|step 20 )", timeout=300)
+        out.wait_for(r"\[rank0\]: (\[rank 0\] )?(epoch 2/|step 20 )", timeout=300)
         sent = time.time()
         os.kill(find_pid(cluster.state, node, agent=False, script=script), signal.SIGTERM)
         proc.wait(timeout=300)

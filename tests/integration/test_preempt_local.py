@@ -117,3 +117,24 @@ def test_user_script_with_the_helper_checkpoints_on_sigterm(cluster3, tmp_path):
     assert len(result.stops) == 3 and len(set(result.stops.values())) == 1, result.stops
     assert torch.load(out)["step"] == next(iter(result.stops.values()))[2]
     assert not any(result.left_at_exit.values()), result
+
+
+def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path):
+    """A command that does nothing about notices, under ``python -m training.guard`` inside node-2: the node's
+    metadata notice -> SIGTERM to the command (which saves in its trap), and the guard exits 75."""
+    from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
+
+    saved = tmp_path / "saved"
+    command = f"trap 'echo saved > {saved}; exit 143' TERM; sleep 120 & wait"
+    start_endpoint(cluster3.state, "node-2")
+    try:
+        arm_notice(cluster3.state, "node-2", 0.0)
+        res = in_node(cluster3, "node-2", "-m", "training.guard", "--grace", "10", "--poll", "0.5", "--",
+                      "sh", "-c", command, AWS_EC2_METADATA_SERVICE_ENDPOINT=ENDPOINT)
+    finally:
+        stop_endpoint(cluster3.state, "node-2")
+    assert res.returncode == 143 and saved.read_text() == "saved\n", res.stderr
+    assert "spot interruption notice (terminate" in res.stderr
+    stubborn = in_node(cluster3, "node-0", "-m", "training.guard", "--grace", "1", "--poll", "0.5", "--",
+                       "sh", "-c", "trap '' TERM; kill -TERM $PPID; sleep 120")
+    assert stubborn.returncode == EXIT_PREEMPTED, stubborn.stderr  # its own SIGTERM, then SIGKILL after 1 s

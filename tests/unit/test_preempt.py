@@ -182,3 +182,15 @@ def test_mid_epoch_snapshot_state_round_trips(tmp_path):
     snapshot.save(tmp_path, {"next_epoch": 2, "batch": 9, "w": torch.arange(3.0)})
     state = snapshot.decode(snapshot.read(tmp_path))
     assert snapshot.freshness(state) == 2 * snapshot.BATCH_SPAN + 9
+
+
+def test_guard_refuses_bad_input_in_one_line(capsys):
+    from training import guard
+
+    for argv in (["--grace", "0", "--", "true"], ["--grace", "5"], ["--grace", "x", "--", "true"]):
+        with pytest.raises(SystemExit) as exit_:
+            guard.parse(argv)
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "error:" in err, err
+    assert guard.parse(["--grace", "5", "--", "python", "x.py"]).command == ["python", "x.py"]
