@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
 from training import checkpoint, preempt, replica, snapshot
-from training.comm_timer import CommTimer
+from training.ddp_comm import CommTimer, settle_buckets
 from training.config import Config
 from training.dist_env import World
 from training.mpi_plane import MpiGradients
@@ -86,6 +86,7 @@ class Trainer:
             ids = [device.index] if device.type == "cuda" else None
             self.net = DDP(self.model, device_ids=ids, find_unused_parameters=self.t.find_unused_parameters)
             self.net.register_comm_hook(dist.group.WORLD, self.timer.hook)
+            settle_buckets(self.net, workload.train, device)  # the same bucket layout fresh or resumed
         else:
             self.net = self.model
         self.train_loader = self._loader(workload.train, shuffle=True)
