@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.drills.common import PG_TIMEOUT, find_pid, watched
+from bench.drills.common import PG_TIMEOUT, cmdline, watched
 
 EPOCHS, SAVE_EVERY = 16, 4
 NOTICE_AFTER_EPOCH = 3  # rank 0 has printed "epoch 3/16": the notice is armed then, 0-2 s later at random
@@ -79,6 +79,19 @@ def run_notice_drill(cluster, run_id: str, node: str = "node-1") -> PreemptResul
     return _result(f"spot notice on {node}", proc, out, notice["visible_at"], notice["action_at"], cluster)
 
 
+def rank_pid(state, node: str, script: bytes) -> int:
+    """The pid of the Python process running ``script`` on ``node`` -- the rank itself, not a shell around it
+    (the static launcher's ``sh -c`` carries the script in its arguments too)."""
+    from multinode.providers.local.faults import job_pids
+
+    for pid in job_pids(state, node):
+        cmd = cmdline(pid)
+        if cmd and os.path.basename(cmd[0]).startswith(b"python") and any(p.endswith(script) for p in cmd):
+            if b"torch.distributed.run" not in cmd:
+                return pid
+    raise RuntimeError(f"no rank running {script.decode()} on {node}")
+
+
 def run_sigterm_drill(cluster, run_id: str, node: str = "node-1", script: bytes = b"train.py",
                       args: list[str] | None = None) -> PreemptResult:
     """SIGTERM to ``node``'s rank (as a scheduler or ``docker stop`` would) with MULTINODE_GRACE set."""
@@ -87,7 +100,7 @@ def run_sigterm_drill(cluster, run_id: str, node: str = "node-1", script: bytes 
     with watched(proc) as (out, err):
         out.wait_for(r"\[rank0\]: (\[rank 0\] )?(epoch 2/|step 20 )", timeout=300)
         sent = time.time()
-        os.kill(find_pid(cluster.state, node, agent=False, script=script), signal.SIGTERM)
+        os.kill(rank_pid(cluster.state, node, script), signal.SIGTERM)
         proc.wait(timeout=300)
     return _result(f"SIGTERM to {node}'s rank, GRACE={GRACE}", proc, out, sent, None, cluster)
 
