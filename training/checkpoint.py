@@ -94,7 +94,7 @@ def save_preempted(trainer, epoch: int, batch: int, step: int) -> dict:
     report = {"notice": first[0][1] if first[0] else None, "noticed_by_rank": first[1],
               "noticed_on": first[0][2] if first[0] else None, "noticed_at": first[0][0] if first[0] else None,
               "stopped_at": {"epoch": epoch, "batch": batch, "step": step}, "stopped_time": start,
-              "checkpoint_seconds": round(time.time() - start, 3), "snapshot": next_epoch_batch(epoch, batch),
+              "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch},
               "copies": copies.places if copies else [], "exit_code": preempt.EXIT_PREEMPTED}
     if trainer.world.rank == 0:
         print("PREEMPTED " + json.dumps(report), flush=True)
@@ -103,6 +103,3 @@ def save_preempted(trainer, epoch: int, batch: int, step: int) -> dict:
             (Path(trainer.t.metrics_dir) / "preempted.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
-
-def next_epoch_batch(epoch: int, batch: int) -> dict:
-    return {"next_epoch": epoch, "batch": batch}

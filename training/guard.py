@@ -60,7 +60,7 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
     done = threading.Event()
 
     def enforce() -> None:
-        while not watcher._event.wait(0.2):
+        while not watcher.wait(0.2):
             if done.is_set():
                 return
         print(f"training.guard: {watcher.notice.describe()}: SIGTERM to the job, SIGKILL in {grace:g} s",

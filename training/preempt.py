@@ -85,6 +85,10 @@ class Watcher:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    def wait(self, timeout: float) -> bool:
+        """Until a notice (True) or ``timeout`` seconds (False)."""
+        return self._event.wait(timeout)
+
     def seconds_left(self) -> float | None:
         """Until this rank is killed, when a SIGTERM with a grace is the notice; None otherwise."""
         if self.notice is None or self.notice.kind != "signal" or self.grace is None:

@@ -9,6 +9,9 @@
   and RNG states, written by global rank 0 atomically; on resume the rank holding the freshest
   snapshot broadcasts it (after an elastic restart that need not be rank 0) -- :mod:`training.checkpoint`;
   ``--stop-after-epoch k`` ends every rank right after epoch k's snapshot (StoppedAfterEpoch);
+  a copy of every snapshot is kept on a second node (:mod:`training.replica`);
+* a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
+  snapshot is written and replicated (Preempted, exit 75); a resume continues at that batch, bitwise;
 * ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
   communication time, and a final test line.
 """
