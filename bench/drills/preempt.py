@@ -19,8 +19,8 @@ from pathlib import Path
 
 from bench.drills.common import PG_TIMEOUT, cmdline, watched
 
-EPOCHS, SAVE_EVERY = 16, 4
-NOTICE_AFTER_EPOCH = 3  # rank 0 has printed "epoch 3/16": the notice is armed then, 0-2 s later at random
+EPOCHS, SAVE_EVERY = 40, 4  # long enough that a notice polled every 5 s always lands mid-run
+NOTICE_AFTER_EPOCH = 2  # rank 0 has printed "epoch 2/40": the notice is armed then, 0-2 s later at random
 GRACE = 30
 IMDS_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254"
 STOP_LINE = r"\[rank(\d+)\]:.*preempted: every rank stops at epoch (\d+) batch (\d+) \(step (\d+)\)"
