@@ -5,14 +5,20 @@ and the RNG states (torch, numpy, python). It is written to a temporary file in 
 directory, fsynced, renamed over the previous snapshot and the directory fsynced: a crash at any
 point leaves either the old or the new snapshot, never a torn one.
 
-On resume, every rank looks at its own disk and the freshest snapshot (highest next epoch; the lowest
-rank on a tie) is broadcast by the rank that holds it: nodes share no filesystem, so most ranks have
-no file at all, and after an elastic restart global rank 0 may sit on a node other than the one
-that wrote the snapshot.
+Every copy has a checksum beside it (``snapshot.sha256``: sha256 and size of ``snapshot.pt``, written
+atomically after it): a copy whose bytes do not match is not complete and is never loaded (a copy without
+one, from before checksums, is taken as it is). A copy of rank 0's snapshot lives on another node in
+``<dir>/replica/`` (:mod:`training.replica` sends it over the process group).
+
+On resume, every rank looks at its own disk (its snapshot and its replica) and the freshest complete
+copy (highest next epoch, then batch within it; the lowest rank on a tie) is broadcast by the rank that
+holds it: nodes share no filesystem, so most ranks have no file at all, and after an elastic restart or the
+loss of node-0 global rank 0 may sit on a node other than the one that wrote the snapshot.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import random
@@ -23,6 +29,9 @@ import numpy as np
 import torch
 
 NAME = "snapshot.pt"
+SUM = "snapshot.sha256"
+REPLICA = "replica"  # the subdirectory holding a copy of another node's snapshot
+BATCH_SPAN = 2**32  # freshness = next_epoch * BATCH_SPAN + batch
 
 
 def rng_state() -> dict[str, Any]:
@@ -42,14 +51,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def save(directory: str | Path, state: dict[str, Any], before_rename=None) -> Path:
-    """Write ``state`` atomically as ``<directory>/snapshot.pt`` (``before_rename()``: a drill's fault)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / NAME
-    tmp = directory / f".{NAME}.{os.getpid()}.tmp"
+def _write_atomic(directory: Path, name: str, data: bytes, before_rename=None) -> Path:
+    path, tmp = directory / name, directory / f".{name}.{os.getpid()}.tmp"
     with open(tmp, "wb") as fh:
-        torch.save(state, fh)
+        fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
     if before_rename is not None:
@@ -60,16 +65,68 @@ def save(directory: str | Path, state: dict[str, Any], before_rename=None) -> Pa
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    for stale in directory.glob(f".{NAME}.*.tmp"):  # left by a writer killed mid-write
+    return path
+
+
+def encode(state: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    return buf.getvalue()
+
+
+def digest(blob: bytes) -> str:
+    return hashlib.sha256(blob).hexdigest()
+
+
+def write(directory: str | Path, blob: bytes, before_rename=None) -> Path:
+    """Write ``blob`` atomically as ``<directory>/snapshot.pt``, then its checksum (``before_rename()``: a
+    drill's fault, between the complete temporary file and the rename)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = _write_atomic(directory, NAME, blob, before_rename)
+    _write_atomic(directory, SUM, f"{digest(blob)} {len(blob)}\n".encode())
+    for stale in directory.glob(".snapshot.*.tmp"):  # left by a writer killed mid-write
         stale.unlink(missing_ok=True)
     return path
 
 
+def save(directory: str | Path, state: dict[str, Any], before_rename=None) -> Path:
+    """Write ``state`` atomically as ``<directory>/snapshot.pt`` with its checksum."""
+    return write(directory, encode(state), before_rename)
+
+
 def read(directory: str | Path | None) -> bytes | None:
+    """The complete snapshot in ``directory``: None when there is none or its bytes fail their checksum."""
     if directory is None:
         return None
     path = Path(directory) / NAME
-    return path.read_bytes() if path.exists() else None
+    if not path.exists():
+        return None
+    blob = path.read_bytes()
+    try:
+        expected = (Path(directory) / SUM).read_text().split()
+    except OSError:
+        return blob  # written before checksums existed
+    return blob if expected[:2] == [digest(blob), str(len(blob))] else None
+
+
+def freshness(state: dict[str, Any]) -> int:
+    """Later is larger: the next epoch, then the batch within it (a mid-epoch preemption snapshot)."""
+    return int(state["next_epoch"]) * BATCH_SPAN + int(state.get("batch", 0))
+
+
+def freshest_here(directory: str | Path | None) -> tuple[int, bytes | None]:
+    """(freshness, blob) of the freshest complete copy in ``directory`` or its replica; (-1, None) if none."""
+    best: tuple[int, bytes | None] = (-1, None)
+    if directory is None:
+        return best
+    for place in (Path(directory), Path(directory) / REPLICA):
+        blob = read(place)
+        if blob is not None:
+            key = freshness(decode(blob))
+            if key > best[0]:
+                best = (key, blob)
+    return best
 
 
 def decode(blob: bytes) -> dict[str, Any]:
@@ -82,8 +139,7 @@ def load_everywhere(directory: str | Path | None, rank: int, gather, broadcast) 
     ``gather(obj) -> [obj of rank 0, obj of rank 1, ...]`` (an all-gather) and
     ``broadcast(obj, src) -> obj`` are the process group's collectives (identity for one process).
     """
-    blob = read(directory)
-    mine = -1 if blob is None else int(decode(blob)["next_epoch"])
+    mine, blob = freshest_here(directory)
     epochs = gather(mine)
     best = max(epochs)
     if best < 0:

@@ -12,8 +12,10 @@ Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the
 Rank 0 ends with ``RESULT {json}`` (what the orchestrator's summary reads: workload, launcher,
 world_size, backend, data_plane, test_accuracy | loss_reduction | collective_ok, ...).
 Exit codes: 0 done; 1 failed (or hello's collective was wrong); 2 bad input, one line on stderr,
-before any process group exists; 3 stopped on purpose by --stop-after-epoch. Under mpirun an
-uncaught exception on any rank aborts every rank.
+before any process group exists; 3 stopped on purpose by --stop-after-epoch; 75 preempted: a spot notice
+(or SIGTERM with MULTINODE_GRACE) stopped every rank at the same step after one snapshot (rank 0 prints
+``PREEMPTED {json}``, see ``training/preempt.py``). Under mpirun an uncaught exception on any rank aborts
+every rank.
 """
 
 from __future__ import annotations
@@ -126,9 +128,11 @@ def spawn_ranks(cfg: Config, launch: dist_env.Launch, argv: list[str] | None) ->
 
 
 def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.device, plane: str,
-                 result: dict) -> bool:
-    """Our Trainer on ``workload``, its figures added to ``result``; False when ``--stop-after-epoch`` stopped it."""
-    from training.trainer import StoppedAfterEpoch, Trainer
+                 result: dict) -> int:
+    """Our Trainer on ``workload``, its figures added to ``result``; 0, or the exit code of a run stopped
+    early: 3 by ``--stop-after-epoch``, 75 (``preempt.EXIT_PREEMPTED``) by a notice."""
+    from training.preempt import EXIT_PREEMPTED
+    from training.trainer import Preempted, StoppedAfterEpoch, Trainer
 
     log = logging.getLogger("training")
     t = cfg.training
@@ -143,18 +147,31 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
         result.update(trainer.train())
     except StoppedAfterEpoch as stop:
         log.warning("%s", stop)
-        return False
+        return 3
+    except Preempted as stop:
+        log.warning("%s: exit %d (preempted, not failed)", stop, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
     finally:
         trainer.close()
         del trainer
         gc.collect()
-    return True
+    return 0
+
+
+def _check_grace() -> None:
+    from training import preempt
+
+    try:
+        preempt.grace_from_env()
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -> int:
     """Parse, plan, train. ``launch`` is given only to a rank that ``--spawn`` started."""
     try:
         cfg = load(argv)
+        _check_grace()
         spawned = launch is not None
         launch = launch or dist_env.detect(os.environ)
         if cfg.distributed.spawn and not spawned:
@@ -181,8 +198,10 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
     try:
         if workload is None:
             result.update(hello(world, device))
-        elif not run_workload(cfg, world, workload, device, plane, result):
-            return 3
+        else:
+            code = run_workload(cfg, world, workload, device, plane, result)
+            if code:
+                return code
         if world.rank == 0:
             print("RESULT " + json.dumps(result), flush=True)
         ok = result.get("collective_ok", True)

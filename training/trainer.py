@@ -9,6 +9,9 @@
   and RNG states, written by global rank 0 atomically; on resume the rank holding the freshest
   snapshot broadcasts it (after an elastic restart that need not be rank 0) -- :mod:`training.checkpoint`;
   ``--stop-after-epoch k`` ends every rank right after epoch k's snapshot (StoppedAfterEpoch);
+  a copy of every snapshot is kept on a second node (:mod:`training.replica`);
+* a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
+  snapshot is written and replicated (Preempted, exit 75); a resume continues at that batch, bitwise;
 * ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
   communication time, and a final test line.
 """
@@ -30,7 +33,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
 
-from training import checkpoint
+from training import checkpoint, preempt, replica, snapshot
+from training.ddp_comm import CommTimer, settle_buckets
 from training.config import Config
 from training.dist_env import World
 from training.mpi_plane import MpiGradients
@@ -43,23 +47,12 @@ class StoppedAfterEpoch(Exception):
     """``--stop-after-epoch k``: every rank stops right after epoch k (and its snapshot) on purpose."""
 
 
-class CommTimer:
-    """DDP communication hook: plain allreduce-average, timing each bucket until it completes."""
+class Preempted(Exception):
+    """A notice: every rank stopped at the same step and the snapshot of that step is written."""
 
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-    def hook(self, state, bucket):
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        start = time.perf_counter()
-        fut = default_hooks.allreduce_hook(state, bucket)
-
-        def done(f):
-            self.seconds += time.perf_counter() - start
-            return f.value()
-
-        return fut.then(done)
+    def __init__(self, report: dict):
+        super().__init__(f"preempted at epoch {report['stopped_at']['epoch']} batch {report['stopped_at']['batch']}")
+        self.report = report
 
 
 class Trainer:
@@ -84,7 +77,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
         self.mpi: MpiGradients | None = None
         self.timer = CommTimer()
-        self.start_epoch = 0
+        self.start_epoch, self.start_batch, self.resume_rng = 0, 0, None  # a mid-epoch snapshot sets the last two
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
         checkpoint.restore(self)
@@ -96,6 +89,7 @@ class Trainer:
             ids = [device.index] if device.type == "cuda" else None
             self.net = DDP(self.model, device_ids=ids, find_unused_parameters=self.t.find_unused_parameters)
             self.net.register_comm_hook(dist.group.WORLD, self.timer.hook)
+            settle_buckets(self.net, workload.train, device)  # the same bucket layout fresh or resumed
         else:
             self.net = self.model
         self.train_loader = self._loader(workload.train, shuffle=True)
@@ -103,6 +97,10 @@ class Trainer:
         self.test_loader = self._loader(workload.test, shuffle=False)
         self.metrics = self._metrics_file()
         self._last_beat = 0.0
+        self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
+        self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
+        device_for_sum = device if world.backend == "nccl" else None
+        self.agreement = preempt.Agreement(self.watcher, preempt.torch_all_reduce_max(device_for_sum))
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -191,15 +189,20 @@ class Trainer:
         comm_before = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
         total_loss, samples, steps = 0.0, 0, 0
         step_times = []
-        batches = self.train_loader
+        batches = iter(self.train_loader)  # draws the loader's seed from the RNG: a mid-epoch resume restores after
+        skip = self.start_batch if epoch == self.start_epoch else 0
+        if skip and self.resume_rng is not None:
+            snapshot.set_rng_state(self.resume_rng)
         # mpirun gives every rank a pty, so isatty() says nothing there: no bar under MPI.
         if self.world.rank == 0 and sys.stdout.isatty() and self.world.launch.launcher != "mpirun":
             from tqdm import tqdm
 
-            batches = tqdm(batches, desc=f"epoch {epoch}", leave=False)
+            batches = tqdm(batches, desc=f"epoch {epoch}", leave=False, total=len(self.train_loader))
         start = time.perf_counter()
         step_start = start
         for i, (x, y) in enumerate(batches):
+            if i < skip:  # trained before the preemption snapshot
+                continue
             x, y = x.to(self.device), y.to(self.device)
             boundary = (i + 1) % self.t.grad_accum == 0 or i + 1 == len(self.train_loader)
             total_loss += self._run_batch(x, y, boundary) * len(x)
@@ -210,12 +213,15 @@ class Trainer:
                 step_times.append(now - step_start)
                 step_start = now
                 self._heartbeat()
+                if self.agreement.step():  # the same step on every rank
+                    report = checkpoint.save_preempted(self, epoch, i + 1, self.agreement.steps)
+                    raise Preempted(report)
         elapsed = time.perf_counter() - start
         self.scheduler.step()
         comm = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0) - comm_before
         loss_sum, n = self._sum([total_loss, samples])
         step_times.sort()
-        return {"loss": loss_sum / n, "samples_per_s": round(n / elapsed, 1), "steps": steps,
+        return {"loss": loss_sum / n if n else float("nan"), "samples_per_s": round(n / elapsed, 1), "steps": steps,
                 "step_time_s": round(step_times[len(step_times) // 2], 5) if step_times else None,
                 "comm_time_s": round(comm / max(steps, 1), 5), "epoch_time_s": round(elapsed, 3)}
 

@@ -14,6 +14,7 @@ from bench.drills.common import REPO
 from bench.drills.crashes import DRILLS, PRESTART_DRILLS, run_drill, run_prestart_drill
 from bench.drills.elastic import ELASTIC_DRILLS, run_elastic_drill
 from bench.drills.hangs import HANG_DRILLS, run_hang_drill
+from bench.drills.preempt import PREEMPT_DRILLS, preempt_markdown, run_preempt_drill
 
 
 def main() -> None:
@@ -38,10 +39,11 @@ def main() -> None:
             results = run_each(DRILLS, run_drill) + run_each(PRESTART_DRILLS, run_prestart_drill)
             elastic = run_each(ELASTIC_DRILLS, run_elastic_drill)
             hangs = run_each(HANG_DRILLS, run_hang_drill)
+            preempted = run_each(PREEMPT_DRILLS, run_preempt_drill)
         finally:
             tear_down(cluster)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(page.markdown(results, elastic) + page.hangs_markdown(hangs))
+    args.out.write_text(page.markdown(results, elastic) + page.hangs_markdown(hangs) + preempt_markdown(preempted))
     print(f"wrote {args.out}")
 
 

@@ -1,0 +1,140 @@
+"""Preemption on 3 real local nodes (sshd per node, torch, the metadata endpoint served inside each node):
+the watcher reads the node's endpoint, a notice ends in one coordinated, replicated snapshot and exit 75
+("preempted"), and the resume ends with an uninterrupted run's weights, bitwise. Times are recorded by
+``bench/drills/preempt.py`` and never asserted, except the notice's own window (the outcome the notice asks for)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bench.drills.preempt import (resume, run_files, run_notice_drill, run_sigterm_drill,
+                                  snapshot_copies, train_args)
+from localcluster import REPO
+
+pytestmark = pytest.mark.integration
+
+EXIT_PREEMPTED = 75
+
+
+def in_node(cluster, node: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    """A process inside ``node``'s network namespace, our repository importable."""
+    from multinode.providers.local.meta import net_plan, node_index
+
+    ns = net_plan(cluster.state).netns(node_index(node))
+    return subprocess.run(["ip", "netns", "exec", ns, "env", f"PYTHONPATH={REPO}",
+                           *(f"{k}={v}" for k, v in env.items()), sys.executable, *argv],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_watcher_reads_the_local_metadata_endpoint(cluster3):
+    from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
+
+    env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": ENDPOINT}
+    start_endpoint(cluster3.state, "node-1")
+    try:
+        quiet = in_node(cluster3, "node-1", "-m", "training.imds", **env)
+        assert quiet.returncode == 0 and json.loads(quiet.stdout) is None, quiet.stdout + quiet.stderr
+        notice = arm_notice(cluster3.state, "node-1", 0.0)
+        armed = in_node(cluster3, "node-1", "-m", "training.imds", **env)
+        got = json.loads(armed.stdout)
+        assert got["kind"] == "interruption" and got["action"] == "terminate", armed.stdout + armed.stderr
+        assert got["time"].endswith("Z") and notice["action_at"] > notice["visible_at"]
+        elsewhere = in_node(cluster3, "node-2", "-m", "training.imds", **env)  # node-2 has no endpoint
+        assert elsewhere.returncode == 1 and "imds:" in elsewhere.stderr, elsewhere.stderr
+    finally:
+        stop_endpoint(cluster3.state, "node-1")
+    assert not any(cluster3.job_processes().values())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(cluster3):
+    res = cluster3.cli(*train_args("base"), timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return torch.load(run_files(cluster3, "base", "final_model.pt")["node-0"])
+
+
+def _assert_coordinated(result, node: str, ranks: int = 3) -> None:
+    assert result.report is not None, result
+    assert len(result.stops) == ranks and len(set(result.stops.values())) == 1, result.stops
+    epoch, batch, step = next(iter(result.stops.values()))
+    assert result.report["stopped_at"] == {"epoch": epoch, "batch": batch, "step": step}, result.report
+    assert result.report["noticed_on"].endswith(node), result.report  # the host name: <cluster>-node-1
+    hosts = {host for _rank, host, _path in result.report["copies"]}
+    assert len(result.report["copies"]) == 2 and len(hosts) == 2, result.report  # on two nodes
+    assert not any(result.left_at_exit.values()), result
+
+
+def test_notice_on_node1_one_snapshot_replicated_then_bitwise_resume(cluster3, uninterrupted):
+    result = run_notice_drill(cluster3, "spot")
+    print(f"notice -> stopped+replicated {result.seconds_to_stop} s, -> exit {result.seconds_to_exit} s")
+    assert result.exit_code != 0, result  # the orchestrator's own "preempted" code is wired by the lead
+    _assert_coordinated(result, "node-1")
+    assert result.report["notice"].startswith("spot interruption notice (terminate"), result.report
+    assert result.report["stopped_time"] < result.action_at, result  # inside the two-minute window
+    copies = snapshot_copies(cluster3, "spot")
+    assert set(copies) == {"node-0:primary", "node-1:replica"}, copies
+    assert copies["node-0:primary"].read_bytes() == copies["node-1:replica"].read_bytes()
+    shutil.rmtree(copies["node-0:primary"].parent / "replica", ignore_errors=True)
+    for name in ("snapshot.pt", "snapshot.sha256"):  # node-0's disk is lost: only node-1's copy is left
+        (copies["node-0:primary"].parent / name).unlink()
+    res = resume(cluster3, "spot")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    epoch, batch, _ = next(iter(result.stops.values()))
+    assert f"resumed from snapshot: next epoch {epoch} batch {batch}" in res.stdout, res.stdout[-3000:]
+    assert float(res.stdout.split("test accuracy: ")[1].split()[0]) >= 0.95, res.stdout[-2000:]
+    again = torch.load(run_files(cluster3, "spot", "final_model.pt")["node-0"])
+    assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted), "weights differ from the full run"
+
+
+def test_sigterm_with_grace_checkpoints_before_exit(cluster3):
+    result = run_sigterm_drill(cluster3, "term")
+    print(f"SIGTERM -> stopped+replicated {result.seconds_to_stop} s, -> exit {result.seconds_to_exit} s")
+    assert result.exit_code != 0, result
+    _assert_coordinated(result, "node-1")
+    assert result.report["notice"] == "SIGTERM (signal)", result.report
+    assert len(snapshot_copies(cluster3, "term")) == 2
+
+
+def test_user_script_with_the_helper_checkpoints_on_sigterm(cluster3, tmp_path):
+    """tests/integration/jobs/user_preempt.py, a plain loop with ``preempt.guard()``, in a project that carries
+    the helper (training/preempt.py and training/imds.py: standard library only, torch when it agrees)."""
+    project = tmp_path / "project"
+    (project / "training").mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "integration" / "jobs" / "user_preempt.py", project)
+    for name in ("__init__.py", "preempt.py", "imds.py"):
+        shutil.copy(REPO / "training" / name, project / "training" / name)
+    out = tmp_path / "user-ckpt.pt"
+    args = ["train", "--nodes", "3", "--run-id=user", "--script=user_preempt.py", f"--workdir={project}",
+            "--env=MULTINODE_GRACE=30", f"--args=--steps 100000 --out {out}"]
+    result = run_sigterm_drill(cluster3, "user", script=b"user_preempt.py", args=args)
+    assert result.exit_code != 0, result
+    assert len(result.stops) == 3 and len(set(result.stops.values())) == 1, result.stops
+    assert torch.load(out)["step"] == next(iter(result.stops.values()))[2]
+    assert not any(result.left_at_exit.values()), result
+
+
+def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path):
+    """A command that does nothing about notices, under ``python -m training.guard`` inside node-2: the node's
+    metadata notice -> SIGTERM to the command (which saves in its trap), and the guard exits 75."""
+    from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
+
+    saved = tmp_path / "saved"
+    command = f"trap 'echo saved > {saved}; exit 143' TERM; sleep 120 & wait"
+    start_endpoint(cluster3.state, "node-2")
+    try:
+        arm_notice(cluster3.state, "node-2", 0.0)
+        res = in_node(cluster3, "node-2", "-m", "training.guard", "--grace", "10", "--poll", "0.5", "--",
+                      "sh", "-c", command, AWS_EC2_METADATA_SERVICE_ENDPOINT=ENDPOINT)
+    finally:
+        stop_endpoint(cluster3.state, "node-2")
+    assert res.returncode == 143 and saved.read_text() == "saved\n", res.stderr
+    assert "spot interruption notice (terminate" in res.stderr
+    stubborn = in_node(cluster3, "node-0", "-m", "training.guard", "--grace", "1", "--poll", "0.5", "--",
+                       "sh", "-c", "trap '' TERM; kill -TERM $PPID; sleep 120")
+    assert stubborn.returncode == EXIT_PREEMPTED, stubborn.stderr  # its own SIGTERM, then SIGKILL after 1 s

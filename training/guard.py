@@ -1,0 +1,95 @@
+"""``python -m training.guard --grace SECONDS -- COMMAND ...``: a notice for a job that does nothing about one.
+
+A script that never imports :mod:`training.preempt` still gets what every program understands: on a spot
+notice (the node's metadata service, :mod:`training.imds`) or a SIGTERM to the guard itself, the guard sends
+SIGTERM to the command's process group, waits ``--grace`` seconds for it to end (saving what it can), then
+SIGKILLs what is left. Without a notice it only waits for the command.
+
+Exit status: the command's own; 75 (:data:`training.preempt.EXIT_PREEMPTED`) when a notice ended it by a
+signal (the command did not choose a code of its own); 2 for bad input. Standard library only: it runs on the
+node before anything is imported. A launch line puts it in front of the rank's command (the agent's, under
+torchrun: the agent forwards SIGTERM to its workers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+if __package__ in (None, ""):
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from training import imds  # noqa: E402
+from training.preempt import EXIT_PREEMPTED, Watcher  # noqa: E402
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2 (no usage block)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = _Parser(prog="python -m training.guard",
+                                     description="SIGTERM, a grace, then SIGKILL for a command on a notice")
+    parser.add_argument("--grace", type=float, required=True, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--poll", type=float, default=imds.POLL_SECONDS, help="metadata poll interval (s)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command[:1] == ["--"]:
+        args.command = args.command[1:]
+    if not args.command:
+        parser.error("no command given; usage: python -m training.guard --grace 60 -- python train.py")
+    if not args.grace > 0:
+        parser.error(f"--grace {args.grace:g} must be a positive number of seconds")
+    return args
+
+
+def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
+    """Run ``command``; on a notice, its process group gets SIGTERM, ``grace`` seconds, then SIGKILL."""
+    watcher = Watcher(imds.MetadataClient() if use_imds else None, grace, poll).start()
+    try:
+        child = subprocess.Popen(command, start_new_session=True)
+    except OSError as err:
+        print(f"training.guard: cannot start {command[0]!r}: {err.strerror}", file=sys.stderr)
+        return 2
+    done = threading.Event()
+
+    def enforce() -> None:
+        while not watcher.wait(0.2):
+            if done.is_set():
+                return
+        print(f"training.guard: {watcher.notice.describe()}: SIGTERM to the job, SIGKILL in {grace:g} s",
+              file=sys.stderr, flush=True)
+        _signal_group(child.pid, signal.SIGTERM)
+        if not done.wait(grace):
+            _signal_group(child.pid, signal.SIGKILL)
+
+    threading.Thread(target=enforce, daemon=True).start()
+    code = child.wait()
+    done.set()
+    watcher.close()
+    if code < 0 and watcher.requested():
+        return EXIT_PREEMPTED  # ended by our signal: a preemption, not a failure
+    return code if code >= 0 else 128 - code
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    use_imds = bool(os.environ.get(imds.ENDPOINT_ENV)) or imds.on_ec2()
+    return run(args.command, args.grace, args.poll, use_imds)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
