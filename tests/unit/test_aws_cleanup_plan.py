@@ -1,5 +1,5 @@
 """Pure parts of the AWS clean-up: which resources a sweep matches, reap's expiry rule. (Where `make image
-PUSH=1` pushes: tests/unit/test_image_delivery.py.)"""
+PUSH=1` pushes: tests/unit/test_image_delivery_plan.py.)"""
 
 from __future__ import annotations
 

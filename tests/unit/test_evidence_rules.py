@@ -30,6 +30,14 @@ def test_no_test_asserts_a_duration():
     assert not found, "a duration is a drill's or a benchmark's record, not an assert:\n" + "\n".join(found)
 
 
+def test_test_file_names_are_unique_across_the_suite():
+    """pytest imports test files by their basename (no packages here): two files of one name stop the whole run."""
+    names: dict[str, list[str]] = {}
+    for path in TESTS.rglob("test_*.py"):
+        names.setdefault(path.name, []).append(str(path.relative_to(TESTS)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}, {n: p for n, p in names.items() if len(p) > 1}
+
+
 def test_the_patterns_catch_what_they_are_for():
     assert IMPURE.search("res = subprocess.run(['sh'])") and IMPURE.search("with socket.socket() as s:")
     assert not IMPURE.search("from multinode.ssh.runner import STOP_SCRIPT")
