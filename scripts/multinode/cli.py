@@ -32,7 +32,7 @@ from multinode.core.config import (
     env_default,
     new_run_id,
 )
-from multinode.core.errors import JobFailed, MultinodeError, UserError
+from multinode.core.errors import JobFailed, MultinodeError, Preempted, UserError
 from multinode.core.sources import Settled, settle
 from multinode.core.taskfile import KEYS, TASK_FILE, find_task
 
@@ -204,6 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("paramiko").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return dispatch(args)
+    except Preempted as err:
+        print(err.summary)
+        return err.exit_code
     except JobFailed as err:
         print(f"multinode: {err}", file=sys.stderr)
         print(err.first.describe(), file=sys.stderr)

@@ -73,7 +73,7 @@ def _assert_coordinated(result, node: str, ranks: int = 3) -> None:
 def test_notice_on_node1_one_snapshot_replicated_then_bitwise_resume(cluster3, uninterrupted):
     result = run_notice_drill(cluster3, "spot")
     print(f"notice -> stopped+replicated {result.seconds_to_stop} s, -> exit {result.seconds_to_exit} s")
-    assert result.exit_code != 0, result  # the orchestrator's own "preempted" code is wired by the lead
+    assert result.exit_code == EXIT_PREEMPTED, result  # the orchestrator says "preempted", not "failed"
     _assert_coordinated(result, "node-1")
     assert result.report["notice"].startswith("spot interruption notice (terminate"), result.report
     assert result.report["stopped_time"] < result.action_at, result  # inside the two-minute window
@@ -95,7 +95,7 @@ def test_notice_on_node1_one_snapshot_replicated_then_bitwise_resume(cluster3, u
 def test_sigterm_with_grace_checkpoints_before_exit(cluster3):
     result = run_sigterm_drill(cluster3, "term")
     print(f"SIGTERM -> stopped+replicated {result.seconds_to_stop} s, -> exit {result.seconds_to_exit} s")
-    assert result.exit_code != 0, result
+    assert result.exit_code == EXIT_PREEMPTED, result
     _assert_coordinated(result, "node-1")
     assert result.report["notice"] == "SIGTERM (signal)", result.report
     assert len(snapshot_copies(cluster3, "term")) == 2
@@ -113,7 +113,7 @@ def test_user_script_with_the_helper_checkpoints_on_sigterm(cluster3, tmp_path):
     args = ["train", "--nodes", "3", "--run-id=user", "--script=user_preempt.py", f"--workdir={project}",
             "--env=MULTINODE_GRACE=30", f"--args=--steps 100000 --out {out}"]
     result = run_sigterm_drill(cluster3, "user", script=b"user_preempt.py", args=args)
-    assert result.exit_code != 0, result
+    assert result.exit_code == EXIT_PREEMPTED, result
     assert len(result.stops) == 3 and len(set(result.stops.values())) == 1, result.stops
     assert torch.load(out)["step"] == next(iter(result.stops.values()))[2]
     assert not any(result.left_at_exit.values()), result

@@ -46,14 +46,15 @@ from multinode.code.prepare import prepare_project, remove_env_files, write_env_
 from multinode.code.project import ResolvedProject, resolve_entry
 from multinode.code.sync import read_manifest
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import JobFailed, NodeError
+from multinode.core.errors import EXIT_PREEMPTED, JobFailed, NodeError, Preempted
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.state import ClusterState
 from multinode.diagnose.capture import Capture, capture
 from multinode.diagnose.rank import log_lines, own_failure, pick_root_cause, root_cause
 from multinode.diagnose.report import save
-from multinode.diagnose.summary import Phases, RunSummary, describe, fetch_metrics, parse_result, result_from_metrics
+from multinode.diagnose.summary import (Phases, RunSummary, describe, fetch_metrics, parse_preempted, parse_result,
+                                        result_from_metrics)
 from multinode.diagnose.watchdog import StallWatchdog
 from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import Runtime, runtime_for
@@ -254,9 +255,14 @@ class Run:
         head_log = self.run_dir / f"{self.inv.head.name}.log"
         lines = head_log.read_text(errors="replace").splitlines() if head_log.exists() else []
         result = parse_result(end.lines or lines) or result_from_metrics(metrics)
-        summary = self._summary(plan, end.exit_codes, result=result, metrics=metrics)
+        preempted = None
+        if EXIT_PREEMPTED in end.exit_codes.values():  # ranks stopped on a notice (training/preempt.py)
+            preempted = parse_preempted(end.lines or lines) or {"notice": "a rank exited 75 (preempted) with no report"}
+        summary = self._summary(plan, end.exit_codes, result=result, metrics=metrics, preempted=preempted)
         self.phases.mark("summary")
         self._save(summary)
+        if preempted is not None:
+            raise Preempted(describe(summary))  # exit 75: not a failure, and the summary says how to resume
         print(describe(summary), file=self.out)
         return summary
 

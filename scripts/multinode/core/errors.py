@@ -15,6 +15,7 @@ from collections.abc import Sequence
 EXIT_USER_ERROR = 2
 EXIT_JOB_FAILED = 1
 EXIT_INTERRUPTED = 130
+EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL, as the ranks' own (training/preempt.py): try again, it will work
 
 
 class MultinodeError(Exception):
@@ -79,6 +80,17 @@ class JobFailed(MultinodeError):
         self.exit_codes = dict(exit_codes or {})
         where = first.node if rank is None else f"{first.node} (rank {rank})"
         super().__init__(f"job failed first on {where}: {first.message}")
+
+
+class Preempted(MultinodeError):
+    """Every rank stopped at one step on a notice and the snapshot was written: not a failure (exit 75);
+    ``summary`` says where the copies are and how to resume."""
+
+    exit_code = EXIT_PREEMPTED
+
+    def __init__(self, summary: str) -> None:
+        self.summary = summary
+        super().__init__("preempted: every rank stopped at one step and its snapshot was kept")
 
 
 class Interrupted(MultinodeError):

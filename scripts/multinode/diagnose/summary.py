@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 # mpirun --tag-output glues the next chunk's tag ("[1,0]<stdout>:") to a line that an unbuffered print()
 # wrote in two pieces (text, then the newline); the runner re-assembles each rank's lines now
 # (multinode.ssh.lines.TaggedLines), but logs of runs recorded before still hold such lines.
+PREEMPTED_LINE = re.compile(r"PREEMPTED (\{.*\})\s*$")
 RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 
@@ -39,6 +40,7 @@ class RunSummary:
     cause: str | None = None  # why that rank is the root cause (process state, top of its stack)
     stacks: str | None = None  # where the stacks of the ranks alive at failure time were saved
     phases: dict[str, float] | None = None  # wall seconds of each phase, in order (see Phases)
+    preempted: dict | None = None  # rank 0's PREEMPTED report (training/checkpoint.py): notice, stop, copies
     links: dict | None = None  # the link check (multinode.checks.links.LinkReport): at pre-flight, or after a
     # failure that read like a broken connection (then ``links["after_failure"]`` is true)
 
@@ -61,6 +63,18 @@ def parse_result(lines: list[str]) -> dict | None:
     """The trainer's final ``RESULT {json}`` line, if the script printed one."""
     for line in reversed(lines):
         match = RESULT_LINE.search(line)
+        if match:
+            try:
+                return json.loads(match[1])
+            except json.JSONDecodeError:
+                return None
+    return None
+
+
+def parse_preempted(lines: list[str]) -> dict | None:
+    """Rank 0's ``PREEMPTED {json}`` line (a coordinated checkpoint on a notice), if it printed one."""
+    for line in reversed(lines):
+        match = PREEMPTED_LINE.search(line)
         if match:
             try:
                 return json.loads(match[1])
@@ -100,7 +114,7 @@ def fetch_metrics(runner, inv: Inventory, spec: LaunchSpec, run_dir: Path) -> st
 
 def describe(summary: RunSummary) -> str:
     """The summary block printed at the end of a run."""
-    status = "FAILED" if summary.failed_node else "ok"
+    status = "FAILED" if summary.failed_node else "PREEMPTED" if summary.preempted else "ok"
     lines = [f"run {summary.run_id} {status}: MODE={summary.mode}, {summary.nodes} node(s), world size "
              f"{summary.world_size}, wall {summary.wall_seconds:.1f} s"]
     for node, code in summary.exit_codes.items():
@@ -112,6 +126,8 @@ def describe(summary: RunSummary) -> str:
             lines.append(f"  root cause: {summary.failed_node} {summary.cause}")
         if summary.stacks:
             lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
+    if summary.preempted:
+        lines += preempted_lines(summary)
     if summary.links and summary.links.get("after_failure"):
         lines.append(f"  links after the failure: {summary.links['verdict']}")
     elif summary.links and summary.links.get("verdict", "ok") != "ok":
@@ -126,3 +142,16 @@ def describe(summary: RunSummary) -> str:
     if summary.metrics:
         lines.append(f"  metrics: {summary.metrics}")
     return "\n".join(lines)
+
+
+def preempted_lines(summary: RunSummary) -> list[str]:
+    """What a preempted run kept and how to go on (the report's fields: training/checkpoint.py)."""
+    report = summary.preempted
+    stop = report.get("stopped_at", {})
+    lines = [f"  notice: {report.get('notice', '?')} on {report.get('noticed_on', '?')}",
+             f"  every rank stopped at epoch {stop.get('epoch')}, batch {stop.get('batch')} (step {stop.get('step')}); "
+             f"checkpoint {report.get('checkpoint_seconds', '?')} s"]
+    lines += [f"  snapshot copy: rank {rank} on {host}: {path}" for rank, host, path in report.get("copies", [])]
+    lines.append(f"  resume: .venv/bin/python -m multinode train --run-id {summary.run_id} with the same settings "
+                 "(it starts from the freshest complete copy on any node)")
+    return lines

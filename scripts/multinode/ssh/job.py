@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from multinode.core.errors import Interrupted, JobFailed, NodeError
+from multinode.core.errors import EXIT_PREEMPTED, Interrupted, JobFailed, NodeError
 from multinode.ssh.connect import describe_ssh_error
 from multinode.ssh.runner import RemoteRunner
 from multinode.ssh.lines import LineSink, Relabel
@@ -159,7 +159,8 @@ class JobRun:
             result = self.results[name]
             if result.finished is None:
                 continue  # a relaunch started it again before this event was read
-            if result.error is None and result.exit_code not in (0, None):
+            # EXIT_PREEMPTED: the node's ranks stopped on a notice, the others stop at the same step: not a failure.
+            if result.error is None and result.exit_code not in (0, None, EXIT_PREEMPTED):
                 result.error = self._node_error(name, f"exited with code {result.exit_code}")
             if result.error is not None and self._may_rejoin(name, result, self.rejoin):
                 result.relaunches += 1
