@@ -3,6 +3,7 @@
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1] [QUEUE=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
+#   make preempt NODE=1 [IN=seconds]           a spot interruption notice on a local node, as EC2 sends one
 #   make netcheck [NODES=n]                     the links (iperf3 matrix) and an all_reduce sweep, tables and a plot
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
@@ -72,6 +73,7 @@ export MULTINODE_ENV := $(if $(filter command line,$(origin ENV)),$(ENV))
 export MULTINODE_STALL_TIMEOUT := $(STALL_TIMEOUT)
 export MULTINODE_SKEW := $(SKEW)
 export MULTINODE_LINKCHECK := $(LINKCHECK)
+export MULTINODE_IN := $(IN)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)
@@ -81,7 +83,7 @@ export MULTINODE_OWNER := $(OWNER)
 export MULTINODE_IMAGE := $(IMAGE_REF)
 export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
-.PHONY: help setup demo up train down status logs stacks netcheck ssh test lint bench reap clean image
+.PHONY: help setup demo up train down status logs stacks netcheck preempt ssh test lint bench reap clean image
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -124,6 +126,9 @@ status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM c
 
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)
 	$(MN) logs $(if $(RUN),--run $(RUN)) $(if $(NODE),--node $(NODE))
+
+preempt: setup ## arm a spot interruption notice on a local node's metadata endpoint (NODE=n, IN=seconds from now)
+	$(MN) preempt
 
 netcheck: setup ## the network on demand: iperf3 matrix (1 and 4 flows) + an all_reduce sweep, tables and a plot (NODES=n)
 	$(MN) netcheck

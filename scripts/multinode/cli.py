@@ -124,6 +124,14 @@ def _add_netcheck(sub: argparse._SubParsersAction) -> None:
     net.add_argument("--nodes", type=int, default=env_default("NODES"), help="how many nodes (default: all)")
 
 
+def _add_preempt(sub: argparse._SubParsersAction) -> None:
+    """``preempt``: a spot interruption notice on a local node, as EC2 sends one."""
+    pre = sub.add_parser("preempt", help="arm a spot interruption notice on a local node (its metadata endpoint)")
+    pre.add_argument("--node", default=env_default("NODE", "1"), help="node index or name (default 1)")
+    pre.add_argument("--in", dest="in_seconds", type=float, default=env_default("IN", "0"),
+                     help="seconds from now until the notice shows")
+
+
 def _add_ssh(sub: argparse._SubParsersAction) -> None:
     """``ssh``: a shell (or a command) on a node."""
     ssh = sub.add_parser("ssh", help="open a shell on a node (pinned host key)")
@@ -150,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_logs(sub)
     _add_stacks(sub)
     _add_netcheck(sub)
+    _add_preempt(sub)
     _add_ssh(sub)
     _add_reap(sub)
     return parser
@@ -186,6 +195,8 @@ def dispatch(args: argparse.Namespace) -> int:
         verbs.logs(args.cluster, run_id=args.run, node=args.node)
     elif args.command == "stacks":
         return verbs.stacks(args.cluster, run_id=args.run)
+    elif args.command == "preempt":
+        print(verbs.preempt(args.cluster, args.node, args.in_seconds))
     elif args.command == "netcheck":
         verbs.netcheck(args.cluster, args.nodes)
     elif args.command == "ssh":

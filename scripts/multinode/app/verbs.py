@@ -25,6 +25,7 @@ from multinode.diagnose.capture import capture
 from multinode.diagnose.report import group_stacks
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
+from multinode.providers.local import imds as local_imds
 from multinode.ssh.runner import RemoteRunner
 
 log = logging.getLogger(__name__)
@@ -133,6 +134,19 @@ def netcheck(cluster: str, nodes: int | None = None, out: TextIO | None = None) 
         raise UserError(f"NODES={count}: netcheck measures between 2 and the cluster's {len(inventory.nodes)} nodes; "
                         f"use NODES=2..{len(inventory.nodes)}")
     measure_network(state, inventory, LaunchSpec(nodes=count), out)
+
+
+def preempt(cluster: str, node: str, in_seconds: float = 0.0) -> str:
+    """``make preempt NODE=n [IN=s]``: a spot interruption notice on a local node's metadata endpoint (EC2 sends
+    its own); the line to print."""
+    inventory = ClusterState.for_cluster(cluster).load_inventory()
+    if not inventory.extra.get("metadata_endpoint"):
+        raise UserError(f"cluster {cluster!r} ({inventory.provider}) serves no metadata endpoint: make preempt arms a "
+                        f"notice on local nodes (EC2 sends its own two-minute notices)")
+    name = str(node) if str(node).startswith("node-") else f"node-{node}"
+    if name not in {n.name for n in inventory.nodes}:
+        raise UserError(f"NODE={node}: cluster {cluster!r} has {', '.join(n.name for n in inventory.nodes)}")
+    return local_imds.preempt(cluster, name, in_seconds)
 
 
 # --- stacks -------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory, Node
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
+from multinode.providers.local import imds
 from multinode.providers.local import slurm as slurm_local
 from multinode.providers.local.meta import isolated, load_meta, login_user, meta_path
 from multinode.providers.local.netns import NetPlan, namespaces_of
@@ -115,6 +116,8 @@ class LocalProvider:
         options.pop("scheduler", None)
         extra: dict = {"isolated": isolated(), "mtu": plan.mtu, "bridge": plan.bridge if isolated() else None,
                        "namespaces": [plan.netns(i) for i in range(plan.nodes)] if isolated() else []}
+        if isolated():  # each node serves EC2's instance metadata paths (spot notices): make preempt arms one
+            extra["metadata_endpoint"] = imds.ENDPOINT
         if slurm is not None:
             extra.update(slurm_local.start(state, plan, slurm))
         if runtime == "docker":
