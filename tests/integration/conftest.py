@@ -11,11 +11,21 @@ import pytest
 from localcluster import bring_up, tear_down
 
 
-@pytest.fixture(scope="module")
-def cluster3(tmp_path_factory):
-    """A 3-node local cluster shared by one test module."""
-    cluster = bring_up(tmp_path_factory.mktemp("mnhome"), 3)
+def shared_cluster(tmp_path_factory, nodes: int):
+    cluster = bring_up(tmp_path_factory.mktemp("mnhome"), nodes)
     try:
         yield cluster
     finally:
         tear_down(cluster)
+
+
+@pytest.fixture(scope="module")
+def cluster3(tmp_path_factory):
+    """A 3-node local cluster shared by one test module."""
+    yield from shared_cluster(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="module")
+def cluster2(tmp_path_factory):
+    """A 2-node local cluster shared by one test module."""
+    yield from shared_cluster(tmp_path_factory, 2)

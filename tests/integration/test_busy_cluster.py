@@ -19,15 +19,6 @@ from localcluster import Cluster, bring_up, tear_down
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def cluster2(tmp_path_factory):
-    cluster = bring_up(tmp_path_factory.mktemp("mnhome"), 2)
-    try:
-        yield cluster
-    finally:
-        tear_down(cluster)
-
-
 def lock_text(cluster: Cluster) -> str:
     from multinode.checks.claim import lock_path
 

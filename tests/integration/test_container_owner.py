@@ -13,7 +13,6 @@ proves the image serves one itself (ssh refuses a uid without one).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import pwd
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import bring_up, tear_down
-from test_images import BASE, CACHE, RUN_ARGS, Store, build_image, make_base
+from test_images import RUN_ARGS, built_cpu_image
 
 pytestmark = pytest.mark.integration
 
@@ -58,13 +57,7 @@ def job_user():
 
 @pytest.fixture(scope="module")
 def cpu_image():
-    CACHE.mkdir(parents=True, exist_ok=True)
-    store = Store(CACHE)
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not store.exists(BASE):
-            make_base(store)
-        return store, build_image(store, "cpu")
+    return built_cpu_image()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ Podman and buildah reach the plain-HTTP registry through a registries.conf marki
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import ipaddress
 import os
 import re
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 from localcluster import REPO, bring_up, tear_down
-from test_images import BASE, CACHE, RUN_ARGS, Store, build_image, make_base
+from test_images import CACHE, RUN_ARGS, built_cpu_image
 
 pytestmark = pytest.mark.integration
 
@@ -52,13 +51,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cpu_image():
-    CACHE.mkdir(parents=True, exist_ok=True)
-    store = Store(CACHE)
-    with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not store.exists(BASE):
-            make_base(store)
-        return store, build_image(store, "cpu")
+    return built_cpu_image()
 
 
 @pytest.fixture

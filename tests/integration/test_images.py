@@ -204,16 +204,21 @@ def build_image(store: Store, kind: str) -> str:
     return tag
 
 
-@pytest.fixture(scope="module")
-def store():
-    """The private store, with the offline ``debian:12-slim`` base both images build on."""
+def base_store() -> Store:
+    """The private store, with the offline ``debian:12-slim`` base every image builds on (one build at a time per
+    cache: the lock)."""
     CACHE.mkdir(parents=True, exist_ok=True)
     store = Store(CACHE)
     with open(CACHE / "lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time per cache
+        fcntl.flock(lock, fcntl.LOCK_EX)
         if not store.exists(BASE):
             make_base(store)
     return store
+
+
+@pytest.fixture(scope="module")
+def store():
+    return base_store()
 
 
 @pytest.fixture(scope="module", params=["cpu", "cuda"])
@@ -349,3 +354,11 @@ def test_a_project_with_setup_and_env_runs_in_the_containers(image, docker_clust
     for path in docker_cluster.runs()[-1].rglob("*"):
         assert not path.is_file() or secret.encode() not in path.read_bytes(), path
     assert docker_cluster.job_processes() == {"node-0": [], "node-1": []}
+
+
+def built_cpu_image() -> tuple[Store, str]:
+    """(store, image) of the cpu image from the machine's cache (built there once, under the cache's lock)."""
+    store = base_store()
+    with open(CACHE / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return store, build_image(store, "cpu")

@@ -138,3 +138,27 @@ def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path)
     stubborn = in_node(cluster3, "node-0", "-m", "training.guard", "--grace", "1", "--poll", "0.5", "--",
                        "sh", "-c", "trap '' TERM; kill -TERM $PPID; sleep 120")
     assert stubborn.returncode == EXIT_PREEMPTED, stubborn.stderr  # its own SIGTERM, then SIGKILL after 1 s
+
+
+def test_make_preempt_ends_the_run_preempted_not_failed(cluster3):
+    """`make preempt NODE=1` on a run started with no settings of its own: every rank reads the local node's
+    metadata endpoint, the run stops at one step and the orchestrator ends it with 75 and the PREEMPTED summary."""
+    from bench.drills.common import watched
+    from multinode.providers.local.imds import stop_endpoint
+
+    proc = cluster3.popen("train", "--nodes", "3", "--run-id=mkpre", "--args=--workload digits 40 40")
+    try:
+        with watched(proc) as (out, err):
+            out.wait_for(r"\[rank0\]: .*epoch 1/40 ", timeout=240)
+            armed = cluster3.cli("preempt", "--node", "1", timeout=60)
+            assert armed.returncode == 0 and "node-1: spot interruption notice" in armed.stdout, armed.stderr
+            code = proc.wait(timeout=240)
+        text = "".join(out.lines)
+        assert code == EXIT_PREEMPTED, text[-3000:] + "".join(err.lines)[-3000:]
+        assert "run mkpre PREEMPTED" in text and "resume: " in text and "--run-id mkpre" in text, text[-3000:]
+        summary = json.loads((cluster3.state.run_dir("mkpre") / "summary.json").read_text())
+        assert summary["preempted"]["noticed_on"].endswith("node-1") and len(summary["preempted"]["copies"]) == 2
+        assert summary["failed_node"] is None
+    finally:
+        stop_endpoint(cluster3.state, "node-1")
+    assert not any(cluster3.job_processes().values())

@@ -122,15 +122,6 @@ def test_a_bad_task_file_is_one_line_and_nothing_happens(home: Path, tmp_path: P
     assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
 
 
-@pytest.fixture(scope="module")
-def cluster2(tmp_path_factory):
-    cluster = bring_up(tmp_path_factory.mktemp("mnhome"), 2)
-    try:
-        yield cluster
-    finally:
-        tear_down(cluster)
-
-
 ALLREDUCE = """\
 import os, sys
 import torch

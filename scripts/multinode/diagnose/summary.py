@@ -59,28 +59,26 @@ class Phases:
         self._last = now
 
 
-def parse_result(lines: list[str]) -> dict | None:
-    """The trainer's final ``RESULT {json}`` line, if the script printed one."""
+def last_json(lines: list[str], pattern: re.Pattern) -> dict | None:
+    """The JSON of the last line ``pattern`` matches (its group 1), if any and if it parses."""
     for line in reversed(lines):
-        match = RESULT_LINE.search(line)
+        match = pattern.search(line)
         if match:
             try:
                 return json.loads(match[1])
             except json.JSONDecodeError:
                 return None
     return None
+
+
+def parse_result(lines: list[str]) -> dict | None:
+    """The trainer's final ``RESULT {json}`` line, if the script printed one."""
+    return last_json(lines, RESULT_LINE)
 
 
 def parse_preempted(lines: list[str]) -> dict | None:
     """Rank 0's ``PREEMPTED {json}`` line (a coordinated checkpoint on a notice), if it printed one."""
-    for line in reversed(lines):
-        match = PREEMPTED_LINE.search(line)
-        if match:
-            try:
-                return json.loads(match[1])
-            except json.JSONDecodeError:
-                return None
-    return None
+    return last_json(lines, PREEMPTED_LINE)
 
 
 def result_from_metrics(metrics: str | None) -> dict | None:
