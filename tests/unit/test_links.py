@@ -92,3 +92,27 @@ def test_a_broken_connection_is_read_from_the_ranks_log():
     assert links.connection_error(["[rank1]: mca_btl_tcp_frag_recv: readv failed: Connection reset by peer (104)"])
     assert links.connection_error(["NCCL WARN NET/Socket : socket progress error"])
     assert links.connection_error(["RuntimeError: CUDA out of memory", "ValueError: bad"]) is None
+
+
+def _recorded(figures):
+    return [Link(s, d, mbit, 0.1) for s, d, mbit in figures]
+
+
+# Recorded on 3 local nodes, node-2's egress through tc tbf at 20 Mbit/s: its sends crawl, and what it receives
+# is slowed too (its ACKs wait behind the throttle): four links of six touch it.
+THROTTLED = [("node-0", "node-1", 12087), ("node-0", "node-2", 121), ("node-1", "node-0", 9928),
+             ("node-1", "node-2", 144), ("node-2", "node-0", 17), ("node-2", "node-1", 23)]
+
+
+def test_recorded_one_slow_node_is_named_even_when_it_drags_the_median_down():
+    report = links.judge(_recorded(THROTTLED), {})
+    assert report.culprits == ["node-2"] and report.verdict.startswith("node-2: 17 Mbit/s to node-0, 23 Mbit/s to node-1")
+    # The same under load (the healthy links at a few hundred Mbit/s, what reaches node-2 barely above it): named.
+    loaded = [(s, d, {12087: 450, 9928: 380, 121: 60, 144: 75}.get(m, m)) for s, d, m in THROTTLED]
+    assert links.judge(_recorded(loaded), {}).culprits == ["node-2"]
+
+
+def test_recorded_all_slow_alike_and_noisy_but_healthy_pass():
+    assert links.judge(_recorded([(s, d, 40.0 + 3 * i) for i, (s, d, _) in enumerate(THROTTLED)]), {}).verdict == "ok"
+    noisy = [(s, d, m) for (s, d, _), m in zip(THROTTLED, (2100, 8900, 5200, 3100, 9400, 6100))]
+    assert links.judge(_recorded(noisy), {}).verdict == "ok"

@@ -7,9 +7,11 @@ other) and receives from them, all at once (:mod:`multinode.checks.linkprobe`). 
 links out and two in, so a bad node is the one common to the slow links -- whether its sending or its receiving
 side is slow -- with 2N transfers in one round, where all pairs would take N(N-1).
 
-A link is **slow** when it is below both ``ratio`` x the median of all links and the absolute ``floor``
-(a uniformly slow cluster is not refused: it is the cluster). The verdict names every node that is an endpoint
-of at least two slow links (with two nodes, the slow direction), with its figures against the others'.
+A link is **slow** when it is below both ``ratio`` x the cluster's reference and the absolute ``floor`` (a
+uniformly slow cluster is not refused: it is the cluster). The reference is the median of the faster half of the
+links: a throttled node drags down every link it touches -- its sends, and the ACKs of what it receives -- which
+on three nodes is four links of six, so the plain median would be its own figure. The verdict names the node(s)
+at the most slow links (at least two; with two nodes, the slow direction), with its figures against the others'.
 """
 
 from __future__ import annotations
@@ -128,16 +130,24 @@ def judge(links: list[Link], errors: dict[str, list[str]], floor: float = FLOOR_
     unmeasured = {n: e[0] for n, e in errors.items() if e and (e[0].startswith("the probe printed no result")
                                                                  or " is busy" in e[0])}
     links = [x for x in links if x.src not in unmeasured and x.dst not in unmeasured]
-    measured = [x.mbit_s for x in links if x.mbit_s is not None]
+    measured = sorted(x.mbit_s for x in links if x.mbit_s is not None)
     median = statistics.median(measured) if measured else None
-    slow = [x for x in links if x.mbit_s is None or (median is not None and x.mbit_s < min(floor, ratio * median))]
-    count: dict[str, int] = {}
-    for x in slow:
-        for end in (x.src, x.dst):
-            count[end] = count.get(end, 0) + 1
-    nodes = sorted({x.src for x in links}, key=lambda n: [x.src for x in links].index(n))
-    culprits = [n for n in nodes if count.get(n, 0) >= 2] if len(nodes) > 2 else sorted({x.src for x in slow})
+    reference = statistics.median(measured[len(measured) // 2:]) if measured else None
+    slow = [x for x in links if x.mbit_s is None or (reference is not None and x.mbit_s < min(floor, ratio * reference))]
+    culprits = culprits_of(links, slow)
     return LinkReport(links, median, slow, culprits, errors, unmeasured, verdict(links, slow, culprits))
+
+
+def culprits_of(links: list[Link], slow: list[Link]) -> list[str]:
+    """The node(s) at the most slow links, when that is at least two and not every node alike; else the slow
+    links' senders (two nodes: the slow direction)."""
+    nodes = list(dict.fromkeys(x.src for x in links))
+    count = {n: sum(n in (x.src, x.dst) for x in slow) for n in nodes}
+    most = max(count.values(), default=0)
+    named = [n for n in nodes if count[n] == most]
+    if most >= 2 and len(named) < len(nodes):
+        return named
+    return sorted({x.src for x in slow}, key=nodes.index)
 
 
 def verdict(links: list[Link], slow: list[Link], culprits: list[str]) -> str:
@@ -148,7 +158,7 @@ def verdict(links: list[Link], slow: list[Link], culprits: list[str]) -> str:
     others = f"others {span(min(fine), max(fine))}" if fine else "no link was fast"
     parts = []
     for node in culprits or sorted({x.src for x in slow}):
-        mine = [x for x in slow if node in (x.src, x.dst)]
+        mine = sorted((x for x in slow if node in (x.src, x.dst)), key=lambda x: x.mbit_s or 0.0)  # worst first
         figures = ", ".join(f"{rate(x.mbit_s)} {'to ' + x.dst if x.src == node else 'from ' + x.src}" for x in mine)
         parts.append(f"{node}: {figures}")
     return f"{'; '.join(parts)} ({others}): its link is throttled or broken"
