@@ -141,12 +141,15 @@ def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path)
 
 
 def test_make_preempt_ends_the_run_preempted_not_failed(cluster3):
-    """`make preempt NODE=1` on a run started with no settings of its own: every rank reads the local node's
-    metadata endpoint, the run stops at one step and the orchestrator ends it with 75 and the PREEMPTED summary."""
+    """`make preempt NODE=1` on a run whose ranks read the local metadata endpoint: the run stops at one step and
+    the orchestrator ends it with 75 and the PREEMPTED summary."""
     from bench.drills.common import watched
     from multinode.providers.local.imds import stop_endpoint
 
-    proc = cluster3.popen("train", "--nodes", "3", "--run-id=mkpre", "--args=--workload digits 40 40")
+    from multinode.providers.local.imds import ENDPOINT
+
+    proc = cluster3.popen("train", "--nodes", "3", "--run-id=mkpre", f"--env=AWS_EC2_METADATA_SERVICE_ENDPOINT={ENDPOINT}",
+                          "--args=--workload digits 40 40")
     try:
         with watched(proc) as (out, err):
             out.wait_for(r"\[rank0\]: .*epoch 1/40 ", timeout=240)

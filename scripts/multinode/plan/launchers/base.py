@@ -180,13 +180,9 @@ BASE_ENV = {
 
 
 def collective_env(inventory: Inventory, spec: LaunchSpec) -> tuple[dict[str, str], dict[str, str]]:
-    """(env, node_env) pinning gloo -- and NCCL/RCCL in gpu modes -- to the cluster subnet's interface, and the
-    instance metadata endpoint where the provider serves one (the local provider: training/preempt.py reads it)."""
+    """(env, node_env) pinning gloo -- and NCCL/RCCL in gpu modes -- to the cluster subnet's interface."""
     iface = iface_for_subnet(inventory.subnet)
     env: dict[str, str] = {}
-    endpoint = inventory.extra.get("metadata_endpoint")
-    if endpoint:  # a provider's stand-in for EC2's metadata service, read the way AWS's SDKs read it (spot notices)
-        env["AWS_EC2_METADATA_SERVICE_ENDPOINT"] = endpoint
     node_env = {"GLOO_SOCKET_IFNAME": iface}
     if spec.uses_gpu:
         # "=" makes NCCL match the name exactly; without it "ens5" is a prefix and also picks "ens50".

@@ -116,7 +116,7 @@ class LocalProvider:
         options.pop("scheduler", None)
         extra: dict = {"isolated": isolated(), "mtu": plan.mtu, "bridge": plan.bridge if isolated() else None,
                        "namespaces": [plan.netns(i) for i in range(plan.nodes)] if isolated() else []}
-        if isolated():  # each node serves EC2's instance metadata paths (spot notices): make preempt arms one
+        if isolated():  # each node can serve EC2's instance metadata paths (spot notices): make preempt arms one
             extra["metadata_endpoint"] = imds.ENDPOINT
         if slurm is not None:
             extra.update(slurm_local.start(state, plan, slurm))
