@@ -30,6 +30,7 @@ from bench.collectives_runs import (  # noqa: F401  (parse_rows: re-exported)
 from training.allreduce_perf import bus_bandwidth  # noqa: F401  (the one definition, re-exported)
 from bench.nodes import LocalCluster, median
 from bench.verdicts import Target, attach, describe, paired, shown, verdict
+from multinode.app.netcheck import size
 from multinode.core.config import DEFAULT_MTU
 
 FULL_SIZES = [4096 * 4**k for k in range(9)]  # 4 KiB .. 256 MiB
@@ -102,8 +103,8 @@ def judge(result: dict) -> list[dict]:
             if o["bytes"] < LARGE:
                 continue
             why = above_ceiling(o, r, one)
-            (flagged.append((_size(o["bytes"]), o["busbw_gbs"] / r["busbw_gbs"], why)) if why
-             else counted.append((_size(o["bytes"]), o["busbw_gbs"] / r["busbw_gbs"])))
+            (flagged.append((size(o["bytes"]), o["busbw_gbs"] / r["busbw_gbs"], why)) if why
+             else counted.append((size(o["bytes"]), o["busbw_gbs"] / r["busbw_gbs"])))
         out.append(paired(f"collectives {backend}: ours / raw busbw (median over sizes from 1 MiB up)", counted,
                           OURS_VS_RAW, "sizes", flagged))
     row = next((m for m in result.get("mtu_sweep", ()) if m["mtu"] == result["mtu"]), None)
@@ -128,13 +129,6 @@ def ratios(result: dict) -> dict:
     return out
 
 
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
-
-
 def section(result: dict) -> str:
     from bench.report import md_table
 
@@ -157,7 +151,7 @@ def section(result: dict) -> str:
         rows = []
         for nbytes in result["sizes"]:
             cells = [row_at(variants[v], nbytes) for v in VARIANTS]
-            rows.append([_size(nbytes), *(f"{c['algbw_gbs']:.3f}" for c in cells[:1]),
+            rows.append([size(nbytes), *(f"{c['algbw_gbs']:.3f}" for c in cells[:1]),
                          *(f"{c['busbw_gbs']:.3f}" for c in cells),
                          shown(cells[0]['busbw_gbs'] / cells[1]['busbw_gbs'], OURS_VS_RAW),
                          f"{cells[0]['busbw_gbs'] / result['link_limit_gbs']:.2f}"])

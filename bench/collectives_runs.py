@@ -13,17 +13,12 @@ import sys
 import time
 
 from bench.nodes import REPO, LocalCluster, bring_up, median
+from multinode.app.netcheck import allreduce_rows as parse_rows  # the one parser of the job's rows
 from multinode.core.config import DEFAULT_MTU
 
 JOB = REPO / "training" / "allreduce_perf.py"
-ROW = re.compile(r"ALLREDUCE (\{.*\})")
 MIB64 = 64 << 20
 MTUS = (1500, 9001, DEFAULT_MTU)  # Ethernet's default; EC2's jumbo frames inside a VPC; the local default
-
-
-def parse_rows(text: str) -> list[dict]:
-    """The job's ``ALLREDUCE {...}`` rows (from any output, prefixed or not), in order."""
-    return [json.loads(m[1]) for m in map(ROW.search, text.splitlines()) if m]
 
 
 def _job_args(backend: str, sizes: list[int], budget_mb: float) -> list[str]:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import sys
 from dataclasses import asdict, replace
@@ -26,6 +27,7 @@ from multinode.core.state import ClusterState
 from multinode.ssh.runner import RemoteRunner
 
 SIZES = [4096 * 4**k for k in range(8)]  # 4 KiB .. 64 MiB
+ALLREDUCE_ROW = re.compile(r"ALLREDUCE (\{.*\})")
 BUDGET_MB = 256
 
 
@@ -70,10 +72,15 @@ def collectives(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
                   args=("--backend", backend, "--sizes", ",".join(map(str, SIZES)), "--budget-mb", str(BUDGET_MB)))
     summary = Run(state, inventory, job, out).execute()
     log = Path(summary.log_dir) / f"{inventory.head.name}.log"
-    rows = [json.loads(line.split("ALLREDUCE ", 1)[1]) for line in log.read_text().splitlines() if "ALLREDUCE {" in line]
+    rows = allreduce_rows(log.read_text())
     if not rows:
         raise UserError(f"the all_reduce sweep printed no result; see {log}")
     return rows
+
+
+def allreduce_rows(text: str) -> list[dict]:
+    """training/allreduce_perf.py's ``ALLREDUCE {...}`` rows, in order, from any output (prefixed or not)."""
+    return [json.loads(m[1]) for m in map(ALLREDUCE_ROW.search, text.splitlines()) if m]
 
 
 def link_limit(pairs: list[iperf.Measured]) -> float | None:
