@@ -40,7 +40,7 @@ CONNECTION_ERROR = re.compile(r"gloo/transport/tcp/(?:pair|unbound_buffer)\.cc.*
 
 WINDOW_S = 0.3  # each transfer's measuring window
 FLOOR_MBIT = 1000.0  # a link is slow only below this...
-RATIO = 0.2  # ... and below this fraction of the cluster's median
+RATIO = 0.2  # ... and below this fraction of the reference (the median of the faster half of the links)
 
 
 @dataclass(frozen=True)
