@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from multinode.checks import links
 from multinode.checks.links import Link
@@ -107,6 +108,8 @@ THROTTLED = [("node-0", "node-1", 12087), ("node-0", "node-2", 121), ("node-1", 
 def test_recorded_one_slow_node_is_named_even_when_it_drags_the_median_down():
     report = links.judge(_recorded(THROTTLED), {})
     assert report.culprits == ["node-2"] and report.verdict.startswith("node-2: 17 Mbit/s to node-0, 23 Mbit/s to node-1")
+    shown = (Path(__file__).parents[2] / "docs" / "network.md").read_text()
+    assert f"link check: {report.verdict}; LINKCHECK=warn runs anyway" in shown  # the docs quote what it prints
     # The same under load (the healthy links at a few hundred Mbit/s, what reaches node-2 barely above it): named.
     loaded = [(s, d, {12087: 450, 9928: 380, 121: 60, 144: 75}.get(m, m)) for s, d, m in THROTTLED]
     assert links.judge(_recorded(loaded), {}).culprits == ["node-2"]
