@@ -107,7 +107,3 @@ class Interrupted(MultinodeError):
     """Ctrl-C: every node was stopped."""
 
     exit_code = EXIT_INTERRUPTED
-
-
-class CapacityRefused(MultinodeError):
-    """The provider has no replacement for a node now (spot capacity, a quota, a local provider told to refuse)."""
