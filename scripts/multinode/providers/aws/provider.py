@@ -222,6 +222,10 @@ class AwsProvider:
             raise
         finally:
             (tf_dir / "replace.tfplan").unlink(missing_ok=True)
+        # A targeted apply leaves the `inventory` output as it was: it also reads instances that were not targeted
+        # (hashicorp/terraform issue 35306). A refresh-only apply re-reads every object and updates the outputs;
+        # it changes no infrastructure.
+        self.terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
 
     # down -------------------------------------------------------------------------------
 

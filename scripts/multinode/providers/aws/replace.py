@@ -8,7 +8,8 @@ configuration -- subnet, placement group, security group, instance profile, tags
 user data with the node's pinned host key -- and ``-target`` keeps drift elsewhere out of it. The image is pinned to
 the one the cluster runs (``ami_id`` in terraform.tfvars.json), so a newer SSM "latest" AMI cannot sneak in.
 :func:`unexpected_changes` is the guard before the apply: the saved plan may create (or destroy and create) that
-one instance and read data sources, nothing else.
+one instance and read data sources, nothing else. A refresh-only apply afterwards brings the ``inventory`` output
+up to date (a targeted apply leaves outputs that read untargeted resources as they were).
 """
 
 from __future__ import annotations
