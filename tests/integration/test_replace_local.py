@@ -140,7 +140,7 @@ def test_refused_changes_nothing_then_lost_node_is_replaced(cluster):
     assert snapshot(cluster.name) == (inodes, sshds) and not path.exists()
 
     # A node lost without notice: its namespace and every process in it gone, nothing else.
-    sleeper = ssh(inventory, "node-1", "nohup sleep 600 >/dev/null 2>&1 & echo $!")
+    sleeper = ssh(inventory, "node-1", "nohup sleep 600 </dev/null >/dev/null 2>&1 & echo $!")
     assert sleeper.returncode == 0, sleeper.stderr
     in_node = leakcheck.job_processes(cluster.name, cluster.home)["node-1"]
     assert in_node, "the sleep started over SSH runs in node-1's namespace"
