@@ -43,6 +43,14 @@ def sshd_listeners(cluster: str) -> dict[str, int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie (a killed process waits there until its parent reaps it)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
 def ssh(inventory: Inventory, name: str, command: str, known_hosts: str | None = None) -> subprocess.CompletedProcess:
     node = next(n for n in inventory.nodes if n.name == name)
     return subprocess.run(
@@ -54,6 +62,20 @@ def ssh(inventory: Inventory, name: str, command: str, known_hosts: str | None =
 
 def in_namespace(ns: str, code: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "netns", "exec", ns, "python3", "-c", code], capture_output=True, text=True, timeout=60)
+
+
+MARK = "127.0.0.77"
+
+
+def mark(ns: str) -> None:
+    """An address on the namespace's loopback that a new namespace does not have (inode numbers of freed
+    namespaces are reused by the kernel, so "a different inode" alone cannot tell a new namespace)."""
+    subprocess.run(["ip", "-n", ns, "addr", "add", f"{MARK}/8", "dev", "lo"], check=True)
+
+
+def marked(ns: str) -> bool:
+    return MARK in subprocess.run(["ip", "-n", ns, "-4", "addr", "show", "dev", "lo"], capture_output=True,
+                                  text=True, check=True).stdout
 
 
 def snapshot(cluster: str) -> tuple[dict[str, int], dict[str, int]]:
@@ -88,6 +110,8 @@ def test_replace_one_node_keeps_the_others(cluster):
     old_known = Path(before.known_hosts).read_text()
     inodes, sshds = snapshot(cluster.name)
     assert set(inodes) == set(sshds) == set(ns.values())
+    for name in ns.values():
+        mark(name)
 
     after = provider.replace(state, before, "node-2")
     cluster.seen_inodes.update(leakcheck.namespace_inodes(cluster.name).values())
@@ -95,8 +119,9 @@ def test_replace_one_node_keeps_the_others(cluster):
     inodes2, sshds2 = snapshot(cluster.name)
     for name in ("node-0", "node-1"):
         assert (inodes2[ns[name]], sshds2[ns[name]]) == (inodes[ns[name]], sshds[ns[name]]), name
-    assert inodes2[ns["node-2"]] != inodes[ns["node-2"]] and sshds2[ns["node-2"]] != sshds[ns["node-2"]]
-    assert not Path(f"/proc/{sshds[ns['node-2']]}").exists()
+    assert [marked(ns[name]) for name in ("node-0", "node-1", "node-2")] == [True, True, False]  # a new namespace
+    assert sshds2[ns["node-2"]] != sshds[ns["node-2"]]
+    assert not alive(sshds[ns["node-2"]])
     # Same names, IPs and order; a new host key for node-2 only, pinned in place of the old one.
     assert Inventory.load(cluster.state.inventory_path) == after
     assert [(n.name, n.private_ip, n.hostname) for n in after.nodes] == [
@@ -126,6 +151,8 @@ def test_refused_changes_nothing_then_lost_node_is_replaced(cluster):
     state, provider, inventory = cluster.state, LocalProvider(), cluster.inventory()
     ns1 = f"mn-{cluster.name}-1"
     inodes, sshds = snapshot(cluster.name)
+    for name in inodes:
+        mark(name)
     saved, known = state.inventory_path.read_text(), Path(inventory.known_hosts).read_text()
 
     path = faults.refuse_replacements(state)
@@ -140,13 +167,13 @@ def test_refused_changes_nothing_then_lost_node_is_replaced(cluster):
     assert snapshot(cluster.name) == (inodes, sshds) and not path.exists()
 
     # A node lost without notice: its namespace and every process in it gone, nothing else.
-    sleeper = ssh(inventory, "node-1", "nohup sleep 600 >/dev/null 2>&1 & echo $!")
+    sleeper = ssh(inventory, "node-1", "nohup sleep 600 </dev/null >/dev/null 2>&1 & echo $!")
     assert sleeper.returncode == 0, sleeper.stderr
     in_node = leakcheck.job_processes(cluster.name, cluster.home)["node-1"]
     assert in_node, "the sleep started over SSH runs in node-1's namespace"
     faults.lose_node(state, "node-1")
     assert ns1 not in leakcheck.namespaces(cluster.name)
-    assert not any(Path(f"/proc/{pid}").exists() for pid in [*in_node, sshds[ns1]])
+    assert not any(alive(pid) for pid in [*in_node, sshds[ns1]])
     lost = ssh(inventory, "node-1", "true")
     assert lost.returncode == 255
     others = {k: v for k, v in inodes.items() if k != ns1}
@@ -155,7 +182,8 @@ def test_refused_changes_nothing_then_lost_node_is_replaced(cluster):
     after = provider.replace(state, inventory, "node-1")
     cluster.seen_inodes.update(leakcheck.namespace_inodes(cluster.name).values())
     inodes2, sshds2 = snapshot(cluster.name)
-    assert inodes2[ns1] != inodes[ns1] and {k: v for k, v in inodes2.items() if k != ns1} == others
+    assert not marked(ns1) and {k: v for k, v in inodes2.items() if k != ns1} == others
+    assert all(marked(name) for name in others)
     assert {k: v for k, v in sshds2.items() if k != ns1} == {k: v for k, v in sshds.items() if k != ns1}
     res = ssh(after, "node-1", "hostname")
     assert res.returncode == 0 and res.stdout.strip() == f"{cluster.name}-node-1", res.stderr

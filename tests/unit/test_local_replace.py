@@ -68,3 +68,9 @@ def test_known_hosts_line_by_ip_and_hostname_or_by_port():
     key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKey"
     assert known_hosts_line(plan, 2, 22, key) == f"10.201.7.12,kh-node-2 {key}\n"
     assert known_hosts_line(plan, 1, 2222, key) == f"[10.201.7.11]:2222 {key}\n"
+
+
+def test_a_node_keeps_its_mac_address_across_replacements():
+    plan = NetPlan("kh", 3, "10.201.7.0/24", 1500)
+    assert plan.mac(2) == NetPlan("kh", 3, "10.201.7.0/24", 1500).mac(2) == f"02:{plan.tag[:2]}:{plan.tag[2:4]}:{plan.tag[4:]}:00:02"
+    assert len({plan.mac(i) for i in range(64)}) == 64 and plan.mac(0) != NetPlan("other", 3, plan.subnet, 1500).mac(0)

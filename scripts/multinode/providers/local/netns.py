@@ -8,6 +8,7 @@ concurrent tests) never collide:
     bridge     mnb<hash6>                 holds <subnet>.1
     veth       mnh<hash6><i> (host side) / eth0 (inside the namespace)
     subnet     10.<200..249>.<x>.0/24     node i at .10+i; the first free one on this host
+    MAC        02:<hash6>:00:<i>          node i's eth0 (a replacement of node i gets it again)
 
 The network is closed: namespaces get no default route, only their subnet, and the host's
 ``ip_forward`` is never touched, so a node can reach its peers and nothing else.
@@ -101,6 +102,13 @@ class NetPlan:
     def ip(self, i: int) -> str:
         return str(ipaddress.ip_network(self.subnet)[FIRST_HOST + i])
 
+    def mac(self, i: int) -> str:
+        """Node i's MAC address on the cluster network (locally administered, from the cluster's tag and i): the
+        same for a replacement of node i, so its peers' and the host's ARP entries for its IP stay right (with a
+        new MAC they pointed at the lost node until they expired, and nothing reached the new node meanwhile)."""
+        t = self.tag
+        return f"02:{t[0:2]}:{t[2:4]}:{t[4:6]}:00:{i:02x}"
+
     def hostname(self, i: int) -> str:
         return f"{self.cluster}-node-{i}"
 
@@ -168,6 +176,7 @@ def create_node(plan: NetPlan, i: int) -> None:
     batch = "\n".join([
         "link set lo up",
         f"link set {peer} name eth0",
+        f"link set eth0 address {plan.mac(i)}",
         f"addr add {plan.ip(i)}/{plan.prefixlen} dev eth0",
         "link set eth0 up",
     ])
