@@ -35,6 +35,7 @@ from training import imds  # noqa: E402
 from training.preempt import EXIT_PREEMPTED, Watcher  # noqa: E402
 
 MARK_ENV = "MULTINODE_PREEMPT_MARK"
+GUARD_ENV = "MULTINODE_GUARD"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -63,7 +64,7 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
     """Run ``command``; on a notice, its process group gets SIGTERM, ``grace`` seconds, then SIGKILL."""
     watcher = Watcher(imds.MetadataClient() if use_imds else None, grace, poll).start()
     try:
-        child = subprocess.Popen(command, start_new_session=True)
+        child = subprocess.Popen(command, start_new_session=True, env=_command_env(os.environ))
     except OSError as err:
         print(f"training.guard: cannot start {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 2
@@ -101,6 +102,12 @@ def preempted(env) -> None:
             print(f"training.guard: cannot write {mark}: {err.strerror}", file=sys.stderr)
     if env.get("TORCHELASTIC_RUN_ID") and os.getppid() > 1:
         os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _command_env(env) -> dict[str, str]:
+    """The command's environment: the guard's, less the variable that marks the guard's own process (the
+    launchers start it as ``env MULTINODE_GUARD=1 python -m training.guard``), so the rank it starts is the rank."""
+    return {key: value for key, value in env.items() if key != GUARD_ENV}
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -22,7 +22,7 @@ from multinode.ssh.runner import STOP_GRACE, RemoteRunner
 
 OURS = EntryPoint("training/train.py", ("--workload", "digits", "4", "2"))
 USER = EntryPoint("train.py", ("--epochs", "2"), ours=False, subdir="project")
-GUARD = ("/repo/.venv/bin/python", "-I", "-m", "training.guard", "--grace", "30", "--")
+GUARD = ("env", "MULTINODE_GUARD=1", "/repo/.venv/bin/python", "-I", "-m", "training.guard", "--grace", "30", "--")
 
 
 def plan(inventory, entry, **kwargs):
@@ -43,7 +43,7 @@ def test_static_every_rank_gets_the_grace_and_a_user_script_the_guard(inventory)
     for i, cmd in enumerate(plan(inventory, USER, launcher="static", grace=30.0).commands):
         assert cmd.env["MULTINODE_GRACE"] == "30"
         assert cmd.argv[2] == starter(True) != STARTER
-        assert cmd.argv[7:16] == (*GUARD, "/repo/.venv/bin/python", "train.py")
+        assert cmd.argv[7:18] == (*GUARD, "/repo/.venv/bin/python", "train.py")
     ours = plan(inventory, OURS, launcher="static", grace=7.5).commands[0]
     assert ours.env["MULTINODE_GRACE"] == "7.5"
     assert ours.argv[7:9] == ("/repo/.venv/bin/python", "training/train.py")  # our trainer takes notices itself
@@ -64,7 +64,7 @@ def test_torchrun_waits_the_grace_guards_every_worker_and_turns_the_guards_note_
         assert argv[4:7] == ["/repo/.venv/bin/python", "-m", "torch.distributed.run"]
         assert "--shutdown-timeout=30" in argv  # whole seconds, at least GRACE
         start = argv.index("--no-python")
-        assert argv[start + 1:start + 12] == [*GUARD[:5], "29.5", "--", "/repo/.venv/bin/python", "-u",
+        assert argv[start + 1:start + 14] == [*GUARD[:7], "29.5", "--", "/repo/.venv/bin/python", "-u",
                                               "training/train.py", "--snapshot-dir"]
         assert cmd.env["MULTINODE_GRACE"] == "29.5"
     assert PREEMPTED_EXIT.startswith("trap : TERM; \"$@\"; c=$?;") and "c=75" in PREEMPTED_EXIT

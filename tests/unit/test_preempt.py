@@ -207,3 +207,8 @@ def test_a_guard_ending_preempted_notes_it_and_under_torchrun_signals_its_agent(
     guard.preempted({"TORCHELASTIC_RUN_ID": "r1"})  # a torchrun worker: its agent shuts down instead of restarting
     assert sent == [(4242, signal.SIGTERM)]
     guard.preempted({guard.MARK_ENV: str(tmp_path / "no" / "such" / "dir")})  # cannot write it: said, not raised
+
+
+def test_the_guards_command_does_not_carry_the_guards_own_mark():
+    from training import guard
+    assert guard._command_env({"MULTINODE_GUARD": "1", "RANK": "3"}) == {"RANK": "3"}

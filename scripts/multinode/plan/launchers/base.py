@@ -32,6 +32,7 @@ GRACE_ENV = "MULTINODE_GRACE"
 # Where training.guard notes, on its node, that its command ended preempted (exit 75): torchrun's own exit code
 # says nothing of it (see multinode.plan.launchers.torchrun).
 PREEMPT_MARK_ENV = "MULTINODE_PREEMPT_MARK"
+GUARD_ENV = "MULTINODE_GUARD"  # set for training.guard's own process only (it starts its command without it)
 
 
 def iface_for_subnet(subnet: str) -> str:
@@ -168,7 +169,9 @@ def guard_argv(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, every:
     site-packages), never from a ``training`` package the project itself may have on PYTHONPATH."""
     if spec.grace is None or (entry.ours and not every):
         return ()
-    return (inventory.interpreter, "-I", "-m", "training.guard", "--grace", f"{spec.grace:g}", "--")
+    # MULTINODE_GUARD=1 marks the guard itself (not its command) for whoever looks for ranks among the processes.
+    return ("env", f"{GUARD_ENV}=1", inventory.interpreter, "-I", "-m", "training.guard", "--grace", f"{spec.grace:g}",
+            "--")
 
 
 def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:
