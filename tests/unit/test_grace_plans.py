@@ -34,7 +34,8 @@ def test_without_grace_nothing_changes(inventory):
     for kwargs in (dict(launcher="static"), dict(launcher="torchrun"), dict(mode="mpi")):
         for cmd in plan(inventory, USER, **kwargs).commands:
             assert "MULTINODE_GRACE" not in cmd.env and "training.guard" not in cmd.argv
-            assert not any("MULTINODE_GRACE" in arg or "shutdown-timeout" in arg or "sigkill" in arg for arg in cmd.argv)
+            assert not any("MULTINODE_GRACE" in arg or "sigkill" in arg for arg in cmd.argv)
+            assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in cmd.env
     assert plan(inventory, OURS, launcher="static").commands[0].argv[2] == STARTER
     assert plan(inventory, OURS, launcher="torchrun").commands[0].argv[1:3] == ("-m", "torch.distributed.run")
 
@@ -62,7 +63,7 @@ def test_torchrun_waits_the_grace_guards_every_worker_and_turns_the_guards_note_
         assert cmd.argv[:4] == ("sh", "-c", PREEMPTED_EXIT, mark) and cmd.env["MULTINODE_PREEMPT_MARK"] == mark
         argv = list(cmd.argv)
         assert argv[4:7] == ["/repo/.venv/bin/python", "-m", "torch.distributed.run"]
-        assert "--shutdown-timeout=30" in argv  # whole seconds, at least GRACE
+        assert cmd.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # the agent's own wait: whole seconds, >= GRACE
         start = argv.index("--no-python")
         assert argv[start + 1:start + 14] == [*GUARD[:7], "29.5", "--", "/repo/.venv/bin/python", "-u",
                                               "training/train.py", "--snapshot-dir"]

@@ -10,8 +10,10 @@ torch/distributed/elastic/agent/server/api.py):
 
 * a SIGTERM to the agent raises ``SignalException`` in ``SimpleElasticAgent.run``, which calls
   ``_shutdown(e.sigval, timeout=self._shutdown_timeout)``: SIGTERM to the workers, then SIGKILL after
-  ``--shutdown-timeout`` seconds (default 30, or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``). We pass GRACE there, so the
-  agent waits as long as our stop does, and it does not restart anything on that path;
+  ``--shutdown-timeout`` seconds (default 30, or ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``: torch/distributed/launcher/
+  api.py). We set that variable to GRACE -- a variable, not the flag, so a SETUP environment with an older torch
+  ignores it instead of refusing an unknown flag -- and the agent waits as long as our stop does, restarting
+  nothing on that path;
 * a worker that exits non-zero on its own -- 75, preempted, included -- makes ``_invoke_run`` see
   ``WorkerState.FAILED`` and, while restarts are left, ``_restart_workers``: the agent has no notion of an exit
   code that means "do not restart". So with GRACE every worker runs behind ``training.guard``, which, when its
@@ -67,12 +69,10 @@ def root_cause_rank(log_lines: Sequence[str]) -> int | None:
     return None
 
 
-def grace_options(spec: LaunchSpec, guard: tuple[str, ...], python: str) -> tuple[str, ...]:
-    """With GRACE: the agent's SIGTERM-to-SIGKILL wait (whole seconds, at least GRACE), and every worker behind
-    the guard (``--no-python``: the worker's command is the guard's, which starts ``python -u`` itself)."""
-    if not guard:
-        return ()
-    return (f"--shutdown-timeout={math.ceil(spec.grace)}", "--no-python", *guard, python, "-u")
+def grace_options(guard: tuple[str, ...], python: str) -> tuple[str, ...]:
+    """With GRACE: every worker behind the guard (``--no-python``: the worker's command is the guard's, which
+    starts ``python -u`` itself)."""
+    return ("--no-python", *guard, python, "-u") if guard else ()
 
 
 class TorchrunLauncher:
@@ -104,7 +104,7 @@ class TorchrunLauncher:
                 # per-rank copies stay in the node's run directory.
                 "--tee=3",
                 f"--log-dir={directory}/torchrun",
-                *grace_options(spec, guard, node_python(inv, spec, node.name)),
+                *grace_options(guard, node_python(inv, spec, node.name)),
                 *entry.program(),  # torchrun's -m runs a module as python -m does
                 *trainer_args(entry, directory, spec),
             )
@@ -114,6 +114,8 @@ class TorchrunLauncher:
                 # Restarted workers otherwise reconnect to stale store addresses (pytorch#135712).
                 env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
             if guard:
+                # The agent's SIGTERM-to-SIGKILL wait for its workers: whole seconds, at least GRACE.
+                env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(math.ceil(spec.grace))
                 env[PREEMPT_MARK_ENV] = preempt_mark(inv, node.name, spec.run_id)
                 argv = ("sh", "-c", PREEMPTED_EXIT, env[PREEMPT_MARK_ENV], *argv)
             return argv, env
