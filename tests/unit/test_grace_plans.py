@@ -63,7 +63,7 @@ def test_torchrun_waits_the_grace_guards_every_worker_and_turns_the_guards_note_
         assert cmd.argv[:4] == ("sh", "-c", PREEMPTED_EXIT, mark) and cmd.env["MULTINODE_PREEMPT_MARK"] == mark
         argv = list(cmd.argv)
         assert argv[4:7] == ["/repo/.venv/bin/python", "-m", "torch.distributed.run"]
-        assert cmd.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # the agent's own wait: whole seconds, >= GRACE
+        assert cmd.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # the agent's own wait, rounded up
         start = argv.index("--no-python")
         assert argv[start + 1:start + 14] == [*GUARD[:7], "29.5", "--", "/repo/.venv/bin/python", "-u",
                                               "training/train.py", "--snapshot-dir"]
