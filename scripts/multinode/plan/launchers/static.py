@@ -13,6 +13,11 @@ merged per rank, whole lines), the node's exit code is the first failed rank's, 
 reported in torchrun's own "rank : N (local_rank: L)" form so the orchestrator names the rank.
 Gang-stop, run-id tagging and logs are the runner's, unchanged. What it does not do: restarts,
 elastic membership, or a rendezvous timeout of its own (``init_process_group``'s timeout applies).
+
+With GRACE the starter outlives a SIGTERM (:func:`starter`): the orchestrator's stop sends SIGTERM to every
+process of the run, and the starter and each rank's ``sed`` must go on, so that the ranks' last lines (the
+checkpoint, ``PREEMPTED {...}``) still arrive and the node's exit code is the ranks' (75), not a signal's.
+A user script runs behind ``training.guard`` then (:func:`multinode.plan.launchers.base.guard_argv`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from multinode.core.nodepaths import run_dir
 from multinode.plan.launchers.base import (
     EntryPoint,
     LaunchPlan,
+    guard_argv,
     node_python,
     nproc_of,
     per_node_plan,
@@ -55,6 +61,19 @@ STARTER = " ".join(part.strip() for part in [
     '  echo "  exitcode  : $code" >&2;',
     'fi; exit "$code"',
 ])
+# GRACE: the starter and every sed ignore SIGTERM (ignored dispositions are inherited, so the pipeline's sed does
+# too); each rank's subshell catches it instead (a caught signal is reset to the default in the programs it
+# starts), so the rank itself gets SIGTERM's default or installs its own handler (training/preempt.py), and the
+# subshell, which waits for the rank in the foreground, still writes its exit code. SIGKILL ends them all.
+IGNORE_TERM = "trap '' TERM;"
+RANK_CATCHES_TERM = "{ trap : TERM; RANK=$rank"
+
+
+def starter(grace: bool) -> str:
+    """The node's starter: :data:`STARTER`, or with GRACE the one that outlives a SIGTERM."""
+    if not grace:
+        return STARTER
+    return f"{IGNORE_TERM} " + STARTER.replace("{ RANK=$rank", RANK_CATCHES_TERM, 1)
 
 
 class StaticLauncher:
@@ -67,8 +86,9 @@ class StaticLauncher:
         def node_command(node_rank: int, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
-                "sh", "-c", STARTER, "multinode-static", str(sum(counts[:node_rank])), str(counts[node_rank]),
-                f"{directory}/ranks", node_python(inv, spec, node.name), *entry.program(),
+                "sh", "-c", starter(spec.grace is not None), "multinode-static", str(sum(counts[:node_rank])),
+                str(counts[node_rank]), f"{directory}/ranks", *guard_argv(inv, spec, entry),
+                node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, directory, spec),
             )
             return argv, {
