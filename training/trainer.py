@@ -117,8 +117,8 @@ class Trainer:
     def _loader(self, dataset) -> DataLoader:
         """Evaluation: a strided shard per rank, without padding, so every sample is counted exactly once.
         (Training batches come from :mod:`training.sampler`.)"""
-        sampler_ = range(self.world.rank, len(dataset), self.world.world_size)
-        return DataLoader(dataset, batch_size=self.t.batch_size, sampler=sampler_)
+        shard = range(self.world.rank, len(dataset), self.world.world_size)
+        return DataLoader(dataset, batch_size=self.t.batch_size, sampler=shard)
 
     def broadcast(self, obj, src: int = 0):
         if self.world.backend is None:
