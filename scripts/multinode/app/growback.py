@@ -15,9 +15,10 @@ from multinode.core.inventory import Inventory
 
 
 class GrowBack:
-    """Ask ``replace(name) -> Inventory`` for each missing node until all are back, then ``notify()`` once."""
+    """Ask ``replace(name) -> Inventory`` for each missing node until all are back, then ``notify()`` (True once it
+    reached the job; a job not started yet is notified at the next interval)."""
 
-    def __init__(self, missing: list[str], replace: Callable[[str], Inventory], notify: Callable[[], None],
+    def __init__(self, missing: list[str], replace: Callable[[str], Inventory], notify: Callable[[], bool],
                  interval: float, say: Callable[[str], None]) -> None:
         self.missing, self.replace, self.notify = list(missing), replace, notify
         self.interval, self.say = interval, say
@@ -37,16 +38,20 @@ class GrowBack:
             self._thread.join(timeout=self.interval + 5)
 
     def _loop(self) -> None:
-        while self.missing and not self._stop.wait(self.interval):
-            name = self.missing[0]
-            try:
-                self.cluster = self.replace(name)
-            except (CapacityRefused, MultinodeError) as err:
-                self.say(f"{name}: still no replacement ({err}); asking again in {self.interval:.0f} s")
-                continue
-            self.missing.pop(0)
-            self.say(f"{name} is back")
-        if not self.missing and not self._stop.is_set():
-            self.say("every node is back: the ranks take a checkpoint and the run resumes on the whole cluster")
-            self.notified = True
-            self.notify()
+        while not self._stop.wait(self.interval):
+            if self.missing:
+                self._ask(self.missing[0])
+            if not self.missing:
+                self.say("every node is back: the ranks take a checkpoint and the run resumes on the whole cluster")
+                if self.notify():
+                    self.notified = True
+                    return
+
+    def _ask(self, name: str) -> None:
+        try:
+            self.cluster = self.replace(name)
+        except (CapacityRefused, MultinodeError) as err:
+            self.say(f"{name}: still no replacement ({err}); asking again in {self.interval:.0f} s")
+            return
+        self.missing.pop(0)
+        self.say(f"{name} is back")

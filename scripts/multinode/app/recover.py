@@ -39,7 +39,6 @@ from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, JobFailed, MultinodeError, Preempted, UserError
 from multinode.core.inventory import Inventory
-from multinode.core.nodepaths import notice_file
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.state import ClusterState
 from multinode.diagnose.summary import RunSummary
@@ -160,13 +159,13 @@ class Recovery:
         self.timeline.add("node back", name)
         return self.cluster
 
-    def _notice(self, active: Inventory, spec: LaunchSpec) -> None:
-        """The orchestrator's own notice: a file in the run's directory on every node, which every rank's watcher
-        reads (``MULTINODE_NOTICE_FILE``, training/preempt.py): the ranks take the coordinated checkpoint."""
-        commands = {n.name: f"echo 'every node is back' > {notice_file(active, n.name, spec.run_id)}"
-                    for n in active.nodes}
+    def _notice(self, active: Inventory, spec: LaunchSpec) -> bool:
+        """The notice of a stop with GRACE (what Ctrl-C gives the ranks, :mod:`multinode.ssh.job`): SIGTERM to the
+        run's processes, the grace for their coordinated checkpoint, then SIGKILL. True when it found the job."""
         with RemoteRunner(active, connect_timeout=5.0) as runner:
-            runner.run_each(commands, timeout=15)
+            runner.use_grace(spec.grace)
+            stopped = runner.stop_all(spec.run_id)
+        return any(res.ok and not res.stdout.startswith("stopped 0") for res in stopped.values())
 
     # --- between attempts ----------------------------------------------------------------
 

@@ -32,7 +32,3 @@ def setup_env_dir(inventory: Inventory, node_name: str) -> str:
     """The node's own SETUP environment."""
     return f"{inventory.workdir_for(node_name)}/env"
 
-
-def notice_file(inventory: Inventory, node_name: str, run_id: str) -> str:
-    """The orchestrator's notice to a run's ranks (``MULTINODE_NOTICE_FILE``): present = take the checkpoint."""
-    return f"{run_dir(inventory, node_name, run_id)}/notice"
