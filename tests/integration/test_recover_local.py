@@ -6,8 +6,8 @@ Times are recorded in the summary's timeline (and by bench's recovery section), 
 from __future__ import annotations
 
 import json
-import os
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,17 +17,31 @@ from bench.drills.preempt import IMDS_ENV
 
 pytestmark = pytest.mark.integration
 
+MARK = "127.0.0.77/32"
 GLOBAL_BATCH = re.compile(r"global batch (\d+) = (\d+) ranks x")
 
 
-def _node_identity(cluster, node: str) -> tuple[int, list[int]]:
-    """(the namespace's inode, the pids of its sshd): what a replacement changes and nothing else may."""
-    from multinode.providers.local import faults
+def _netns(cluster, node: str) -> str:
     from multinode.providers.local.meta import net_plan, node_index
 
-    inode = os.stat(f"/run/netns/{net_plan(cluster.state).netns(node_index(node))}").st_ino
+    return net_plan(cluster.state).netns(node_index(node))
+
+
+def _mark(cluster, node: str) -> None:
+    """A marker address on the namespace's loopback: only that namespace has it (a freed namespace's inode is
+    reused, so the inode cannot tell a new namespace from the old one)."""
+    subprocess.run(["ip", "netns", "exec", _netns(cluster, node), "ip", "addr", "add", MARK, "dev", "lo"], check=True)
+
+
+def _node_identity(cluster, node: str) -> tuple[bool, list[int]]:
+    """(the namespace still has the mark, the pids of its sshd): what a replacement changes and nothing else may."""
+    from multinode.providers.local import faults
+
+    shown = subprocess.run(["ip", "netns", "exec", _netns(cluster, node), "ip", "-o", "addr", "show", "dev", "lo"],
+                           capture_output=True, text=True).stdout
+    marked = MARK in shown
     sshd = sorted(p for p in faults.node_pids(cluster.state, node) if _comm(p) == "sshd")
-    return inode, sshd
+    return marked, sshd
 
 
 def _comm(pid: int) -> str:
@@ -43,6 +57,16 @@ def _train(cluster, run_id: str, epochs: int, *extra: str):
                          f"--args=--workload digits {epochs} 2 {' '.join(extra)}".strip())
 
 
+def _quiet(cluster) -> dict[str, list[int]]:
+    """Every node's job processes once the metadata endpoints (started by make preempt, brought back on a
+    replaced node) are stopped: must be none."""
+    from multinode.providers.local.imds import stop_endpoint
+
+    for node in ("node-0", "node-1", "node-2"):
+        stop_endpoint(cluster.state, node)
+    return cluster.job_processes()
+
+
 def _accuracy(text: str) -> float:
     return float(text.split("test accuracy: ")[1].split()[0])
 
@@ -52,10 +76,12 @@ def _summary(cluster, run_id: str) -> dict:
 
 
 def test_notice_on_node2_replaces_node2_only(cluster3):
+    for node in ("node-0", "node-1", "node-2"):
+        _mark(cluster3, node)
     before = {n: _node_identity(cluster3, n) for n in ("node-0", "node-1", "node-2")}
-    proc = _train(cluster3, "rec-notice", 12)
+    proc = _train(cluster3, "rec-notice", 30)  # ~1 s an epoch: the 5 s poll lands mid-run
     with watched(proc) as (out, err):
-        out.wait_for(r"\[rank0\]: .*epoch 2/12 ", timeout=240)
+        out.wait_for(r"\[rank0\]: .*epoch 2/30 ", timeout=240)
         armed = cluster3.cli("preempt", "--node", "2", timeout=60)
         assert armed.returncode == 0, armed.stdout + armed.stderr
         code = proc.wait(timeout=600)
@@ -64,13 +90,14 @@ def test_notice_on_node2_replaces_node2_only(cluster3):
     assert "[recover] node-2 got a notice" in text and "node-2 replaced" in text, text[-4000:]
     after = {n: _node_identity(cluster3, n) for n in ("node-0", "node-1", "node-2")}
     assert after["node-0"] == before["node-0"] and after["node-1"] == before["node-1"], (before, after)
-    assert after["node-2"][0] != before["node-2"][0] and not set(after["node-2"][1]) & set(before["node-2"][1])
+    assert before["node-2"][0] and not after["node-2"][0], "node-2's namespace is the old one"
+    assert after["node-2"][1] and not set(after["node-2"][1]) & set(before["node-2"][1]), (before, after)
     assert _accuracy(text) >= 0.95, text[-2000:]
     recovery = _summary(cluster3, "rec-notice")["recovery"]
     events = [e["event"] for e in recovery["events"]]
     assert events == ["notice", "checkpoint written", "replacement asked", "node ready", "job started again"], events
     assert recovery["steps_lost"] == [0], recovery  # the coordinated checkpoint holds every step
-    assert not any(cluster3.job_processes().values())
+    assert not any(_quiet(cluster3).values())
 
 
 def test_refused_replacement_goes_on_with_two_nodes_at_the_same_global_batch(cluster3):
@@ -78,9 +105,9 @@ def test_refused_replacement_goes_on_with_two_nodes_at_the_same_global_batch(clu
 
     faults.refuse_replacements(cluster3.state)
     try:
-        proc = _train(cluster3, "rec-fewer", 8, "--log-samples")
+        proc = _train(cluster3, "rec-fewer", 24, "--log-samples")
         with watched(proc) as (out, err):
-            out.wait_for(r"\[rank0\]: .*epoch 2/8 ", timeout=240)
+            out.wait_for(r"\[rank0\]: .*epoch 2/24 ", timeout=240)
             assert cluster3.cli("preempt", "--node", "2", timeout=60).returncode == 0
             code = proc.wait(timeout=600)
     finally:
@@ -96,11 +123,11 @@ def test_refused_replacement_goes_on_with_two_nodes_at_the_same_global_batch(clu
     for line in samples.read_text().splitlines():
         row = json.loads(line)
         seen.setdefault(row["epoch"], []).extend(row["ids"])
-    assert sorted(seen) == list(range(8)), sorted(seen)
+    assert sorted(seen) == list(range(24)), sorted(seen)
     for epoch, ids in seen.items():  # exactly once: no sample twice, none missing
         assert sorted(ids) == list(range(len(ids))) and len(ids) == len(seen[0]), epoch
     assert _accuracy(text) >= 0.95, text[-2000:]
-    assert not any(cluster3.job_processes().values())
+    assert not any(_quiet(cluster3).values())
 
 
 def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
@@ -111,9 +138,9 @@ def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
 
     faults.refuse_replacements(cluster3.state)
     try:
-        proc = _train(cluster3, "rec-head", 12)
+        proc = _train(cluster3, "rec-head", 20)
         with watched(proc) as (out, err):
-            out.wait_for(r"\[rank0\]: .*epoch 5/12 ", timeout=300)  # epoch 4's snapshot is written and replicated
+            out.wait_for(r"\[rank0\]: .*epoch 5/20 ", timeout=300)  # epoch 4's snapshot is written and replicated
             faults.lose_node(cluster3.state, "node-0")
             code = proc.wait(timeout=600)
     finally:
@@ -127,4 +154,4 @@ def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
     assert resumed and "/replica" in json.loads(resumed[1])["snapshot_from"], text[-4000:]
     assert _accuracy(text) >= 0.95, text[-2000:]
     get_provider("local").replace(cluster3.state, cluster3.inventory(), "node-0")
-    assert not any(cluster3.job_processes().values())
+    assert not any(_quiet(cluster3).values())

@@ -39,12 +39,13 @@ from multinode.plan.launchers.base import (
 from multinode.plan.launchers.torchrun import root_cause_rank
 
 # $1 = this node's first global rank, $2 = processes on this node, $3 = directory for per-rank exit files;
-# the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
+# the rest is the program. Exit files of an earlier run of the same run id go first (a resumed or recovered
+# run may place other ranks on this node: their old files would read as this run's failures). Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
 # exit code and, for a failure, its time into a file (a pipeline's status is sed's in POSIX sh). Then the
 # earliest failure is reported the way torchrun does, and is the node's exit code.
 # One line (statements joined with spaces), so the plan prints as one shell line.
 STARTER = " ".join(part.strip() for part in [
-    'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; i=0;',
+    'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; rm -f "$status_dir"/rank*; i=0;',
     'while [ "$i" -lt "$nproc" ]; do',
     '  rank=$((base + i));',
     '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; c=$?; t=0; [ "$c" = 0 ] || t=$(date +%s%N); echo "$c $t" > "$status_dir/rank$rank"; }',
