@@ -34,8 +34,8 @@ from bench.verdicts import Target, attach, describe, paired, shown, verdict
 from multinode.core.state import ClusterState
 
 NODES, REPEATS = 3, 3
-EPOCHS, SAVE_EVERY, NOTICE_AFTER = 10, 3, 4  # the notice lands between snapshots: the restart loses work
-QUICK = (3, 1, 1)  # --quick: the same runs, shorter; its figures mean nothing
+EPOCHS, SAVE_EVERY, NOTICE_AFTER = 20, 3, 4  # the notice lands between snapshots: the restart loses work
+QUICK = (12, 1, 1)  # --quick: the same runs, shorter (an epoch takes ~1 s: the 5 s notice poll must land); figures mean nothing
 IMDS_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254"
 HALF = Target("<=", 0.5)
 ONE_STEP = Target("<=", 1)
@@ -60,21 +60,33 @@ def _when_mid_epoch(out, quick: bool) -> None:
     time.sleep(random.uniform(0.0, 2.0))
 
 
-def _resumed_after(out, start: float) -> float:
-    out.wait_for(r"RESUMED \{", timeout=600)
-    found = out.first(r"RESUMED \{", after=start)
+def _resumed_after(proc, out, start: float) -> float:
+    """Seconds from ``start`` to rank 0's RESUMED line (RuntimeError if the run ends without one)."""
+    while (found := out.first(r"RESUMED \{", after=start)) is None:
+        if proc.poll() is not None:
+            time.sleep(0.5)  # the last lines may still be on their way
+            if (found := out.first(r"RESUMED \{", after=start)) is None:
+                raise RuntimeError(f"the run ended (exit {proc.returncode}) without resuming:\n{''.join(out.lines[-30:])}")
+            break
+        time.sleep(0.1)
     return found[0] - start
 
 
+def _up(prefix: str) -> LocalCluster:
+    cluster = bring_up(NODES, prefix)
+    print(f"recovery: cluster {cluster.name} is up ({NODES} nodes, MULTINODE_HOME={cluster.home})", flush=True)
+    return cluster
+
+
 def ours(quick: bool) -> dict:
-    cluster = bring_up(NODES, "brec")
+    cluster = _up("brec")
     try:
         proc = _train(cluster, "ours", quick, "--recover=1", f"--env={IMDS_ENV}")
         with watched(proc) as (out, err):
             _when_mid_epoch(out, quick)
             cluster.cli("preempt", "--node", "2", timeout=60)
             start = time.monotonic()
-            seconds = _resumed_after(out, start)
+            seconds = _resumed_after(proc, out, start)
             code = proc.wait(timeout=900)
         if code != 0:
             raise RuntimeError(f"RECOVER=1 run exited {code}:\n{''.join(out.lines[-40:])}{''.join(err.lines[-20:])}")
@@ -94,7 +106,7 @@ def restart(quick: bool) -> dict:
     """The node taken, the job failed, the cluster made again, the last snapshot put back, the job restarted."""
     from multinode.providers.local import faults
 
-    cluster = bring_up(NODES, "brst")
+    cluster = _up("brst")
     bucket = Path(tempfile.mkdtemp(prefix="mn-bench-bucket-"))
     try:
         proc = _train(cluster, "restart", quick)
@@ -112,7 +124,7 @@ def restart(quick: bool) -> dict:
         shutil.copytree(bucket / "snapshots", cluster.workdir(0) / "runs" / "restart" / "snapshots")
         again = _train(cluster, "restart", quick)
         with watched(again) as (out, err):
-            seconds = _resumed_after(out, start)
+            seconds = _resumed_after(again, out, start)
             code = again.wait(timeout=900)
         if code != 0:
             raise RuntimeError(f"restarted run exited {code}:\n{''.join(out.lines[-40:])}{''.join(err.lines[-20:])}")
