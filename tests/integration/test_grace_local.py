@@ -95,3 +95,11 @@ def test_torchrun_with_restarts_left_does_not_restart_a_preempted_worker(cluster
     assert attempts == {"attempt_0"}, attempts
     assert_one_checkpoint(result, None)
     assert set(summary_of(cluster3, "gtorch")["exit_codes"].values()) == {EXIT_PREEMPTED}
+
+
+def test_mpirun_with_grace_ends_preempted_on_a_sigterm_to_one_rank(cluster3):
+    """MODE=mpi: every rank has MULTINODE_GRACE from its app context; mpirun (which aborts the job when a rank exits
+    non-zero, waiting odls_base_sigkill_timeout = GRACE before SIGKILL) ends with the ranks' 75."""
+    result = run_sigterm_drill(cluster3, "gmpi", args=grace_args("gmpi", "--mode=mpi"))
+    assert_one_checkpoint(result, "node-1")
+    assert summary_of(cluster3, "gmpi")["preempted"] is not None
