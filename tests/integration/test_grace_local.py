@@ -49,6 +49,8 @@ def test_grace_makes_sigterm_to_a_rank_one_checkpoint_and_75(cluster3):
     assert result.report["notice"] == "SIGTERM (signal)", result.report
     assert len(snapshot_copies(cluster3, "gterm")) == 2
     assert summary_of(cluster3, "gterm")["preempted"] is not None
+    for log in cluster3.state.run_dir("gterm").glob("node-*.log"):  # a preempted rank is no failure's root cause
+        assert "Root Cause" not in log.read_text(), log
 
 
 def test_grace_puts_a_user_script_with_the_helper_behind_the_guard(cluster3, tmp_path):
