@@ -49,6 +49,8 @@ def test_grace_makes_sigterm_to_a_rank_one_checkpoint_and_75(cluster3):
     assert result.report["notice"] == "SIGTERM (signal)", result.report
     assert len(snapshot_copies(cluster3, "gterm")) == 2
     assert summary_of(cluster3, "gterm")["preempted"] is not None
+    for log in cluster3.state.run_dir("gterm").glob("node-*.log"):  # a preempted rank is no failure's root cause
+        assert "Root Cause" not in log.read_text(), log
 
 
 def test_grace_puts_a_user_script_with_the_helper_behind_the_guard(cluster3, tmp_path):
@@ -95,3 +97,11 @@ def test_torchrun_with_restarts_left_does_not_restart_a_preempted_worker(cluster
     assert attempts == {"attempt_0"}, attempts
     assert_one_checkpoint(result, None)
     assert set(summary_of(cluster3, "gtorch")["exit_codes"].values()) == {EXIT_PREEMPTED}
+
+
+def test_mpirun_with_grace_ends_preempted_on_a_sigterm_to_one_rank(cluster3):
+    """MODE=mpi: every rank has MULTINODE_GRACE from its app context; mpirun (which aborts the job when a rank exits
+    non-zero, waiting odls_base_sigkill_timeout = GRACE before SIGKILL) ends with the ranks' 75."""
+    result = run_sigterm_drill(cluster3, "gmpi", args=grace_args("gmpi", "--mode=mpi"))
+    assert_one_checkpoint(result, "node-1")
+    assert summary_of(cluster3, "gmpi")["preempted"] is not None

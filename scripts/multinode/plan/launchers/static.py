@@ -42,7 +42,8 @@ from multinode.plan.launchers.torchrun import root_cause_rank
 # the rest is the program. Exit files of an earlier run of the same run id go first (a resumed or recovered
 # run may place other ranks on this node: their old files would read as this run's failures). Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
 # exit code and, for a failure, its time into a file (a pipeline's status is sed's in POSIX sh). Then the
-# earliest failure is reported the way torchrun does, and is the node's exit code.
+# earliest failure is reported the way torchrun does, and is the node's exit code. A rank that exited 75
+# (preempted: training/preempt.py) is no failure: without one, the node exits 75 and reports no root cause.
 # One line (statements joined with spaces), so the plan prints as one shell line.
 STARTER = " ".join(part.strip() for part in [
     'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; rm -f "$status_dir"/rank*; i=0;',
@@ -51,16 +52,17 @@ STARTER = " ".join(part.strip() for part in [
     '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; c=$?; t=0; [ "$c" = 0 ] || t=$(date +%s%N); echo "$c $t" > "$status_dir/rank$rank"; }',
     '    | sed -u "s/^/[rank$rank]: /" &',
     '  i=$((i + 1));',
-    'done; wait; first=; first_t=; code=0;',
+    'done; wait; first=; first_t=; code=0; preempted=;',
     'for f in "$status_dir"/rank*; do',
     '  read -r c t < "$f" || { c=1; t=0; };',
+    '  if [ "$c" = 75 ]; then preempted=75; continue; fi;',
     '  if [ "$c" != 0 ] && { [ -z "$first_t" ] || [ "$t" -lt "$first_t" ]; }; then first=${f##*/rank}; first_t=$t; code=$c; fi;',
     'done;',
     'if [ -n "$first" ]; then',
     '  echo "Root Cause (first observed failure):" >&2;',
     '  echo "  rank      : $first (local_rank: $((first - base)))" >&2;',
     '  echo "  exitcode  : $code" >&2;',
-    'fi; exit "$code"',
+    'fi; if [ -z "$first" ] && [ -n "$preempted" ]; then code=75; fi; exit "$code"',
 ])
 # GRACE: the starter and every sed ignore SIGTERM (ignored dispositions are inherited, so the pipeline's sed does
 # too); each rank's subshell catches it instead (a caught signal is reset to the default in the programs it
