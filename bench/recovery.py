@@ -34,8 +34,8 @@ from bench.verdicts import Target, attach, describe, paired, shown, verdict
 from multinode.core.state import ClusterState
 
 NODES, REPEATS = 3, 3
-EPOCHS, SAVE_EVERY, NOTICE_AFTER = 20, 3, 4  # the notice lands between snapshots: the restart loses work
-QUICK = (12, 1, 1)  # --quick: the same runs, shorter (an epoch takes ~1 s: the 5 s notice poll must land); figures mean nothing
+EPOCHS, SAVE_EVERY, NOTICE_AFTER = 40, 3, 4  # the notice lands between snapshots: the restart loses work
+QUICK = (30, 2, 2)  # --quick: the same runs, shorter; its figures mean nothing (an epoch takes ~1 s and the notice is polled every 5 s: the runs must outlast it)
 IMDS_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254"
 HALF = Target("<=", 0.5)
 ONE_STEP = Target("<=", 1)
