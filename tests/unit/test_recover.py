@@ -107,3 +107,19 @@ def test_recovery_bench_judges_by_the_median_of_pairs_and_the_worst_run_s_lost_s
     assert speed["value"] == 0.45 and speed["verdict"] == "inconclusive"  # pairs on both sides of 0.5
     assert lost["value"] == 1.0 and lost["met"]
     assert "| 2 | 9.0 | 0 | 15.0 | 28 | 0.60 |" in bench_recovery.section(RECORDED)
+
+
+def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
+    """Ctrl-C with GRACE ends the run preempted (the ranks checkpoint): the recovery raises it, replacing nothing."""
+    from types import SimpleNamespace
+
+    import multinode.app.recover as recover
+    from multinode.core.errors import Preempted
+
+    provider = Provider()
+    rec = _recovery(tmp_path, provider)
+    monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: {n.name: (True, "up") for n in inv.nodes})
+    run = SimpleNamespace(summary=SimpleNamespace(preempted={"noticed_on": "node-0", "stopped_by": "SIGINT"}))
+    with pytest.raises(Preempted):
+        rec._what_was_lost(run, rec.cluster, Preempted("run x PREEMPTED"))
+    assert provider.asked == []

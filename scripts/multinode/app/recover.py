@@ -176,6 +176,8 @@ class Recovery:
         silent = [name for name, (ok, _) in answers.items() if not ok]
         if isinstance(err, Preempted):
             report = (run.summary.preempted if run.summary else None) or {}
+            if report.get("stopped_by"):  # Ctrl-C (or a scheduler) stopped the orchestrator: nothing to recover
+                raise err
             host = report.get("noticed_on")
             named = [n.name for n in active.nodes if host in (n.hostname, n.name)]
             at = report.get("noticed_at")

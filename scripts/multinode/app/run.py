@@ -264,6 +264,8 @@ class Run:
         preempted = None
         if EXIT_PREEMPTED in end.exit_codes.values():  # ranks stopped on a notice (training/preempt.py)
             preempted = parse_preempted(end.lines or lines) or {"notice": "a rank exited 75 (preempted) with no report"}
+            if end.stopped_by:  # the orchestrator itself was stopped: its own notice, not the cluster's
+                preempted["stopped_by"] = end.stopped_by
         summary = self._summary(plan, end.exit_codes, result=result, metrics=metrics, preempted=preempted)
         self.phases.mark("summary")
         self.save(summary)

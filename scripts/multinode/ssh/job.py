@@ -94,6 +94,7 @@ class JobRun:
         self.before_stop, self.stalled, self.grace = before_stop, stalled, grace
         runner.use_grace(grace)  # the gang-stop here and the run's sweep after it
         self.results = {name: NodeResult(name) for name in command_lines}
+        self.stopped_by: str | None = None  # the signal to the orchestrator whose notice ended the job (GRACE)
         self.events: queue.Queue[str] = queue.Queue()
         self.log_files: dict[str, TextIO] = {}
 
@@ -107,6 +108,7 @@ class JobRun:
                 failure = self._watch(stop)
             except StopRequested:
                 if self.grace is not None and self._notice(stop.signum):
+                    self.stopped_by = signal.Signals(stop.signum).name
                     return self.results  # every node ended 0 or 75: preempted, not interrupted
                 raise self._stopped(stop.signum) from None
             finally:

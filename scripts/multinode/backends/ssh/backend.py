@@ -71,7 +71,8 @@ class SshBackend:
                      log_dir=run.run_dir, deadline=spec.deadline, extra_stop=run.runtime.stop_line,
                      relabel=self.launcher.relabel(plan), rejoin=rejoin, before_stop=run.capture,
                      stalled=watchdog.stalled if watchdog else None, grace=spec.grace)
-        return JobEnd({name: result.exit_code for name, result in job.run().items()})
+        results = job.run()
+        return JobEnd({name: result.exit_code for name, result in results.items()}, stopped_by=job.stopped_by)
 
     def failed_rank(self, run, plan: LaunchPlan, node: str, lines: list[str]) -> int | None:
         return self.launcher.failed_rank(lines)
