@@ -107,7 +107,7 @@ class RefusingProxy:
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 if proxy.refuse and b"Action=RunInstances" in body:
-                    proxy.refused += 1
+                    proxy.refused += 1  # EC2 sends this document with HTTP 500
                     return self._answer(500, ICE.encode(), {"Content-Type": "text/xml"})
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 req = urllib.request.Request(target + self.path, data=body or None, headers=headers, method=self.command)
@@ -143,10 +143,13 @@ def test_no_capacity_is_capacity_refused_and_the_rest_stays(ec2, offline_terrafo
     provider = _provider(ssh_listener, [])
     inv = provider.up(_spec("tfice", nodes=3), state)
     saved, known = state.inventory_path.read_text(), state.known_hosts.read_text()
+    # The AWS provider retries InsufficientInstanceCapacity on RunInstances up to max_retries (default 25) times with
+    # back-off (terraform-provider-aws, internal/service/ec2 service_package: the code is marked retryable), minutes
+    # before the apply fails; an override file, Terraform's own mechanism, makes the first answer the last here.
+    (state.provider_dir / "terraform" / "test_override.tf").write_text('provider "aws" {\n  max_retries = 1\n}\n')
     proxy = RefusingProxy(moto_url)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # Terraform's AWS provider and boto3 both
-        monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")  # the SDK would retry a 5xx: one answer is enough here
         with pytest.raises(CapacityRefused) as err:
             provider.replace(state, inv, "node-2")
         assert str(err.value).startswith("node-2: no capacity for a replacement (EC2 said InsufficientInstanceCapacity)")

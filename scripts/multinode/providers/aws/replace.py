@@ -25,6 +25,9 @@ import re
 #   UnfulfillableCapacity         "there isn't enough spare capacity to fulfill your request for Spot Instances"
 #   MaxSpotInstanceCountExceeded  the account's spot instance limit: no spot instance can be had now
 #   SpotMaxPriceTooLow            the spot price is above the request's maximum price
+# Note: the AWS provider marks InsufficientInstanceCapacity on RunInstances retryable (terraform-provider-aws,
+# internal/service/ec2 service_package.go) and retries it up to its max_retries (default 25) with back-off, so on
+# EC2 a refusal reaches us only after minutes (tests/integration/test_aws_replace.py sets max_retries = 1).
 CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity",
                   "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow")
 _CAPACITY = re.compile(r"\b(" + "|".join(CAPACITY_CODES) + r")\b")
