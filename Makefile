@@ -3,6 +3,7 @@
 #   make up [PROVIDER=local|aws] [NODES=2] [SCHEDULER=slurm] [CLUSTER_TYPE=cpu|g4dn|g4ad] [REGION=.. SSH_CIDR=.. YES=1]
 #   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1] [QUEUE=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
+#              [GRACE=seconds] [RESUME=1] [RECOVER=N] [RECOVER_WAIT=seconds]
 #   make preempt NODE=1 [IN=seconds]           a spot interruption notice on a local node, as EC2 sends one
 #   make netcheck [NODES=n]                     the links (iperf3 matrix) and an all_reduce sweep, tables and a plot
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
@@ -74,6 +75,12 @@ export MULTINODE_STALL_TIMEOUT := $(STALL_TIMEOUT)
 export MULTINODE_SKEW := $(SKEW)
 export MULTINODE_LINKCHECK := $(LINKCHECK)
 export MULTINODE_IN := $(IN)
+# Preemption and recovery (docs/preemption.md): GRACE=seconds makes SIGTERM a notice to the ranks; RESUME=1
+# continues the latest preempted run; RECOVER=N recoveries after lost nodes, RECOVER_WAIT for a replacement.
+export MULTINODE_GRACE := $(GRACE)
+export MULTINODE_RESUME := $(RESUME)
+export MULTINODE_RECOVER := $(RECOVER)
+export MULTINODE_RECOVER_WAIT := $(RECOVER_WAIT)
 # PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
 export MULTINODE_REGION := $(REGION)
 export MULTINODE_SSH_CIDR := $(SSH_CIDR)
@@ -87,7 +94,7 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK QUEUE DRY_RUN"
+	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK GRACE RESUME RECOVER RECOVER_WAIT QUEUE DRY_RUN"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 

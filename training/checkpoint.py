@@ -1,12 +1,16 @@
 """A Trainer's snapshot: what of it goes into one (model, optimizer, scheduler, grad scaler, RNG states,
-the NEXT epoch, the early-stopping state and the loss before training) and how it comes back on resume.
+the NEXT epoch and the samples of it already trained, the global batch, the world size, the optimizer steps
+so far, the early-stopping state and the loss before training) and how it comes back on resume.
 Storage, atomic writes and the choice of the freshest snapshot across ranks are :mod:`training.snapshot`'s;
 the copy on a second node is :mod:`training.replica`'s (every rank calls :func:`save`; rank 0 writes).
 
 A preemption snapshot (:func:`save_preempted`) is taken mid-epoch: ``next_epoch`` is the epoch in progress and
-``batch`` the number of its batches already trained; a resumed run skips those batches of that epoch (the
-sampler's order is a function of seed and epoch) and restores the RNG states after creating its data
-iterator, so it continues bitwise where the preempted run stopped.
+``consumed`` the number of its samples already trained (snapshots from before it hold ``batch``, the batches
+per rank, read as ``batch x batch size x world size``). A resumed run continues that epoch's order from there
+(:mod:`training.sampler`) with the snapshot's global batch on however many ranks it has now: the same world
+size continues bitwise; another one re-shards the rest of the epoch and recomputes the accumulation. Rank 0
+logs the plan and prints ``RESUMED {json}`` (epoch, consumed, step, world_size_before, world_size,
+global_batch, accum, micro_batch, snapshot_from).
 
 ``--crash-during-snapshot k`` (a drill) SIGKILLs rank 0 halfway through writing the snapshot that follows
 epoch k, on the job's first attempt only, so the restarted job resumes from the previous snapshot.
@@ -24,53 +28,72 @@ from pathlib import Path
 
 import torch
 
-from training import preempt, replica, snapshot
+from training import preempt, replica, sampler, snapshot
 
 log = logging.getLogger("training")
 
 
-def restore(trainer) -> None:
-    """Load the freshest snapshot any rank holds into ``trainer`` (nothing when there is none)."""
-    state = snapshot.load_everywhere(trainer.t.snapshot_dir, trainer.world.rank, trainer.gather, trainer.broadcast)
-    if state is None:
-        return
+def restore(trainer) -> dict | None:
+    """Load the freshest snapshot any rank holds into ``trainer``, its batch plan included; what rank 0 prints
+    as ``RESUMED`` (None when there is no snapshot: a fresh start)."""
+    t, world = trainer.t, trainer.world
+    loaded = snapshot.load_freshest(t.snapshot_dir, world.rank, trainer.gather, trainer.broadcast)
+    if loaded is None:
+        return None
+    state = loaded.state
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.scaler.load_state_dict(state["scaler"])
     snapshot.set_rng_state(state["rng"])
+    before = int(state.get("world_size", world.world_size))
+    fresh = sampler.BatchPlan.fresh(t.batch_size, t.grad_accum, before)
+    trainer.plan = sampler.BatchPlan(int(state.get("global_batch", fresh.global_batch)), world.world_size, t.batch_size)
     trainer.start_epoch = state["next_epoch"]
-    trainer.start_batch = int(state.get("batch", 0))
-    trainer.resume_rng = state["rng"] if trainer.start_batch else None
+    # before `consumed`: `batch` batches of `batch_size` on each rank
+    old = int(state.get("batch", 0)) * t.batch_size * before
+    trainer.start_consumed = min(int(state.get("consumed", old)), len(trainer.workload.train))
+    trainer.step = int(state.get("step", 0))
     trainer.initial_test_loss = state.get("initial_test_loss")
     trainer.best, trainer.stale = state.get("early_stopping", (float("inf"), 0))
-    within = f" batch {trainer.start_batch}" if trainer.start_batch else ""
+    done = trainer.start_consumed
+    within = f" batch {-(-done // trainer.plan.global_batch)} (consumed {done} samples)" if done else ""
     log.info("resumed from snapshot: next epoch %d%s", trainer.start_epoch, within)
+    if before != world.world_size:
+        log.info("resized: %d ranks -> %d, the same global batch", before, world.world_size)
+    return {"epoch": trainer.start_epoch, "consumed": done, "step": trainer.step, "world_size_before": before,
+            "world_size": world.world_size, "global_batch": trainer.plan.global_batch,
+            "accum": trainer.plan.accum, "micro_batch": trainer.plan.micro_batch,
+            "snapshot_from": f"{loaded.host}:{loaded.path}"}
 
 
-def _state(trainer, next_epoch: int, batch: int) -> dict:
+def _state(trainer, next_epoch: int, consumed: int) -> dict:
     return {
         "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
-        "rng": snapshot.rng_state(), "next_epoch": next_epoch, "batch": batch, "workload": trainer.t.workload,
+        "rng": snapshot.rng_state(), "next_epoch": next_epoch, "consumed": consumed,
+        "global_batch": trainer.plan.global_batch, "world_size": trainer.world.world_size, "step": trainer.step,
+        "workload": trainer.t.workload,
         "initial_test_loss": trainer.initial_test_loss, "early_stopping": (trainer.best, trainer.stale),
     }
 
 
-def save(trainer, next_epoch: int, batch: int = 0) -> replica.Copies | None:
+def save(trainer, next_epoch: int, consumed: int = 0) -> replica.Copies | None:
     """Every rank, at the same point, with a snapshot directory: rank 0 writes ``trainer``'s snapshot (to resume
-    at ``next_epoch``, after ``batch`` batches of it), a rank on another node keeps a verified copy."""
+    at ``next_epoch``, after ``consumed`` samples of it), a rank on another node keeps a verified copy."""
     if not trainer.t.snapshot_dir:
         return None
     blob = None
     if trainer.world.rank == 0:
         crash = None
         first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        if next_epoch - 1 == trainer.t.crash_during_snapshot and first_attempt:
+        drill = trainer.t.crash_during_snapshot  # -1: off (and not "the snapshot of epoch 0's middle")
+        if drill >= 0 and next_epoch - 1 == drill and first_attempt:
             crash = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731  (a drill: die mid-write)
-        blob = snapshot.encode(_state(trainer, next_epoch, batch))
+        blob = snapshot.encode(_state(trainer, next_epoch, consumed))
         path = snapshot.write(trainer.t.snapshot_dir, blob, before_rename=crash)
-        log.info("snapshot saved: %s (next epoch %d%s)", path, next_epoch, f" batch {batch}" if batch else "")
+        log.info("snapshot saved: %s (next epoch %d%s)", path, next_epoch,
+                 f" consumed {consumed} samples" if consumed else "")
     if trainer.world.backend is None:
         return replica.Copies([(0, socket.gethostname(), str(Path(trainer.t.snapshot_dir) / snapshot.NAME))])
     copies = replica.replicate(blob, trainer.t.snapshot_dir, trainer.world.rank, trainer.hosts, trainer.gather,
@@ -80,21 +103,23 @@ def save(trainer, next_epoch: int, batch: int = 0) -> replica.Copies | None:
     return copies
 
 
-def save_preempted(trainer, epoch: int, batch: int, step: int) -> dict:
-    """Every rank, at the agreed step: one snapshot mid-epoch, replicated, and (rank 0) the report printed as
-    ``PREEMPTED {json}`` and written to ``<metrics dir>/preempted.json``."""
-    watcher = trainer.watcher
+def save_preempted(trainer, epoch: int, consumed: int) -> dict:
+    """Every rank, at the agreed step, after ``consumed`` samples of ``epoch``: one snapshot mid-epoch,
+    replicated, and (rank 0) the report printed as ``PREEMPTED {json}`` and written to
+    ``<metrics dir>/preempted.json``. Its batch is the optimizer steps of the epoch, its step those since the start."""
+    watcher, step = trainer.watcher, trainer.step
+    batch = -(-consumed // trainer.plan.global_batch)
     log.warning("preempted: every rank stops at epoch %d batch %d (step %d)", epoch, batch, step)
     mine = None if watcher.notice is None or watcher.notice.kind == "peer" else (
         watcher.noticed_at, watcher.notice.describe(), socket.gethostname())
     seen = trainer.gather(mine)
     start = time.time()
-    copies = save(trainer, epoch, batch)
+    copies = save(trainer, epoch, consumed)
     first = min(((n, r) for r, n in enumerate(seen) if n), default=(None, None))
     report = {"notice": first[0][1] if first[0] else None, "noticed_by_rank": first[1],
               "noticed_on": first[0][2] if first[0] else None, "noticed_at": first[0][0] if first[0] else None,
               "stopped_at": {"epoch": epoch, "batch": batch, "step": step}, "stopped_time": start,
-              "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch},
+              "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch, "consumed": consumed},
               "copies": copies.places if copies else [], "exit_code": preempt.EXIT_PREEMPTED}
     if trainer.world.rank == 0:
         print("PREEMPTED " + json.dumps(report), flush=True)

@@ -48,7 +48,7 @@ class TrainConfig:
     workload: str = "digits"
     total_epochs: int = 10
     save_every: int = 5
-    batch_size: int = 32  # per rank
+    batch_size: int = 32  # per rank: the largest micro-batch (a resume on fewer ranks accumulates more of them)
     lr: float | None = None  # None: the workload's default
     seed: int = 0
     grad_accum: int = 1
@@ -58,6 +58,7 @@ class TrainConfig:
     device: str = "auto"
     snapshot_dir: str | None = None
     metrics_dir: str | None = None
+    log_samples: bool = False  # rank 0 writes <metrics dir>/samples.jsonl: every rank's sample ids of each step
     data_dir: str = "data"
     steps_per_epoch: int = 0  # mlp workload: synthetic steps per epoch (0 = default)
     stop_after_epoch: int = -1  # drills: every rank exits 3 right after this (0-based) epoch's snapshot
@@ -79,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("save_every", nargs="?", type=int, help="snapshot every N epochs")
     p.add_argument("--config", help="YAML file with 'distributed' and 'training' sections")
     p.add_argument("--workload", choices=None, help=f"one of {', '.join(WORKLOADS)}")
-    p.add_argument("--batch-size", type=int, help="per-rank batch size")
+    p.add_argument("--batch-size", type=int, help="per-rank batch size (the largest micro-batch)")
     p.add_argument("--lr", type=float)
     p.add_argument("--seed", type=int)
     p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
@@ -89,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help=f"one of {', '.join(DEVICES)}")
     p.add_argument("--snapshot-dir")
     p.add_argument("--metrics-dir")
+    p.add_argument("--log-samples", action="store_const", const=True,
+                   help="rank 0 writes <metrics dir>/samples.jsonl: every rank's sample ids of each optimizer step")
     p.add_argument("--data-dir")
     p.add_argument("--steps-per-epoch", type=int)
     p.add_argument("--stop-after-epoch", type=int, help="exit with code 3 right after this (0-based) epoch and its snapshot")

@@ -7,8 +7,16 @@ SIGKILLs what is left. Without a notice it only waits for the command.
 
 Exit status: the command's own; 75 (:data:`training.preempt.EXIT_PREEMPTED`) when a notice ended it by a
 signal (the command did not choose a code of its own); 2 for bad input. Standard library only: it runs on the
-node before anything is imported. A launch line puts it in front of the rank's command (the agent's, under
-torchrun: the agent forwards SIGTERM to its workers).
+node before anything is imported. The launchers put it in front of a user script's command when GRACE is set
+(``multinode.plan.launchers.base.guard_argv``), and under torchrun in front of every worker.
+
+Ending preempted (75), the guard also:
+
+* writes the file ``$MULTINODE_PREEMPT_MARK`` names, if set: the node's note that its ranks were preempted
+  (torchrun's own exit code cannot say it; the launcher's shell turns the note into the node's 75);
+* under torchrun (``TORCHELASTIC_RUN_ID`` set by the agent for its workers), sends SIGTERM to its agent, its
+  parent: torch's agent restarts a worker group whose worker exited non-zero while restarts are left (75 is no
+  exception), and takes its shutdown path instead when it is signalled (``SimpleElasticAgent.run``, torch 2.13).
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ if __package__ in (None, ""):
 
 from training import imds  # noqa: E402
 from training.preempt import EXIT_PREEMPTED, Watcher  # noqa: E402
+
+MARK_ENV = "MULTINODE_PREEMPT_MARK"
+GUARD_ENV = "MULTINODE_GUARD"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,7 +64,7 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
     """Run ``command``; on a notice, its process group gets SIGTERM, ``grace`` seconds, then SIGKILL."""
     watcher = Watcher(imds.MetadataClient() if use_imds else None, grace, poll).start()
     try:
-        child = subprocess.Popen(command, start_new_session=True)
+        child = subprocess.Popen(command, start_new_session=True, env=_command_env(os.environ))
     except OSError as err:
         print(f"training.guard: cannot start {command[0]!r}: {err.strerror}", file=sys.stderr)
         return 2
@@ -74,8 +85,29 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
     done.set()
     watcher.close()
     if code < 0 and watcher.requested():
-        return EXIT_PREEMPTED  # ended by our signal: a preemption, not a failure
+        code = EXIT_PREEMPTED  # ended by our signal: a preemption, not a failure
+    if code == EXIT_PREEMPTED:
+        preempted(os.environ)
     return code if code >= 0 else 128 - code
+
+
+def preempted(env) -> None:
+    """The command ended preempted: note it for the node, and keep torchrun's agent from restarting it."""
+    mark = env.get(MARK_ENV)
+    if mark:
+        try:
+            with open(mark, "w") as fh:
+                fh.write(f"{os.getpid()}\n")
+        except OSError as err:
+            print(f"training.guard: cannot write {mark}: {err.strerror}", file=sys.stderr)
+    if env.get("TORCHELASTIC_RUN_ID") and os.getppid() > 1:
+        os.kill(os.getppid(), signal.SIGTERM)
+
+
+def _command_env(env) -> dict[str, str]:
+    """The command's environment: the guard's, less the variable that marks the guard's own process (the
+    launchers start it as ``env MULTINODE_GUARD=1 python -m training.guard``), so the rank it starts is the rank."""
+    return {key: value for key, value in env.items() if key != GUARD_ENV}
 
 
 def _signal_group(pid: int, sig: int) -> None:

@@ -11,8 +11,8 @@ one, from before checksums, is taken as it is). A copy of rank 0's snapshot live
 ``<dir>/replica/`` (:mod:`training.replica` sends it over the process group).
 
 On resume, every rank looks at its own disk (its snapshot and its replica) and the freshest complete
-copy (highest next epoch, then batch within it; the lowest rank on a tie) is broadcast by the rank that
-holds it: nodes share no filesystem, so most ranks have no file at all, and after an elastic restart or the
+copy (highest next epoch, then the samples of it already trained, ``consumed``; the lowest rank on a tie) is
+broadcast by the rank that holds it: nodes share no filesystem, so most ranks have no file at all, and after an elastic restart or the
 loss of node-0 global rank 0 may sit on a node other than the one that wrote the snapshot.
 """
 
@@ -22,6 +22,8 @@ import hashlib
 import io
 import os
 import random
+import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,12 +33,12 @@ import torch
 NAME = "snapshot.pt"
 SUM = "snapshot.sha256"
 REPLICA = "replica"  # the subdirectory holding a copy of another node's snapshot
-BATCH_SPAN = 2**32  # freshness = next_epoch * BATCH_SPAN + batch
+BATCH_SPAN = 2**32  # freshness = next_epoch * BATCH_SPAN + consumed (or, in snapshots before it, batch)
 
 
 def rng_state() -> dict[str, Any]:
     """Every random stream a resumed run continues (the data order itself is a function of seed and
-    epoch through DistributedSampler, so it needs no state of its own)."""
+    epoch, :mod:`training.sampler`, so it needs no state of its own)."""
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state()  # the current device's generator
@@ -111,13 +113,16 @@ def read(directory: str | Path | None) -> bytes | None:
 
 
 def freshness(state: dict[str, Any]) -> int:
-    """Later is larger: the next epoch, then the batch within it (a mid-epoch preemption snapshot)."""
-    return int(state["next_epoch"]) * BATCH_SPAN + int(state.get("batch", 0))
+    """Later is larger: the next epoch, then the samples of it already trained (a mid-epoch preemption
+    snapshot; ``batch``, its count of batches, in snapshots written before ``consumed`` existed)."""
+    within = state["consumed"] if "consumed" in state else state.get("batch", 0)
+    return int(state["next_epoch"]) * BATCH_SPAN + int(within)
 
 
-def freshest_here(directory: str | Path | None) -> tuple[int, bytes | None]:
-    """(freshness, blob) of the freshest complete copy in ``directory`` or its replica; (-1, None) if none."""
-    best: tuple[int, bytes | None] = (-1, None)
+def freshest_copy_here(directory: str | Path | None) -> tuple[int, bytes | None, str | None]:
+    """(freshness, blob, path) of the freshest complete copy in ``directory`` or its replica; (-1, None, None)
+    if none."""
+    best: tuple[int, bytes | None, str | None] = (-1, None, None)
     if directory is None:
         return best
     for place in (Path(directory), Path(directory) / REPLICA):
@@ -125,8 +130,13 @@ def freshest_here(directory: str | Path | None) -> tuple[int, bytes | None]:
         if blob is not None:
             key = freshness(decode(blob))
             if key > best[0]:
-                best = (key, blob)
+                best = (key, blob, str(place / NAME))
     return best
+
+
+def freshest_here(directory: str | Path | None) -> tuple[int, bytes | None]:
+    """(freshness, blob) of the freshest complete copy in ``directory`` or its replica; (-1, None) if none."""
+    return freshest_copy_here(directory)[:2]
 
 
 def decode(blob: bytes) -> dict[str, Any]:
@@ -147,3 +157,25 @@ def load_everywhere(directory: str | Path | None, rank: int, gather, broadcast) 
     src = epochs.index(best)
     blob = broadcast(blob if rank == src else None, src)
     return decode(blob)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """The freshest snapshot, and where it came from."""
+
+    state: dict[str, Any]
+    rank: int  # the rank that held it and broadcast it
+    host: str
+    path: str
+
+
+def load_freshest(directory: str | Path | None, rank: int, gather, broadcast) -> Loaded | None:
+    """:func:`load_everywhere`, and where the snapshot came from (the rank, its host and the file)."""
+    key, blob, path = freshest_copy_here(directory)
+    offers = gather((key, socket.gethostname(), path))
+    keys = [offer[0] for offer in offers]
+    if max(keys) < 0:
+        return None
+    src = keys.index(max(keys))
+    blob = broadcast(blob if rank == src else None, src)
+    return Loaded(decode(blob), src, offers[src][1], offers[src][2])

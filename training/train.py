@@ -7,7 +7,10 @@
 
 Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the seed scripts;
 ``--help`` lists the rest (--workload, --config, --snapshot-dir, --metrics-dir, --timeout, --device,
---backend, --data-plane, --lr, --seed, --grad-accum, --amp, --patience, --stop-after-epoch ...).
+--backend, --data-plane, --lr, --seed, --grad-accum, --amp, --patience, --stop-after-epoch, --log-samples ...).
+The global batch is ``--batch-size x --grad-accum x world size`` on a fresh start; a resume keeps its
+snapshot's, on any world size (rank 0 logs ``global batch G = W ranks x S samples (A micro-batches of up to
+M)`` and prints ``RESUMED {json}``, see ``training/checkpoint.py``).
 
 Rank 0 ends with ``RESULT {json}`` (what the orchestrator's summary reads: workload, launcher,
 world_size, backend, data_plane, test_accuracy | loss_reduction | collective_ok, ...).
@@ -136,12 +139,11 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
 
     log = logging.getLogger("training")
     t = cfg.training
-    log.info("%s: %s, world size %d, backend %s, per-rank batch %d, global batch %d, %d epochs",
-             t.workload, world.launch.launcher, world.world_size, world.backend or "none",
-             t.batch_size, t.batch_size * world.world_size, t.total_epochs)
-    trainer = Trainer(cfg, world, workload, device, plane)
+    log.info("%s: %s, world size %d, backend %s, %d epochs", t.workload, world.launch.launcher,
+             world.world_size, world.backend or "none", t.total_epochs)
+    trainer = Trainer(cfg, world, workload, device, plane)  # logs the global batch (a resume keeps its own)
     result.update(epochs=t.total_epochs, seed=t.seed, batch_size=t.batch_size,
-                  global_batch=t.batch_size * world.world_size)
+                  global_batch=trainer.plan.global_batch, accum=trainer.plan.accum)
     result["data_plane"] = data_plane_name(trainer, world)
     try:
         result.update(trainer.train())

@@ -1,19 +1,25 @@
 """The Trainer, in the shape of pytorch/examples' multinode Trainer, minus its bugs.
 
-* DistributedSampler with ``set_epoch`` (a different shuffle every epoch, the same on every rank);
+* the batch order of :mod:`training.sampler`: DistributedSampler's shuffle (a different one every epoch, the
+  same on every rank), cut into optimizer steps of one global batch ``G`` (``--batch-size x --grad-accum x
+  world size`` on a fresh start, the snapshot's on a resume), each rank's share of a step in micro-batches of
+  at most ``--batch-size``; no padding: every sample once per epoch. Rank 0 logs ``global batch G = W ranks x
+  S samples (A micro-batches of up to M)`` at the start (a resume on another world size is a resize);
 * gradients averaged by DDP (gloo/NCCL/RCCL) or by MPI (``mpi_plane``), with gradient accumulation
-  (``no_sync`` on the micro-steps in between) and AMP on GPU (bf16, or fp16 with a GradScaler);
+  (``no_sync`` on the micro-steps in between), each micro-batch's mean loss weighted by its share of the step
+  so the gradient is the step's mean whatever the world size; AMP on GPU (bf16, or fp16 with a GradScaler);
 * validation every epoch with loss and accuracy summed across ranks; test at the end;
 * early stopping decided on rank 0 and broadcast, so every rank stops at the same epoch;
 * snapshots of the NEXT epoch (a resumed run never repeats one) with optimizer, scheduler, scaler
-  and RNG states, written by global rank 0 atomically; on resume the rank holding the freshest
-  snapshot broadcasts it (after an elastic restart that need not be rank 0) -- :mod:`training.checkpoint`;
+  and RNG states, the global batch, the world size and the step count, written by global rank 0 atomically;
+  on resume the rank holding the freshest snapshot broadcasts it (after an elastic restart that need not be
+  rank 0) and rank 0 prints ``RESUMED {json}`` -- :mod:`training.checkpoint`;
   ``--stop-after-epoch k`` ends every rank right after epoch k's snapshot (StoppedAfterEpoch);
   a copy of every snapshot is kept on a second node (:mod:`training.replica`);
 * a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
-  snapshot is written and replicated (Preempted, exit 75); a resume continues at that batch, bitwise;
-* ``metrics.jsonl`` (rank 0): one line per epoch with loss, accuracy, samples/s, step and
-  communication time, and a final test line.
+  snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
+  world size bitwise, on another one with the same global batch;
+* ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``) and the step heartbeat -- :mod:`training.runlog`.
 """
 
 from __future__ import annotations
@@ -31,13 +37,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DataLoader
 
-from training import checkpoint, preempt, replica, snapshot
+from training import checkpoint, preempt, replica, sampler
 from training.ddp_comm import CommTimer, settle_buckets
 from training.config import Config
 from training.dist_env import World
 from training.mpi_plane import MpiGradients
+from training.runlog import RunLog
 from training.workloads import Workload
 
 log = logging.getLogger("training")
@@ -77,10 +84,15 @@ class Trainer:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp_dtype is torch.float16)
         self.mpi: MpiGradients | None = None
         self.timer = CommTimer()
-        self.start_epoch, self.start_batch, self.resume_rng = 0, 0, None  # a mid-epoch snapshot sets the last two
+        self.start_epoch, self.start_consumed = 0, 0  # a mid-epoch snapshot sets the samples already trained
+        self.step = 0  # optimizer steps since the start of training; kept in snapshots
+        self.plan = sampler.BatchPlan.fresh(self.t.batch_size, self.t.grad_accum, world.world_size)
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
-        checkpoint.restore(self)
+        resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
+        log.info("%s", self.plan.describe())
+        if resumed is not None and world.rank == 0:
+            print("RESUMED " + json.dumps(resumed), flush=True)
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()
@@ -92,11 +104,9 @@ class Trainer:
             settle_buckets(self.net, workload.train, device)  # the same bucket layout fresh or resumed
         else:
             self.net = self.model
-        self.train_loader = self._loader(workload.train, shuffle=True)
-        self.val_loader = self._loader(workload.val, shuffle=False)
-        self.test_loader = self._loader(workload.test, shuffle=False)
-        self.metrics = self._metrics_file()
-        self._last_beat = 0.0
+        self.val_loader = self._loader(workload.val)
+        self.test_loader = self._loader(workload.test)
+        self.runlog = RunLog(self.t.metrics_dir, world.rank, self.t.log_samples)
         self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
         self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
         device_for_sum = device if world.backend == "nccl" else None
@@ -104,37 +114,11 @@ class Trainer:
 
     # --- plumbing -----------------------------------------------------------------------
 
-    def _loader(self, dataset, shuffle: bool) -> DataLoader:
-        """Training: DistributedSampler (also for one process, so the shuffle depends only on seed
-        and epoch and a resumed run sees the same batches). Evaluation: a strided shard per rank,
-        without the sampler's padding, so every sample is counted exactly once."""
-        if shuffle:
-            sampler = DistributedSampler(dataset, num_replicas=self.world.world_size, rank=self.world.rank,
-                                         shuffle=True, seed=self.t.seed, drop_last=False)
-        else:
-            sampler = range(self.world.rank, len(dataset), self.world.world_size)
-        return DataLoader(dataset, batch_size=self.t.batch_size, sampler=sampler)
-
-    def _metrics_file(self):
-        if self.world.rank != 0 or not self.t.metrics_dir:
-            return None
-        Path(self.t.metrics_dir).mkdir(parents=True, exist_ok=True)
-        return open(Path(self.t.metrics_dir) / "metrics.jsonl", "a", encoding="utf-8")
-
-    def _heartbeat(self) -> None:
-        """Touch ``<metrics dir>/heartbeat-rank<R>`` (at most once a second) after a step or evaluation batch:
-        the launcher's stall watchdog (STALL_TIMEOUT) reads its time as this rank's progress."""
-        now = time.monotonic()
-        if not self.t.metrics_dir or now - self._last_beat < 1.0:
-            return
-        self._last_beat = now
-        Path(self.t.metrics_dir).mkdir(parents=True, exist_ok=True)
-        (Path(self.t.metrics_dir) / f"heartbeat-rank{self.world.rank}").touch()
-
-    def _record(self, **row) -> None:
-        if self.metrics:
-            self.metrics.write(json.dumps(row) + "\n")
-            self.metrics.flush()
+    def _loader(self, dataset) -> DataLoader:
+        """Evaluation: a strided shard per rank, without padding, so every sample is counted exactly once.
+        (Training batches come from :mod:`training.sampler`.)"""
+        shard = range(self.world.rank, len(dataset), self.world.world_size)
+        return DataLoader(dataset, batch_size=self.t.batch_size, sampler=shard)
 
     def broadcast(self, obj, src: int = 0):
         if self.world.backend is None:
@@ -165,13 +149,18 @@ class Trainer:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
 
-    def _run_batch(self, x: torch.Tensor, y: torch.Tensor, boundary: bool) -> float:
-        """Forward and backward of one micro-batch; at an accumulation boundary, average the gradients
-        (DDP does it inside backward, the MPI plane here) and step. Returns the batch's mean loss."""
+    def _run_batch(self, x: torch.Tensor, y: torch.Tensor, divisor: float, boundary: bool) -> float:
+        """Forward and backward of one micro-batch, its mean loss divided by ``divisor`` (its weight in the
+        step, :func:`training.sampler.loss_divisor`); at the step's last micro-batch, average the gradients
+        (DDP does it inside backward, the MPI plane here) and step. Returns the micro-batch's summed loss.
+        An empty micro-batch (a rank with nothing left in the epoch's last step) still runs backward, on a zero
+        loss, so this rank takes part in the gradient average."""
         sync_ctx = self.net.no_sync() if isinstance(self.net, DDP) and not boundary else contextlib.nullcontext()
         with sync_ctx:
             with self._autocast():
-                loss = self.workload.loss(self.net(x), y) / self.t.grad_accum
+                out = self.net(x)
+                mean = self.workload.loss(out, y) if len(x) else out.float().sum() * 0.0
+                loss = mean / divisor
             self.scaler.scale(self.mpi.prescale(loss) if self.mpi else loss).backward()
         if boundary:
             if self.mpi:
@@ -179,50 +168,60 @@ class Trainer:
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.optimizer.zero_grad(set_to_none=True)
-        return loss.item() * self.t.grad_accum
+        return mean.item() * len(x)
 
-    def _run_epoch(self, epoch: int) -> dict:
-        self.net.train()
-        sampler = self.train_loader.sampler
-        if isinstance(sampler, DistributedSampler):
-            sampler.set_epoch(epoch)
-        comm_before = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
-        total_loss, samples, steps = 0.0, 0, 0
-        step_times = []
-        batches = iter(self.train_loader)  # draws the loader's seed from the RNG: a mid-epoch resume restores after
-        skip = self.start_batch if epoch == self.start_epoch else 0
-        if skip and self.resume_rng is not None:
-            snapshot.set_rng_state(self.resume_rng)
+    def _run_step(self, step: sampler.Step) -> float:
+        """This rank's micro-batches of one optimizer step; their summed loss."""
+        total = 0.0
+        last = len(step.micro_batches) - 1
+        for k, ids in enumerate(step.micro_batches):
+            x, y = self.workload.train[torch.tensor(ids, dtype=torch.long)]
+            divisor = sampler.loss_divisor(len(ids), self.world.world_size, step.size) if ids else 1.0
+            total += self._run_batch(x.to(self.device), y.to(self.device), divisor, boundary=k == last)
+        return total
+
+    def _steps(self, epoch: int):
+        """This rank's steps of ``epoch`` (from the snapshot's sample on, in the epoch a resume starts in)."""
+        consumed = self.start_consumed if epoch == self.start_epoch else 0
+        order = sampler.epoch_order(len(self.workload.train), self.t.seed, epoch)
+        steps = sampler.steps(order, self.plan, self.world.rank, consumed)
         # mpirun gives every rank a pty, so isatty() says nothing there: no bar under MPI.
         if self.world.rank == 0 and sys.stdout.isatty() and self.world.launch.launcher != "mpirun":
             from tqdm import tqdm
 
-            batches = tqdm(batches, desc=f"epoch {epoch}", leave=False, total=len(self.train_loader))
-        start = time.perf_counter()
-        step_start = start
-        for i, (x, y) in enumerate(batches):
-            if i < skip:  # trained before the preemption snapshot
-                continue
-            x, y = x.to(self.device), y.to(self.device)
-            boundary = (i + 1) % self.t.grad_accum == 0 or i + 1 == len(self.train_loader)
-            total_loss += self._run_batch(x, y, boundary) * len(x)
-            samples += len(x)
-            if boundary:
-                steps += 1
-                now = time.perf_counter()
-                step_times.append(now - step_start)
-                step_start = now
-                self._heartbeat()
-                if self.agreement.step():  # the same step on every rank
-                    report = checkpoint.save_preempted(self, epoch, i + 1, self.agreement.steps)
-                    raise Preempted(report)
-        elapsed = time.perf_counter() - start
+            left = sampler.steps_left(len(order), self.plan, consumed)
+            steps = tqdm(steps, desc=f"epoch {epoch}", leave=False, total=left)
+        return steps
+
+    def _after_step(self, epoch: int, step: sampler.Step) -> None:
+        """The step's sample log and heartbeat; a notice agreed on by every rank ends the run here."""
+        self.step += 1
+        if self.t.log_samples:
+            self.runlog.step_samples(epoch, self.step, self.gather(step.ids))
+        self.runlog.heartbeat(self.step)
+        if self.agreement.step():  # the same step on every rank
+            raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
+
+    def _run_epoch(self, epoch: int) -> dict:
+        self.net.train()
+        comm_before = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
+        total_loss, samples, step_times = 0.0, 0, []
+        start = step_start = time.perf_counter()
+        for step in self._steps(epoch):
+            total_loss += self._run_step(step)
+            samples += len(step.ids)
+            now = time.perf_counter()
+            step_times.append(now - step_start)
+            step_start = now
+            self._after_step(epoch, step)
+        elapsed = max(time.perf_counter() - start, 1e-9)
         self.scheduler.step()
         comm = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0) - comm_before
         loss_sum, n = self._sum([total_loss, samples])
         step_times.sort()
+        steps = len(step_times)
         return {"loss": loss_sum / n if n else float("nan"), "samples_per_s": round(n / elapsed, 1), "steps": steps,
-                "step_time_s": round(step_times[len(step_times) // 2], 5) if step_times else None,
+                "step_time_s": round(step_times[steps // 2], 5) if step_times else None,
                 "comm_time_s": round(comm / max(steps, 1), 5), "epoch_time_s": round(elapsed, 3)}
 
     @torch.no_grad()
@@ -237,7 +236,7 @@ class Trainer:
             if self.workload.classification:
                 correct += (out.argmax(1) == y).sum().item()
             n += len(x)
-            self._heartbeat()
+            self.runlog.heartbeat(self.step)
         loss_sum, correct, n = self._sum([loss_sum, correct, n])
         result = {"loss": loss_sum / n}
         if self.workload.classification:
@@ -253,7 +252,7 @@ class Trainer:
             stats = self._run_epoch(epoch)
             val = self.evaluate(self.val_loader)
             row = {"epoch": epoch, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
-            self._record(**row)
+            self.runlog.record(**row)
             acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
             log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
                      epoch + 1, self.t.total_epochs, stats["loss"], val["loss"], acc, stats["samples_per_s"],
@@ -283,13 +282,12 @@ class Trainer:
             result["test_accuracy"] = test["accuracy"]
         if not self.workload.classification:
             result["loss_reduction"] = self.initial_test_loss / max(test["loss"], 1e-12)
-        self._record(event="test", world_size=self.world.world_size, **result)
+        self.runlog.record(event="test", world_size=self.world.world_size, **result)
         if self.world.rank == 0 and self.t.metrics_dir:
             torch.save(self.model.state_dict(), Path(self.t.metrics_dir) / "final_model.pt")
         return result
 
     def close(self) -> None:
         """Release the metrics file and the DDP reducer (it must die before the process group does)."""
-        if self.metrics:
-            self.metrics.close()
+        self.runlog.close()
         self.net = self.model

@@ -3,7 +3,8 @@
     multinode up     [--provider local|aws] [--nodes N] [--cluster-type cpu|g4dn|g4ad] [--mtu M] [-o key=value]
     multinode train  [--task multinode.yaml] [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto]
                      [--script PATH|"-m pkg.mod"] [--args "..."] [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"]
-                     [--launcher auto|torchrun|static] [--dry-run]
+                     [--launcher auto|torchrun|static] [--grace S] [--resume] [--recover N] [--recover-wait S]
+                     [--dry-run]
     multinode down | status | logs [--run ID] [--node I] | stacks [--run ID] | ssh NODE [CMD...] | reap --region R [--yes]
 
 Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default;
@@ -97,6 +98,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     train.add_argument("--skew", help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
     train.add_argument("--linkcheck", help="a node whose link is far slower than the others': refuse (default), warn, "
                                            "or off (docs/network.md)")
+    train.add_argument("--grace", metavar="SECONDS", help="SIGTERM is a notice to the ranks (MULTINODE_GRACE): they "
+                                                          "get this long to checkpoint before SIGKILL (docs/preemption.md)")
+    train.add_argument("--resume", action="store_const", const="1",
+                       help="continue the cluster's latest preempted or interrupted run (make train RESUME=1)")
+    train.add_argument("--recover", metavar="N", help="recoveries allowed after losing nodes (default 0: off)")
+    train.add_argument("--recover-wait", metavar="SECONDS",
+                       help="seconds to wait for a replacement node before going on with fewer (default 120)")
     train.add_argument("--run-id", default=env_default("RUN_ID"))
     train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
     train.add_argument("--queue", action="store_true", help="a cluster with a run in progress: wait for it to end "

@@ -13,7 +13,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-SECTIONS = {"collectives", "launch", "control_plane", "throughput", "mpi_vs_ddp"}
+SECTIONS = {"collectives", "launch", "control_plane", "throughput", "mpi_vs_ddp", "recovery"}
 
 
 def test_every_benchmark_runs_and_writes_its_files(tmp_path):
@@ -23,7 +23,7 @@ def test_every_benchmark_runs_and_writes_its_files(tmp_path):
 
     with NamespaceWatch() as watch:
         res = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out-dir", str(tmp_path)], cwd=REPO,
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     data = json.loads((tmp_path / "benchmarks.json").read_text())
     assert set(data) == SECTIONS
@@ -40,16 +40,20 @@ def test_every_benchmark_runs_and_writes_its_files(tmp_path):
     assert set(data["launch"]["result"]["medians"]["2"]) >= {"ours", "pdsh + torchrun", "serial ssh"}
     assert data["throughput"]["result"]["ours_samples_per_s"] > 0
     assert set(data["control_plane"]["result"]["rows"]) == {"2", "4"}  # a cluster of its own per N
+    recovery = data["recovery"]["result"]["runs"]
+    assert len(recovery["ours"]) == len(recovery["restart"]) == 1 and "steps_lost" in recovery["ours"][0]
     page = (tmp_path / "benchmarks.md").read_text()
     for heading in ("## Collectives", "## Launch overhead", "## Control plane at scale", "## Training throughput",
-                    "## MPI gradient data plane"):
+                    "## MPI gradient data plane", "## Recovery"):
         assert heading in page
     assert "QUICK mode" in page
     for png in ("collectives.png", "launch.png", "control_plane.png", "throughput.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
-    # The benchmark's own cluster and the control plane's, one per N: the independent leak check on each.
-    clusters = re.findall(r"^(?:control_plane: )?cluster (\S+) is up \(.*MULTINODE_HOME=(\S+?)\)$", res.stdout, re.MULTILINE)
-    assert len(clusters) == 3, res.stdout
+    # The benchmark's own cluster, the control plane's (one per N) and the recovery section's (one per run): the
+    # independent leak check on each.
+    clusters = re.findall(r"^(?:control_plane: |recovery: )?cluster (\S+) is up \(.*MULTINODE_HOME=(\S+?)\)$",
+                          res.stdout, re.MULTILINE)
+    assert len(clusters) == 5, res.stdout
     for name, home in clusters:
         assert watch.seen.get(name), f"the watch never saw {name}'s namespaces"
         assert_nothing_left(watch.marks_seen(name, Path(home)))

@@ -65,6 +65,12 @@ CASES: dict[str, tuple[Inventory, list[str]]] = {
     "slurm-cpu": (SLURM3, ["--nodes", "3"]),
     "slurm-mpi": (SLURM3, ["--nodes", "2", "--mode", "mpi", "--nproc", "2"]),
     "slurm-project": (SLURM3, ["--nodes", "2", "--workdir", "{project}", "--script", "train.py"]),
+    # GRACE (docs/preemption.md): MULTINODE_GRACE for every rank, the guard, each launcher's own SIGKILL wait.
+    "grace-project": (CPU3, ["--nodes", "2", "--workdir", "{project}", "--script", "train.py", "--grace", "30"]),
+    "grace-torchrun": (CPU3, ["--nodes", "3", "--launcher", "torchrun", "--max-restarts", "1", "--grace", "30"]),
+    "grace-mpi-project": (CPU3, ["--nodes", "2", "--mode", "mpi", "--workdir", "{project}", "--script", "train.py",
+                                 "--grace", "30"]),
+    "grace-slurm": (SLURM3, ["--nodes", "2", "--grace", "30"]),
 }
 
 

@@ -119,3 +119,32 @@ def test_recorded_all_slow_alike_and_noisy_but_healthy_pass():
     assert links.judge(_recorded([(s, d, 40.0 + 3 * i) for i, (s, d, _) in enumerate(THROTTLED)]), {}).verdict == "ok"
     noisy = [(s, d, m) for (s, d, _), m in zip(THROTTLED, (2100, 8900, 5200, 3100, 9400, 6100))]
     assert links.judge(_recorded(noisy), {}).verdict == "ok"
+
+
+class _Probes:
+    """A runner whose probes report ``mbit(src, dst, nodes_in_round)`` for every ring link of the round."""
+
+    def __init__(self, inv, mbit):
+        self.inventory, self.mbit, self.rounds = inv, mbit, []
+
+    def run_each(self, commands, timeout):
+        from types import SimpleNamespace
+
+        names = list(commands)
+        self.rounds.append(names)
+        ring = links.neighbours(names)
+        answers = {n: _answer(n, {p: self.mbit(p, n, len(names)) for p in ring[n]}, {p: 0.1 for p in ring[n]})
+                   for n in names}
+        return {n: SimpleNamespace(stdout=a, stderr="", exit_code=0, error=None) for n, a in answers.items()}
+
+
+def test_a_node_named_in_a_crowded_round_is_measured_again_alone_and_kept_only_if_slow_again(make_inv):
+    inv = make_inv(8)
+    crowded = _Probes(inv, lambda s, d, n: 20.0 if "node-5" in (s, d) and n == 8 else 400.0)  # the scheduler's noise
+    report = links.confirm(crowded, inv, 29501, links.measure(crowded, inv, 29501))
+    assert report.verdict == "ok" and report.culprits == [] and report.rechecked == {"node-5": "ok"}
+    assert crowded.rounds[1] == ["node-4", "node-5", "node-6"]  # alone with its two ring neighbours
+    throttled = _Probes(inv, lambda s, d, n: 20.0 if "node-5" in (s, d) else 9000.0)
+    report = links.confirm(throttled, inv, 29501, links.measure(throttled, inv, 29501))
+    assert report.culprits == ["node-5"] and report.verdict.startswith("node-5: 20 Mbit/s")
+    assert report.rechecked["node-5"].startswith("node-5: ")

@@ -194,3 +194,21 @@ def test_guard_refuses_bad_input_in_one_line(capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, err
     assert guard.parse(["--grace", "5", "--", "python", "x.py"]).command == ["python", "x.py"]
+
+
+def test_a_guard_ending_preempted_notes_it_and_under_torchrun_signals_its_agent(tmp_path, monkeypatch):
+    from training import guard
+    sent = []
+    monkeypatch.setattr(guard.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    monkeypatch.setattr(guard.os, "getppid", lambda: 4242)
+    mark = tmp_path / "preempted"
+    guard.preempted({guard.MARK_ENV: str(mark)})  # not under torchrun: the note only
+    assert mark.is_file() and sent == []
+    guard.preempted({"TORCHELASTIC_RUN_ID": "r1"})  # a torchrun worker: its agent shuts down instead of restarting
+    assert sent == [(4242, signal.SIGTERM)]
+    guard.preempted({guard.MARK_ENV: str(tmp_path / "no" / "such" / "dir")})  # cannot write it: said, not raised
+
+
+def test_the_guards_command_does_not_carry_the_guards_own_mark():
+    from training import guard
+    assert guard._command_env({"MULTINODE_GUARD": "1", "RANK": "3"}) == {"RANK": "3"}

@@ -54,7 +54,7 @@ from multinode.diagnose.capture import Capture, capture
 from multinode.diagnose.rank import log_lines, own_failure, pick_root_cause, root_cause
 from multinode.diagnose.report import save
 from multinode.diagnose.summary import (Phases, RunSummary, describe, fetch_metrics, parse_preempted, parse_result,
-                                        result_from_metrics)
+                                        parse_resumed, result_from_metrics)
 from multinode.diagnose.watchdog import StallWatchdog
 from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import Runtime, runtime_for
@@ -83,6 +83,9 @@ class Run:
         self.runner: RemoteRunner | None = None
         self.captured: Capture | None = None
         self.links: dict | None = None  # the link check's report (pre-flight, or after a broken connection)
+        self.summary: RunSummary | None = None  # as saved, however the run ended
+        self.started_at: float | None = None  # Unix time the job was launched
+        self.resumed: dict | None = None  # our trainer's RESUMED report: the snapshot this run continued from
         self._start = time.monotonic()
 
     # --- the template ------------------------------------------------------------------
@@ -190,6 +193,7 @@ class Run:
         if watchdog is not None:
             watchdog.start()
         self.phases.mark("start")
+        self.started_at = time.time()
         return watchdog
 
     def watch(self, watchdog: StallWatchdog | None) -> JobEnd:
@@ -244,23 +248,27 @@ class Run:
         stacks = str(save(self.run_dir / "stacks", self.captured.per_node, self.captured.errors)) \
             if self.captured else None
         logs = [self.run_dir / f"{n.name}.log" for n in self.inv.nodes]
+        self.resumed = self._resumed_from(logs)
         if any(connection_error(p.read_text(errors="replace").splitlines()) for p in logs if p.exists()):
             self.check_links("report", after_failure=True)
         summary = self._summary(plan, err.exit_codes, result=None, metrics=None, failed_node=first.node,
                                 failed_rank=rank, cause=culprit.describe() if culprit else None, stacks=stacks)
-        self._save(summary)
+        self.save(summary)
         return JobFailed(first, rank=rank, summary=describe(summary))
 
     def summarize(self, plan, end: JobEnd, metrics: str | None) -> RunSummary:
         head_log = self.run_dir / f"{self.inv.head.name}.log"
         lines = head_log.read_text(errors="replace").splitlines() if head_log.exists() else []
         result = parse_result(end.lines or lines) or result_from_metrics(metrics)
+        self.resumed = parse_resumed(end.lines or lines)
         preempted = None
         if EXIT_PREEMPTED in end.exit_codes.values():  # ranks stopped on a notice (training/preempt.py)
             preempted = parse_preempted(end.lines or lines) or {"notice": "a rank exited 75 (preempted) with no report"}
+            if end.stopped_by:  # the orchestrator itself was stopped: its own notice, not the cluster's
+                preempted["stopped_by"] = end.stopped_by
         summary = self._summary(plan, end.exit_codes, result=result, metrics=metrics, preempted=preempted)
         self.phases.mark("summary")
-        self._save(summary)
+        self.save(summary)
         if preempted is not None:
             raise Preempted(describe(summary))  # exit 75: not a failure, and the summary says how to resume
         print(describe(summary), file=self.out)
@@ -274,5 +282,15 @@ class Run:
                           wall_seconds=round(time.monotonic() - self._start, 2), log_dir=str(self.run_dir),
                           phases=self.phases.seconds, links=self.links, **how)
 
-    def _save(self, summary: RunSummary) -> None:
+    def _resumed_from(self, logs: list) -> dict | None:
+        """The RESUMED report in whichever node log holds rank 0's lines (the head's, unless it was lost)."""
+        for path in logs:
+            report = parse_resumed(path.read_text(errors="replace").splitlines()) if path.exists() else None
+            if report is not None:
+                return report
+        return None
+
+    def save(self, summary: RunSummary) -> None:
+        """``summary.json``: written here (and again by a recovery that adds its timeline), nowhere else."""
+        self.summary = summary
         (self.run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))

@@ -10,9 +10,11 @@ import logging
 import os
 import shlex
 import sys
+from dataclasses import replace
 from typing import TextIO
 
 from multinode.app.netcheck import netcheck as measure_network
+from multinode.app.recover import Recovery, resumable_run
 from multinode.app.run import Run
 from multinode.backends.slurm.script import sinfo_command
 from multinode.checks.preflight import probe_ssh
@@ -110,8 +112,13 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Se
     from. Without one the output is what it always was."""
     state = ClusterState.for_cluster(cluster)
     task = settled.task if settled else None
+    if spec.resume and not spec.dry_run:
+        spec = replace(spec, run_id=resumable_run(state))
+        print(f"RESUME=1: continuing run {spec.run_id} from its freshest snapshot", file=out or sys.stdout)
     try:
-        run = Run(state, state.load_inventory(), spec, out)
+        inventory = state.load_inventory()
+        run = Recovery(state, inventory, spec, out) if spec.recover and not spec.dry_run \
+            else Run(state, inventory, spec, out)
         if task and not spec.dry_run:
             print(f"task file {task.shown}: {', '.join(k for k in task.values if k not in task.implied)} "
                   f"(flags and make variables win over it; DRY_RUN=1 shows each value's source)", file=run.out)

@@ -18,6 +18,7 @@ class JobEnd:
 
     exit_codes: dict[str, int | None]
     lines: list[str] = field(default_factory=list)
+    stopped_by: str | None = None  # a signal to the orchestrator (Ctrl-C...) that, with GRACE, ended it preempted
 
 
 class Backend(Protocol):

@@ -37,6 +37,8 @@ DEFAULT_STALL_TIMEOUT = 300
 SKEW_MODES = ("refuse", "warn")  # nodes whose software differs: refuse the job at pre-flight, or warn and run
 LINKCHECK_MODES = ("refuse", "warn", "off")  # a slow link at pre-flight: refuse, warn and run, or measure nothing
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
+# Seconds a run waits for a replacement node before it goes on with fewer nodes (RECOVER_WAIT).
+DEFAULT_RECOVER_WAIT = 120.0
 
 
 def env_default(name: str, default: str | None = None) -> str | None:
@@ -83,6 +85,20 @@ ELASTIC = re.compile(r"^(\d+):(\d+)$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
+def _check_preemption(spec: "LaunchSpec") -> None:
+    """GRACE, RESUME, RECOVER, RECOVER_WAIT: one line naming the value and the fix."""
+    if spec.grace is not None and not spec.grace > 0:
+        raise UserError(f"GRACE={spec.grace:g} must be a positive number of seconds, e.g. GRACE=60 (the time ranks "
+                        f"get between SIGTERM and SIGKILL); leave GRACE unset for none")
+    if not isinstance(spec.resume, bool):
+        raise UserError(f"RESUME={spec.resume!r} must be 1 (continue the latest preempted run) or 0")
+    if spec.recover < 0:
+        raise UserError(f"RECOVER={spec.recover} must be 0 (off) or the number of recoveries allowed, e.g. RECOVER=2")
+    if spec.recover_wait < 0:
+        raise UserError(f"RECOVER_WAIT={spec.recover_wait:g} must be 0 or more seconds to wait for a replacement "
+                        f"node, e.g. RECOVER_WAIT={DEFAULT_RECOVER_WAIT:g}")
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What `train` runs. ``nodes`` is how many of the cluster's nodes take part (head first)."""
@@ -110,6 +126,11 @@ class LaunchSpec:
     stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before the job is ended; 0 = off
     skew: str = "refuse"  # one of SKEW_MODES (multinode.checks.software)
     linkcheck: str = "refuse"  # one of LINKCHECK_MODES (multinode.checks.links)
+    # Preemption and recovery (docs/preemption.md, docs/recovery.md):
+    grace: float | None = None  # GRACE: SIGTERM is a notice to the ranks (MULTINODE_GRACE), killed that long after
+    resume: bool = False  # RESUME=1: continue the cluster's latest preempted or interrupted run
+    recover: int = 0  # RECOVER=N: recoveries allowed after losing nodes (0: off)
+    recover_wait: float = DEFAULT_RECOVER_WAIT  # seconds to wait for a replacement before going on with fewer nodes
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -166,6 +187,7 @@ class LaunchSpec:
         for name in ("rdzv_timeout", "pg_timeout"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")
+        _check_preemption(self)
 
     @property
     def module(self) -> str | None:

@@ -6,6 +6,7 @@
   Carries the node, the command, the exit code and the last lines of its log
   (in the spirit of SkyPilot's ``CommandError``).
 * :class:`JobFailed` -- a training run failed; names the first node (and rank) that failed.
+* :class:`CapacityRefused` -- a provider could not give a replacement for a lost node (no capacity).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ EXIT_USER_ERROR = 2
 EXIT_JOB_FAILED = 1
 EXIT_INTERRUPTED = 130
 EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL, as the ranks' own (training/preempt.py): try again, it will work
+EXIT_UNAVAILABLE = 69  # sysexits.h EX_UNAVAILABLE: a service (here: capacity for a machine) is not available
 
 
 class MultinodeError(Exception):
@@ -91,6 +93,14 @@ class Preempted(MultinodeError):
     def __init__(self, summary: str) -> None:
         self.summary = summary
         super().__init__("preempted: every rank stopped at one step and its snapshot was kept")
+
+
+class CapacityRefused(MultinodeError):
+    """A provider could not make a replacement for a lost node: EC2 had no capacity (spot or on-demand), or the
+    local provider was told to refuse. Nothing was changed; the one line names the node, the reason and what to
+    do. Not a :class:`UserError`: the request was right, the machine is not there now (exit 69)."""
+
+    exit_code = EXIT_UNAVAILABLE
 
 
 class Interrupted(MultinodeError):

@@ -117,6 +117,14 @@ class Inventory:
             )
         return replace(self, nodes=self.nodes[:count])
 
+    def only(self, names: list[str]) -> "Inventory":
+        """The same cluster restricted to the nodes named, in the cluster's order (the first one is the head):
+        what a recovery goes on with when a lost node has no replacement."""
+        kept = tuple(n for n in self.nodes if n.name in names)
+        if not kept:
+            raise UserError(f"cluster {self.cluster!r} has none of the nodes {', '.join(names) or '(none)'}")
+        return replace(self, nodes=kept)
+
     def node(self, key: str | int) -> Node:
         """Look a node up by index or name."""
         if isinstance(key, int) or str(key).isdigit():

@@ -31,3 +31,4 @@ def env_file(inventory: Inventory, node_name: str, run_id: str) -> str:
 def setup_env_dir(inventory: Inventory, node_name: str) -> str:
     """The node's own SETUP environment."""
     return f"{inventory.workdir_for(node_name)}/env"
+

@@ -23,6 +23,7 @@ from multinode.core.taskfile import KEYS, Key, TaskFile
 
 FLAG, VARIABLE, TASK, DEFAULT = "flag", "make variable", "task file", "default"
 NPROC_FORMS = "a number or auto (one process per GPU, 1 on CPU nodes)"
+BOOLS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,8 @@ def _shown(key: Key, spec: LaunchSpec) -> str:
         return " ".join(var.shown for var in value) or "-"
     if key.name == "args":
         return shlex.join(value) or "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, str):
         return value.strip().replace("\n", "\\n")  # a multi-line SETUP on one line
     return "-" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
@@ -105,6 +108,10 @@ def typed(key: Key, text: str) -> Any:
         except ValueError:
             what = {"number": "a number of seconds", "int": "a whole number"}.get(key.kind, NPROC_FORMS)
             raise UserError(f"{source}={text!r} must be {what}") from None
+    if key.kind == "bool":
+        if text.strip().lower() not in BOOLS:
+            raise UserError(f"{source}={text!r} must be 1 or 0 (yes or no)")
+        return BOOLS[text.strip().lower()]
     if key.kind == "args":
         try:
             return tuple(shlex.split(text))

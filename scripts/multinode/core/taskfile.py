@@ -44,7 +44,7 @@ class Key:
 
     name: str
     variable: str  # the make variable, read by the CLI as MULTINODE_<variable>
-    kind: str  # int | number | text | nproc | args | env | script | path | elastic
+    kind: str  # int | number | bool | text | nproc | args | env | script | path | elastic
 
 
 KEYS: dict[str, Key] = {key.name: key for key in (
@@ -67,6 +67,10 @@ KEYS: dict[str, Key] = {key.name: key for key in (
     Key("stall_timeout", "STALL_TIMEOUT", "number"),
     Key("skew", "SKEW", "text"),
     Key("linkcheck", "LINKCHECK", "text"),
+    Key("grace", "GRACE", "number"),
+    Key("resume", "RESUME", "bool"),
+    Key("recover", "RECOVER", "int"),
+    Key("recover_wait", "RECOVER_WAIT", "number"),
 )}
 # Keys a task file may be expected to have but that belong to the command line: where to give them instead.
 ELSEWHERE = {
@@ -194,6 +198,14 @@ def _number(value: object, ctx: _Context) -> float:
     return float(value)
 
 
+def _bool(value: object, ctx: _Context) -> bool:
+    if isinstance(value, bool):
+        return value
+    if _is_int(value) and value in (0, 1):
+        return bool(value)
+    raise ctx.wrong(value, "true or false")
+
+
 def _text(value: object, ctx: _Context) -> str:
     if not isinstance(value, str):
         raise ctx.wrong(value, "a string")
@@ -250,6 +262,6 @@ def _path(value: object, ctx: _Context) -> str:
 
 
 PARSE: dict[str, Callable[[Any, _Context], Any]] = {
-    "int": _int, "number": _number, "text": _text, "nproc": _nproc, "elastic": _elastic,
+    "int": _int, "number": _number, "bool": _bool, "text": _text, "nproc": _nproc, "elastic": _elastic,
     "args": _args, "env": _env, "script": _script, "path": _path,
 }

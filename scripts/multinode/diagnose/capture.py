@@ -65,6 +65,8 @@ for d in os.listdir("/proc"):
     rank = env.get(b"RANK", env.get(b"OMPI_COMM_WORLD_RANK", env.get(b"PMIX_RANK")))
     if rid is None or rank is None or (run_id and rid.decode() != run_id) or netns(d) != own_ns:
         continue
+    if env.get(b"MULTINODE_GUARD") == b"1":  # training.guard in front of a rank (GRACE): not a rank itself
+        continue
     try:  # a rank is a Python process: under srun the task's shell carries PMIX_RANK too
         if not os.path.basename(os.readlink("/proc/%s/exe" % d)).startswith("python"):
             continue

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 # wrote in two pieces (text, then the newline); the runner re-assembles each rank's lines now
 # (multinode.ssh.lines.TaggedLines), but logs of runs recorded before still hold such lines.
 PREEMPTED_LINE = re.compile(r"PREEMPTED (\{.*\})\s*$")
+RESUMED_LINE = re.compile(r"RESUMED (\{.*\})\s*$")
 RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 
@@ -43,6 +44,7 @@ class RunSummary:
     preempted: dict | None = None  # rank 0's PREEMPTED report (training/checkpoint.py): notice, stop, copies
     links: dict | None = None  # the link check (multinode.checks.links.LinkReport): at pre-flight, or after a
     # failure that read like a broken connection (then ``links["after_failure"]`` is true)
+    recovery: dict | None = None  # RECOVER=N: the recoveries' timeline (multinode.app.recover.Timeline)
 
 
 class Phases:
@@ -79,6 +81,11 @@ def parse_result(lines: list[str]) -> dict | None:
 def parse_preempted(lines: list[str]) -> dict | None:
     """Rank 0's ``PREEMPTED {json}`` line (a coordinated checkpoint on a notice), if it printed one."""
     return last_json(lines, PREEMPTED_LINE)
+
+
+def parse_resumed(lines: list[str]) -> dict | None:
+    """Rank 0's ``RESUMED {json}`` line: the snapshot a resumed run continued from (step, world sizes, batch)."""
+    return last_json(lines, RESUMED_LINE)
 
 
 def result_from_metrics(metrics: str | None) -> dict | None:
@@ -150,6 +157,6 @@ def preempted_lines(summary: RunSummary) -> list[str]:
              f"  every rank stopped at epoch {stop.get('epoch')}, batch {stop.get('batch')} (step {stop.get('step')}); "
              f"checkpoint {report.get('checkpoint_seconds', '?')} s"]
     lines += [f"  snapshot copy: rank {rank} on {host}: {path}" for rank, host, path in report.get("copies", [])]
-    lines.append(f"  resume: .venv/bin/python -m multinode train --run-id {summary.run_id} with the same settings "
-                 "(it starts from the freshest complete copy on any node)")
+    lines.append(f"  resume: make train RESUME=1 with the same settings (or --run-id {summary.run_id}); it starts "
+                 "from the freshest complete copy on any node")
     return lines

@@ -44,6 +44,8 @@ for d in os.listdir("/proc"):
             continue
         if not any(e.startswith((b"RANK=", b"OMPI_COMM_WORLD_RANK=", b"PMIX_RANK=")) for e in env):
             continue
+        if b"MULTINODE_GUARD=1" in env:  # training.guard in front of a rank (GRACE): its CPU is not the rank's
+            continue
         raw = open("/proc/%s/task/%s/stat" % (d, d)).read()
     except OSError:
         continue

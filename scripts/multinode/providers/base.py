@@ -22,6 +22,15 @@ class Provider(Protocol):
         On a failure half-way, cleans up what it created before raising.
         """
 
+    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+        """Remove whatever is left of node ``name`` and make ONE new machine in its place, under the same name and
+        position in the inventory (rank order stays); pin its host key, write ``state.inventory_path`` and return
+        the new inventory. The other nodes are not touched.
+
+        Raises CapacityRefused (one line; nothing changed) when no replacement can be had now (EC2 capacity, a
+        local provider told to refuse), UserError when ``name`` is not a node of the cluster.
+        """
+
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:
         """Destroy everything the cluster owns; idempotent; works after a crashed ``up``.
         ``yes`` also deletes what holds the user's data (an image repository that is not empty).

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from multinode.core.config import ClusterSpec
-from multinode.core.errors import UserError
+from multinode.core.errors import CapacityRefused, UserError
 from multinode.core.inventory import Inventory, Node
 from multinode.core.state import ClusterState
 
@@ -102,6 +102,11 @@ class HostsProvider:
         inventory = replace(inventory, known_hosts=str(state.known_hosts))
         inventory.save(state.inventory_path)
         return inventory
+
+    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+        """Machines we did not make cannot be replaced: always CapacityRefused (nothing changed)."""
+        raise CapacityRefused(f"{name}: no replacement: the hosts provider describes machines you already have and "
+                              f"makes none; go on with fewer nodes, or bring the machine back yourself")
 
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: we made nothing on the hosts
         for path in (state.inventory_path, state.known_hosts):

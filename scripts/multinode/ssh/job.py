@@ -17,7 +17,11 @@ running job. Contract:
   answer SSH again (rebooted or replaced), lets the caller prepare it (code sync) and starts its command again;
   torchrun's rendezvous takes it back in. A launcher that exits with its own error code is a failure;
 * parallelism is plain daemon threads joined with deadlines: a node that stops answering can delay the run
-  by at most the deadline, never hang it.
+  by at most the deadline, never hang it;
+* with ``grace`` (GRACE: SIGTERM is a notice to the ranks), every stop of the run gives its processes that long
+  between SIGTERM and SIGKILL (:meth:`RemoteRunner.use_grace`), and Ctrl-C/SIGTERM/SIGHUP to the orchestrator is
+  a notice: the ranks get SIGTERM, write one coordinated checkpoint and exit 75; when every node ends with 0 or
+  75 the run returns normally (its summary says "preempted", its exit code is 75), otherwise it is interrupted.
 """
 
 from __future__ import annotations
@@ -84,11 +88,13 @@ class JobRun:
                  deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
                  relabel: Relabel | None = None, rejoin: Rejoin | None = None,
                  before_stop: Callable[[NodeError], None] | None = None,
-                 stalled: Callable[[], str | None] | None = None):
+                 stalled: Callable[[], str | None] | None = None, grace: float | None = None):
         self.runner, self.command_lines, self.run_id, self.log_dir = runner, command_lines, run_id, log_dir
         self.deadline, self.extra_stop, self.relabel, self.rejoin = deadline, extra_stop, relabel, rejoin
-        self.before_stop, self.stalled = before_stop, stalled
+        self.before_stop, self.stalled, self.grace = before_stop, stalled, grace
+        runner.use_grace(grace)  # the gang-stop here and the run's sweep after it
         self.results = {name: NodeResult(name) for name in command_lines}
+        self.stopped_by: str | None = None  # the signal to the orchestrator whose notice ended the job (GRACE)
         self.events: queue.Queue[str] = queue.Queue()
         self.log_files: dict[str, TextIO] = {}
 
@@ -101,13 +107,10 @@ class JobRun:
             try:
                 failure = self._watch(stop)
             except StopRequested:
-                signum = stop.signum
-                what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-                self.runner.say(f"{what}: stopping the job on every node")
-                self._gang_stop(name_failures=False)
-                stopped = Interrupted(f"{what}; run {self.run_id} was stopped on every node")
-                stopped.exit_code = 128 + signum
-                raise stopped from None
+                if self.grace is not None and self._notice(stop.signum):
+                    self.stopped_by = signal.Signals(stop.signum).name
+                    return self.results  # every node ended 0 or 75: preempted, not interrupted
+                raise self._stopped(stop.signum) from None
             finally:
                 for fh in self.log_files.values():
                     fh.close()
@@ -116,6 +119,26 @@ class JobRun:
             raise JobFailed(failure, failures=[r.error for r in ended if r.error is not None],
                             exit_codes={name: r.exit_code for name, r in self.results.items()})
         return self.results
+
+    def _notice(self, signum: int) -> bool:
+        """GRACE: a stop signal to the orchestrator is a notice for the ranks -- SIGTERM, up to the grace for their
+        checkpoint, SIGKILL. True when every node then ended with 0 or 75 and one with 75 (preempted)."""
+        name = signal.Signals(signum).name
+        self.runner.say(f"{name}: a notice to every rank (SIGTERM; GRACE={self.grace:g} s to checkpoint, then "
+                        f"SIGKILL)")
+        self._gang_stop(name_failures=False)
+        codes = [result.exit_code for result in self.results.values()]
+        return EXIT_PREEMPTED in codes and all(code in (0, EXIT_PREEMPTED) for code in codes)
+
+    def _stopped(self, signum: int) -> Interrupted:
+        """Stopped by a signal: the job stopped on every node (already, after a notice that did not end in 75)."""
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        if self.grace is None:
+            self.runner.say(f"{what}: stopping the job on every node")
+            self._gang_stop(name_failures=False)
+        stopped = Interrupted(f"{what}; run {self.run_id} was stopped on every node")
+        stopped.exit_code = 128 + signum
+        return stopped
 
     def start(self, name: str) -> None:
         threading.Thread(target=self._node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
@@ -217,8 +240,8 @@ class JobRun:
         root cause.
         """
         pending = set(pending if pending is not None else (n for n, r in self.results.items() if r.finished is None))
+        answers = self.runner.stop_all(self.run_id, self.extra_stop)  # up to the runner's stop grace
         end = time.monotonic() + LOST_GRACE
-        answers = self.runner.stop_all(self.run_id, self.extra_stop)
         unreachable = {name for name in pending if answers[name].exit_code is None}
         while pending - unreachable and time.monotonic() < end:
             try:

@@ -7,7 +7,10 @@ Contract:
 * Commands run without a pty: a lost connection does not kill the remote job (it is stopped explicitly, by run
   id), and stdout/stderr stay separate streams.
 * :meth:`RemoteRunner.stop_all` stops every process whose environment carries ``MULTINODE_RUN_ID=<run id>``
-  (torchrun starts workers in their own session: a process-tree or process-group kill would miss them).
+  (torchrun starts workers in their own session: a process-tree or process-group kill would miss them):
+  SIGTERM, up to :attr:`RemoteRunner.stop_grace` seconds for them to end, then SIGKILL. A run with GRACE
+  (:meth:`RemoteRunner.use_grace`) waits GRACE and a little more, so that its ranks, for which SIGTERM is a notice,
+  can write their coordinated checkpoint; its runtime's containers are removed only after that wait.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from multinode.ssh.pool import NodePool, _parallel
 log = logging.getLogger(__name__)
 
 STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL on a node
+# With GRACE: the stop's SIGKILL comes this long after the ranks' own grace is over, so that a launcher that
+# enforces the same grace (torchrun's --shutdown-timeout, mpirun's odls_base_sigkill_timeout, training.guard)
+# acts first and reports how its ranks ended.
+GRACE_MARGIN = 2.0
 
 # Stop every process of one run on this node: match the exact environment entry, restricted to
 # this node's network namespace (simulated nodes share one /proc). TERM, wait, KILL, report.
@@ -71,6 +78,14 @@ class CommandResult:
 
 class RemoteRunner(NodePool):
     """Commands, files and the stop on the nodes of one inventory (see the module doc)."""
+
+    stop_grace = STOP_GRACE  # seconds between the stop's SIGTERM and its SIGKILL
+    graceful = False  # a run with GRACE: the runtime's containers are removed after the wait, not before
+
+    def use_grace(self, grace: float | None) -> None:
+        """Every later stop of this runner gives the processes ``grace`` (+ GRACE_MARGIN) seconds before SIGKILL."""
+        if grace is not None:
+            self.stop_grace, self.graceful = max(STOP_GRACE, grace + GRACE_MARGIN), True
 
     def say(self, message: str) -> None:
         with self.print_lock:
@@ -135,20 +150,17 @@ class RemoteRunner(NodePool):
                  names: Iterable[str] | None = None) -> dict[str, CommandResult]:
         """Stop every process tagged with ``run_id`` on every node, or on ``names`` (and the run's containers)."""
         names = [n.name for n in self.inventory.nodes] if names is None else list(names)
-        commands = {}
-        for name in names:
-            line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(STOP_GRACE * 10)}"
-            extra = extra_stop(name) if extra_stop else None
-            commands[name] = f"{extra}; {line}" if extra else line
+        commands = {name: self.stop_line(run_id, extra_stop(name) if extra_stop else None) for name in names}
+
         def stop(name: str) -> CommandResult:
             # A short channel-open timeout: a node that cannot open a channel in 3 s is unreachable.
             try:
-                out = self.run_with_input(name, commands[name], timeout=STOP_GRACE + 5, open_timeout=3)
+                out = self.run_with_input(name, commands[name], timeout=self.stop_grace + 5, open_timeout=3)
             except Exception as err:  # no answer, or the stop itself failed
                 return CommandResult(name, None, error=describe_ssh_error(err))
             return CommandResult(name, 0, out.decode(errors="replace"))
 
-        answers = _parallel(stop, commands, STOP_GRACE + 8)
+        answers = _parallel(stop, commands, self.stop_grace + 8)
         results = {name: value if done and isinstance(value, CommandResult) else CommandResult(name, None, error=str(value))
                    for name, (done, value) in answers.items()}
         for name, res in results.items():
@@ -157,3 +169,11 @@ class RemoteRunner(NodePool):
             elif "left" in res.stdout:
                 log.warning("%s: processes of run %s survived SIGKILL: %s", name, run_id, res.stdout.strip())
         return results
+
+    def stop_line(self, run_id: str, extra: str | None = None) -> str:
+        """The stop of ``run_id`` on one node, with the runtime's ``extra`` step (its containers): before the
+        processes' stop, or with GRACE after it (removing a container kills what runs in it at once)."""
+        line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(self.stop_grace * 10)}"
+        if not extra:
+            return line
+        return f"{line}; {extra}" if self.graceful else f"{extra}; {line}"

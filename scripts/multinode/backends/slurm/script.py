@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import BASE_ENV, EntryPoint, entry_dir, iface_for_subnet, node_python, trainer_args
+from multinode.plan.launchers.base import (BASE_ENV, EntryPoint, entry_dir, grace_env, iface_for_subnet, node_python,
+                                           trainer_args)
 from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
@@ -203,7 +204,9 @@ def _sbatch_script(spec: LaunchSpec, head_dir: str, partition: str | None, launc
         f"#SBATCH --output={head_dir}/slurm-%j.out",
         "set -uo pipefail",
         f"mkdir -p {shlex.quote(head_dir)}",
-        *[f"export {k}={shlex.quote(v)}" for k, v in BASE_ENV.items()],
+        # GRACE: SIGTERM (scancel, preemption) is a notice to the ranks; SLURM sends SIGKILL after the site's
+        # KillWait (slurm.conf), which a job cannot lengthen (docs/preemption.md, "Where notices come from").
+        *[f"export {k}={shlex.quote(v)}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()],
         f"export MULTINODE_RUN_ID={shlex.quote(spec.run_id)}",
         *launch.env_lines,
         'MULTINODE_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

@@ -4,7 +4,8 @@ The plan is a launcher's (:mod:`multinode.plan.launchers`: static, torchrun, mpi
 environment, wrapped by the runtime. The job runs as a :class:`multinode.ssh.job.JobRun`: lines streamed with
 ``[node-i]`` prefixes and saved per node, the first failure stops every node (after the run's look at the live
 ranks), and with MAX_RESTARTS a lost node is started again and rejoins (torchrun's rendezvous takes it back;
-the head hosts it, so its loss is final).
+the head hosts it, so its loss is final). With GRACE, every stop of the run waits the grace before SIGKILL and a
+stop signal to the orchestrator is a notice to the ranks (:mod:`multinode.ssh.job`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class SshBackend:
         job = JobRun(run.runner, {cmd.node: run.runtime.wrap(cmd) for cmd in plan.commands}, run_id=spec.run_id,
                      log_dir=run.run_dir, deadline=spec.deadline, extra_stop=run.runtime.stop_line,
                      relabel=self.launcher.relabel(plan), rejoin=rejoin, before_stop=run.capture,
-                     stalled=watchdog.stalled if watchdog else None)
-        return JobEnd({name: result.exit_code for name, result in job.run().items()})
+                     stalled=watchdog.stalled if watchdog else None, grace=spec.grace)
+        results = job.run()
+        return JobEnd({name: result.exit_code for name, result in results.items()}, stopped_by=job.stopped_by)
 
     def failed_rank(self, run, plan: LaunchPlan, node: str, lines: list[str]) -> int | None:
         return self.launcher.failed_rank(lines)

@@ -22,8 +22,17 @@ from typing import Callable, Protocol
 
 from multinode.core.config import LaunchSpec
 from multinode.core.envvars import MASK
+from multinode.core.errors import EXIT_PREEMPTED
 from multinode.core.inventory import Inventory, Node
-from multinode.core.nodepaths import code_dir, env_file, setup_env_dir
+from multinode.core.nodepaths import code_dir, env_file, run_dir, setup_env_dir
+
+# GRACE (docs/preemption.md): every rank gets it as MULTINODE_GRACE, which training/preempt.py reads -- SIGTERM is
+# then a notice (one coordinated checkpoint, exit 75) and the rank has that long before SIGKILL.
+GRACE_ENV = "MULTINODE_GRACE"
+# Where training.guard notes, on its node, that its command ended preempted (exit 75): torchrun's own exit code
+# says nothing of it (see multinode.plan.launchers.torchrun).
+PREEMPT_MARK_ENV = "MULTINODE_PREEMPT_MARK"
+GUARD_ENV = "MULTINODE_GUARD"  # set for training.guard's own process only (it starts its command without it)
 
 
 def iface_for_subnet(subnet: str) -> str:
@@ -123,10 +132,6 @@ class Launcher(Protocol):
         """The global rank a node's log names as failed, if the launcher's output says so."""
 
 
-
-
-
-
 def nproc_of(spec: LaunchSpec, node: Node) -> int:
     """Processes on ``node``: NPROC, or for NPROC=auto one per GPU on a GPU node and 1 on a CPU node
     (torchrun's ``--nproc-per-node=gpu``, from the inventory rather than the node's own count)."""
@@ -146,6 +151,27 @@ def node_python(inventory: Inventory, spec: LaunchSpec, node_name: str) -> str:
     return f"{setup_env_dir(inventory, node_name)}/bin/python" if spec.setup else inventory.interpreter
 
 
+def grace_env(spec: LaunchSpec) -> dict[str, str]:
+    """MULTINODE_GRACE for every rank when GRACE is set (nothing otherwise: SIGTERM keeps its default)."""
+    return {GRACE_ENV: f"{spec.grace:g}"} if spec.grace is not None else {}
+
+
+def preempt_mark(inventory: Inventory, node_name: str, run_id: str) -> str:
+    """The file training.guard writes on ``node_name`` when its command ended preempted."""
+    return f"{run_dir(inventory, node_name, run_id)}/preempted"
+
+
+def guard_argv(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, every: bool = False) -> tuple[str, ...]:
+    """``python -m training.guard --grace G --`` to put before a user script's command when GRACE is set: a script
+    that does nothing about notices still gets SIGTERM, the grace and SIGKILL, and exits 75 (training/guard.py).
+    Our trainer handles notices itself and gets nothing here unless ``every`` (torchrun: the guard also keeps the
+    agent from restarting a preempted worker). ``-I``: the guard comes from the node's own Python (its
+    site-packages), never from a ``training`` package the project itself may have on PYTHONPATH."""
+    if spec.grace is None or (entry.ours and not every):
+        return ()
+    # MULTINODE_GUARD=1 marks the guard itself (not its command) for whoever looks for ranks among the processes.
+    return ("env", f"{GUARD_ENV}=1", inventory.interpreter, "-I", "-m", "training.guard", "--grace", f"{spec.grace:g}",
+            "--")
 
 
 def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:
@@ -205,7 +231,7 @@ def per_node_plan(name: str, inv: Inventory, spec: LaunchSpec,
     for node_rank, node in enumerate(inv.nodes):
         argv, own_env = node_command(node_rank, node)
         commands.append(NodeCommand(node=node.name, argv=argv, cwd=entry_dir(inv, node.name, entry),
-                                    env={**BASE_ENV, **own_env, **network},
+                                    env={**BASE_ENV, **grace_env(spec), **own_env, **network},
                                     node_env={**project_node_env(inv, node.name, entry), **node_env},
                                     nproc=nproc_of(spec, node),
                                     env_file=env_file(inv, node.name, spec.run_id) if spec.env else None,

@@ -23,10 +23,18 @@ truth: our trainer still asks mpi4py (``training/dist_env.py``).
 Lines: ``--tag-output`` tags every chunk a rank's pipe gives, not every line (measured with Open MPI 4.1.4:
 ``[1,0]<stderr>:    [1,0]<stderr>:outer()[1,0]<stderr>:``), so :func:`relabel_by_rank` re-assembles each
 rank's stream into whole lines (:class:`multinode.ssh.lines.TaggedLines`) before it is shown or logged.
+
+GRACE: every rank starts with ``MULTINODE_GRACE`` (SIGTERM is a notice), a user script behind ``training.guard``,
+and mpirun's own SIGTERM-to-SIGKILL wait is GRACE: "When orterun receives a SIGTERM and SIGINT, it will attempt to
+kill the entire job by sending all processes in the job a SIGTERM, waiting a small number of seconds, then sending
+all processes in the job a SIGKILL" (mpirun.openmpi(1), "Signal Propagation", Open MPI 4.1.4); the small number is
+the MCA parameter ``odls_base_sigkill_timeout`` ("Time to wait for a process to die after issuing a kill signal to
+it", default 1: ``ompi_info --param odls all --level 9``), which we set to GRACE.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -40,6 +48,8 @@ from multinode.plan.launchers.base import (
     LaunchPlan,
     NodeCommand,
     entry_dir,
+    grace_env,
+    guard_argv,
     iface_for_subnet,
     node_python,
     nproc_of,
@@ -125,6 +135,8 @@ def mpirun_options(inv: Inventory, spec: LaunchSpec) -> list[str]:
         "--mca", "orte_abort_on_non_zero_status", "1",
         "--tag-output",
     ]
+    if spec.grace is not None:  # mpirun's SIGTERM to the ranks, then SIGKILL this much later (the module doc)
+        argv += ["--mca", "odls_base_sigkill_timeout", str(math.ceil(spec.grace))]
     for name in FORWARDED:
         argv += ["-x", name]
     return argv
@@ -150,10 +162,10 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         # them): the run id goes into the environment the rank starts with, where the gang-stop and the stack
         # capture find ranks by it (/proc/<pid>/environ); so do BASE_ENV and the env:// variables, which torch and
         # accelerate read before any MPI call.
-        "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in BASE_ENV.items()),
+        "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()),
         f"MASTER_ADDR={inv.head.private_ip}", f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
         "sh", "-c", RANK_ENV, project, inv.subnet,
-        node_python(inv, spec, node.name), *entry.program(),
+        *guard_argv(inv, spec, entry), node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
 

@@ -13,6 +13,11 @@ merged per rank, whole lines), the node's exit code is the first failed rank's, 
 reported in torchrun's own "rank : N (local_rank: L)" form so the orchestrator names the rank.
 Gang-stop, run-id tagging and logs are the runner's, unchanged. What it does not do: restarts,
 elastic membership, or a rendezvous timeout of its own (``init_process_group``'s timeout applies).
+
+With GRACE the starter outlives a SIGTERM (:func:`starter`): the orchestrator's stop sends SIGTERM to every
+process of the run, and the starter and each rank's ``sed`` must go on, so that the ranks' last lines (the
+checkpoint, ``PREEMPTED {...}``) still arrive and the node's exit code is the ranks' (75), not a signal's.
+A user script runs behind ``training.guard`` then (:func:`multinode.plan.launchers.base.guard_argv`).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from multinode.core.nodepaths import run_dir
 from multinode.plan.launchers.base import (
     EntryPoint,
     LaunchPlan,
+    guard_argv,
     node_python,
     nproc_of,
     per_node_plan,
@@ -33,28 +39,44 @@ from multinode.plan.launchers.base import (
 from multinode.plan.launchers.torchrun import root_cause_rank
 
 # $1 = this node's first global rank, $2 = processes on this node, $3 = directory for per-rank exit files;
-# the rest is the program. Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
+# the rest is the program. Exit files of an earlier run of the same run id go first (a resumed or recovered
+# run may place other ranks on this node: their old files would read as this run's failures). Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
 # exit code and, for a failure, its time into a file (a pipeline's status is sed's in POSIX sh). Then the
-# earliest failure is reported the way torchrun does, and is the node's exit code.
+# earliest failure is reported the way torchrun does, and is the node's exit code. A rank that exited 75
+# (preempted: training/preempt.py) is no failure: without one, the node exits 75 and reports no root cause.
 # One line (statements joined with spaces), so the plan prints as one shell line.
 STARTER = " ".join(part.strip() for part in [
-    'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; i=0;',
+    'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; rm -f "$status_dir"/rank*; i=0;',
     'while [ "$i" -lt "$nproc" ]; do',
     '  rank=$((base + i));',
     '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; c=$?; t=0; [ "$c" = 0 ] || t=$(date +%s%N); echo "$c $t" > "$status_dir/rank$rank"; }',
     '    | sed -u "s/^/[rank$rank]: /" &',
     '  i=$((i + 1));',
-    'done; wait; first=; first_t=; code=0;',
+    'done; wait; first=; first_t=; code=0; preempted=;',
     'for f in "$status_dir"/rank*; do',
     '  read -r c t < "$f" || { c=1; t=0; };',
+    '  if [ "$c" = 75 ]; then preempted=75; continue; fi;',
     '  if [ "$c" != 0 ] && { [ -z "$first_t" ] || [ "$t" -lt "$first_t" ]; }; then first=${f##*/rank}; first_t=$t; code=$c; fi;',
     'done;',
     'if [ -n "$first" ]; then',
     '  echo "Root Cause (first observed failure):" >&2;',
     '  echo "  rank      : $first (local_rank: $((first - base)))" >&2;',
     '  echo "  exitcode  : $code" >&2;',
-    'fi; exit "$code"',
+    'fi; if [ -z "$first" ] && [ -n "$preempted" ]; then code=75; fi; exit "$code"',
 ])
+# GRACE: the starter and every sed ignore SIGTERM (ignored dispositions are inherited, so the pipeline's sed does
+# too); each rank's subshell catches it instead (a caught signal is reset to the default in the programs it
+# starts), so the rank itself gets SIGTERM's default or installs its own handler (training/preempt.py), and the
+# subshell, which waits for the rank in the foreground, still writes its exit code. SIGKILL ends them all.
+IGNORE_TERM = "trap '' TERM;"
+RANK_CATCHES_TERM = "{ trap : TERM; RANK=$rank"
+
+
+def starter(grace: bool) -> str:
+    """The node's starter: :data:`STARTER`, or with GRACE the one that outlives a SIGTERM."""
+    if not grace:
+        return STARTER
+    return f"{IGNORE_TERM} " + STARTER.replace("{ RANK=$rank", RANK_CATCHES_TERM, 1)
 
 
 class StaticLauncher:
@@ -67,8 +89,9 @@ class StaticLauncher:
         def node_command(node_rank: int, node: Node) -> tuple[tuple[str, ...], dict[str, str]]:
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
-                "sh", "-c", STARTER, "multinode-static", str(sum(counts[:node_rank])), str(counts[node_rank]),
-                f"{directory}/ranks", node_python(inv, spec, node.name), *entry.program(),
+                "sh", "-c", starter(spec.grace is not None), "multinode-static", str(sum(counts[:node_rank])),
+                str(counts[node_rank]), f"{directory}/ranks", *guard_argv(inv, spec, entry),
+                node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, directory, spec),
             )
             return argv, {

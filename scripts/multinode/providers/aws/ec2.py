@@ -119,3 +119,22 @@ def terminate(ec2, instance_ids: Sequence[str], timeout: float = 600.0) -> None:
     ec2.terminate_instances(InstanceIds=list(instance_ids))
     ec2.get_waiter("instance_terminated").wait(
         InstanceIds=list(instance_ids), WaiterConfig={"Delay": 5, "MaxAttempts": max(1, int(timeout // 5))})
+
+
+def billing(ec2, instance_ids: Sequence[str]) -> list[str]:
+    """The ones of ``instance_ids`` that still exist in a billing state (a lost instance may still run)."""
+    if not instance_ids:
+        return []
+    reply = ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": list(instance_ids)},
+                                            {"Name": "instance-state-name", "Values": list(BILLING_STATES)}])
+    return sorted(i["InstanceId"] for r in reply["Reservations"] for i in r["Instances"])
+
+
+def state_reason(ec2, instance_id: str) -> str:
+    """Why the instance is in its state, as EC2 says (``Server.InsufficientInstanceCapacity: ...``), or ""."""
+    reply = ec2.describe_instances(InstanceIds=[instance_id])
+    for reservation in reply["Reservations"]:
+        for inst in reservation["Instances"]:
+            reason = inst.get("StateReason") or {}
+            return ": ".join(part for part in (reason.get("Code"), reason.get("Message")) if part)
+    return ""

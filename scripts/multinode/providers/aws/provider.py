@@ -15,6 +15,12 @@ everything when the local state is gone), then boto3 verifies that no instance t
 is left in a billing state (stopped counts: its EBS bills). ``reap`` (multinode.providers.aws.reap):
 expired instances and the resources of clusters whose instances are gone, listed or deleted.
 
+``replace`` (recovery of a lost node; multinode.providers.aws.replace): the lost instance terminated if it still
+bills, then ``terraform plan -replace/-target aws_instance.node[i]`` checked to touch that instance only, applied:
+one new instance from the same configuration (subnet, placement group, profile, tags and expiry, the cluster's
+image, the node's pinned host key), new addresses in known_hosts and the inventory. EC2's capacity errors
+(InsufficientInstanceCapacity, the spot ones) become CapacityRefused.
+
 ``AWS_ENDPOINT_URL`` sends both boto3 and Terraform's AWS provider to another endpoint (the tests:
 a moto_server on loopback). Variables of infra/ec2 that multinode does not write (``ami_id``,
 ``placement_group``, ``vpc_id``/``subnet_id``, ``root_volume_gb``, ``tags``...) can be given as
@@ -23,6 +29,7 @@ a moto_server on loopback). Variables of infra/ec2 that multinode does not write
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import secrets
@@ -34,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from multinode.core.config import ClusterSpec, env_default
-from multinode.core.errors import UserError
+from multinode.core.errors import CapacityRefused, NodeError, UserError
 from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
 from multinode.providers.aws import ec2 as aws_ec2
@@ -42,9 +49,10 @@ from multinode.providers.aws import sweep as aws_sweep
 from multinode.providers.aws.bootstrap_inputs import gpu_smoke_script, host_requirements
 from multinode.providers.aws.keys import new_ed25519, write_secret
 from multinode.providers.aws.reap import verify_gone
+from multinode.providers.aws.replace import capacity_code, instance_address, planned_ami, unexpected_changes
 from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of
-from multinode.providers.aws.terraform import (MODULE_DIR, Terraform, inventory_from_outputs, known_hosts_lines,
-                                               run_terraform, terraform_binary)
+from multinode.providers.aws.terraform import (MODULE_DIR, Terraform, TerraformFailed, inventory_from_outputs,
+                                               known_hosts_lines, run_terraform, terraform_binary)
 
 log = logging.getLogger(__name__)
 
@@ -144,6 +152,80 @@ class AwsProvider:
         self.wait_ready(inventory, settings.image)
         inventory.save(state.inventory_path)
         return inventory
+
+    # replace ----------------------------------------------------------------------------
+
+    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+        """One new instance for node ``name`` (multinode.providers.aws.replace): the lost one terminated if it still
+        runs, then Terraform recreates ``aws_instance.node[i]`` alone, from the same configuration and image, with
+        the node's pinned host key; status, SSH and bootstrap waited for as at `up`; known_hosts and the inventory
+        rewritten (new addresses). The other instances are not touched. CapacityRefused when EC2 has no capacity."""
+        names = [n.name for n in inventory.nodes]
+        if name not in names:
+            raise UserError(f"{name} is not a node of cluster {state.name!r}; its nodes are {', '.join(names)}")
+        region = json.loads((state.provider_dir / "aws.json").read_text())["region"]
+        ec2, tf_dir, address = self.ec2_client(region), state.provider_dir / "terraform", instance_address(name)
+        old = inventory.nodes[names.index(name)]
+        self._pin_image(tf_dir)
+        if old.instance_id and aws_ec2.billing(ec2, [old.instance_id]):
+            aws_ec2.terminate(ec2, [old.instance_id])
+        self._apply_one(tf_dir, name, address)
+        outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
+        fresh = inventory_from_outputs(outputs, state, {n.name: n.host_key for n in inventory.nodes}, inventory.image)
+        moved = [n.name for n, f in zip(inventory.nodes, fresh.nodes) if n.name != name and n.instance_id != f.instance_id]
+        if moved or len(fresh.nodes) != len(inventory.nodes):
+            raise UserError(f"replacing {name} changed other nodes too ({', '.join(moved) or 'the node count'}); "
+                            f"see {tf_dir}, then 'make down' and 'make up'")
+        new = fresh.nodes[names.index(name)]
+        try:
+            aws_ec2.wait_status_ok(ec2, [new.instance_id], timeout=STATUS_TIMEOUT)
+        except NodeError as err:
+            reason = aws_ec2.state_reason(ec2, new.instance_id)
+            if capacity_code(reason):
+                raise CapacityRefused(f"{name}: no capacity for a replacement ({reason}); go on with fewer nodes "
+                                      "or ask again later") from err
+            raise
+        self.wait_ssh([new.ssh_host], self.ssh_port, timeout=SSH_TIMEOUT)
+        state.known_hosts.write_text("".join(known_hosts_lines(fresh)))
+        self.wait_ready(dataclasses.replace(fresh, nodes=(new,)), inventory.image)
+        fresh.save(state.inventory_path)
+        return fresh
+
+    def _pin_image(self, tf_dir: Path) -> None:
+        """terraform.tfvars.json names the image the cluster runs (``ami_id``), so the replacement gets that
+        image and not a newer one from the SSM parameter."""
+        tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
+        if tfvars.get("ami_id"):
+            return
+        ami = planned_ami(json.loads(self.terraform(tf_dir, "show", "-json", "-no-color")))
+        if ami:
+            tfvars["ami_id"] = ami
+            write_secret(tf_dir / "terraform.tfvars.json", json.dumps(tfvars, indent=2))
+
+    def _apply_one(self, tf_dir: Path, name: str, address: str) -> None:
+        """Plan the replacement of ``address`` alone, check the plan does nothing else, apply it; EC2's capacity
+        errors become CapacityRefused."""
+        self.terraform(tf_dir, "plan", "-input=false", "-no-color", f"-replace={address}", f"-target={address}",
+                       "-out=replace.tfplan")
+        unexpected = unexpected_changes(json.loads(self.terraform(tf_dir, "show", "-json", "-no-color",
+                                                                  "replace.tfplan")), address)
+        if unexpected:
+            raise UserError(f"replacing {name} would also change: {'; '.join(unexpected)}; nothing was applied "
+                            f"(plan in {tf_dir}/replace.tfplan)")
+        try:
+            self.terraform(tf_dir, "apply", "-input=false", "-no-color", "replace.tfplan")
+        except TerraformFailed as err:
+            code = capacity_code(err.output)
+            if code:
+                raise CapacityRefused(f"{name}: no capacity for a replacement (EC2 said {code}); go on with fewer "
+                                      "nodes or ask again later") from None
+            raise
+        finally:
+            (tf_dir / "replace.tfplan").unlink(missing_ok=True)
+        # A targeted apply leaves the `inventory` output as it was: it also reads instances that were not targeted
+        # (hashicorp/terraform issue 35306). A refresh-only apply re-reads every object and updates the outputs;
+        # it changes no infrastructure.
+        self.terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
 
     # down -------------------------------------------------------------------------------
 

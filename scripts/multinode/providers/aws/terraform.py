@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -36,14 +37,26 @@ def terraform_binary() -> str:
     return binary
 
 
+class TerraformFailed(UserError):
+    """A terraform command failed; ``output`` is what it wrote to stderr (EC2's error codes are in it)."""
+
+    def __init__(self, message: str, output: str = "") -> None:
+        super().__init__(message)
+        self.output = output
+
+
 def run_terraform(tf_dir: Path, *args: str) -> str:
-    """``terraform -chdir=<tf_dir> <args>``; stdout returned, stderr streamed to the user."""
+    """``terraform -chdir=<tf_dir> <args>``; stdout returned, stderr passed on to the user (and kept in
+    :class:`TerraformFailed` when the command fails)."""
     binary = terraform_binary()
     argv = [binary, f"-chdir={tf_dir}", *args]
     log.info("running %s", " ".join(argv))
-    result = subprocess.run(argv, stdout=subprocess.PIPE, text=True, env={**os.environ, "TF_IN_AUTOMATION": "1"})
+    result = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_IN_AUTOMATION": "1"})
+    sys.stderr.write(result.stderr)
     if result.returncode != 0:
-        raise UserError(f"'terraform {args[0]}' failed (exit code {result.returncode}) in {tf_dir}; see its output above")
+        raise TerraformFailed(f"'terraform {args[0]}' failed (exit code {result.returncode}) in {tf_dir}; "
+                              "see its output above", result.stderr)
     return result.stdout
 
 

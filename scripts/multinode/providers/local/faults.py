@@ -1,7 +1,16 @@
-"""Fault injection on a local cluster, for tests and drills: a node's processes, its link, a crash.
+"""Fault injection on a local cluster, for tests and drills: a node's processes, its link, a crash, the loss of a
+whole node, and a provider that has no capacity for a replacement.
 
 Root only (the nodes are network namespaces). :func:`multinode.providers.local.sshd.stop_sshd` and
 ``start_sshd`` make a node unreachable over SSH and back.
+
+* :func:`lose_node`: the node is gone without notice, as a reclaimed instance looks from outside: every process in
+  its namespace (sshd, ranks, its metadata endpoint) SIGKILLed, its link and namespace deleted. Its files stay
+  until :meth:`LocalProvider.replace <multinode.providers.local.provider.LocalProvider.replace>` or `down`.
+* :func:`refuse_replacements` / :func:`allow_replacements`: the file ``<provider dir>/refuse-replacements``
+  (empty: refuse every replacement; a number N: refuse the next N) makes ``replace`` raise
+  :class:`~multinode.core.errors.CapacityRefused`, as EC2 does when it has no capacity; :func:`take_refusal` is
+  what ``replace`` asks before it changes anything.
 """
 
 from __future__ import annotations
@@ -10,9 +19,12 @@ import os
 import signal
 from pathlib import Path
 
+from multinode.core.errors import CapacityRefused, UserError
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
-from multinode.providers.local.meta import net_plan, node_index
+from multinode.providers.local.meta import load_meta, net_plan, node_index
+
+REFUSE_FILE = "refuse-replacements"
 
 
 def node_pids(state: ClusterState, node: str) -> list[int]:
@@ -48,4 +60,67 @@ def kill_node(state: ClusterState, node: str) -> int:
     return len(pids)
 
 
-__all__ = ["job_pids", "kill_node", "node_pids", "set_link"]
+def lose_node(state: ClusterState, node: str) -> int:
+    """``node`` vanishes with no notice: every process in it SIGKILLed (sshd included), its veth and namespace
+    deleted. Returns how many processes it had. The other nodes and the bridge stay."""
+    plan = net_plan(state)
+    names = [f"node-{i}" for i in range(plan.nodes)]
+    if node not in names:
+        raise UserError(f"NODE={node} is not a node of cluster {state.name!r}; its nodes are {', '.join(names)}")
+    if not (load_meta(state) or {}).get("isolated", True):
+        raise UserError("losing a node needs network namespaces (root); this cluster runs on loopback")
+    return localnet.destroy_node(plan, node_index(node), warn=False)
+
+
+def refusal_path(state: ClusterState) -> Path:
+    return state.provider_dir / REFUSE_FILE
+
+
+def refuse_replacements(state: ClusterState, n: int | None = None) -> Path:
+    """Refuse the next ``n`` replacements (None: every one until :func:`allow_replacements`); the knob's path."""
+    if n is not None and n < 1:
+        raise UserError(f"n={n}: refuse at least 1 replacement, or pass None to refuse every one")
+    path = refusal_path(state)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("" if n is None else f"{n}\n")
+    return path
+
+
+def allow_replacements(state: ClusterState) -> None:
+    """Replacements are made again."""
+    refusal_path(state).unlink(missing_ok=True)
+
+
+def refusals_left(text: str) -> int | None:
+    """The knob's content: None = refuse every ask, else how many asks are still refused (pure)."""
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        return max(0, int(text))
+    except ValueError:
+        return None  # a file someone wrote by hand still refuses: its presence is the knob
+
+
+def take_refusal(state: ClusterState, node: str) -> None:
+    """Raise :class:`CapacityRefused` if the provider was told to refuse this ask (a count goes down by one and the
+    file goes at 0); return quietly otherwise."""
+    path = refusal_path(state)
+    try:
+        left = refusals_left(path.read_text())
+    except FileNotFoundError:
+        return
+    if left == 0:
+        path.unlink(missing_ok=True)
+        return
+    if left is not None:
+        if left == 1:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{left - 1}\n")
+    raise CapacityRefused(f"{node}: no capacity for a replacement (the local provider was told to refuse: {path}); "
+                          f"go on with fewer nodes, or delete that file (faults.allow_replacements) and ask again")
+
+
+__all__ = ["allow_replacements", "job_pids", "kill_node", "lose_node", "node_pids", "refuse_replacements",
+           "refusals_left", "set_link", "take_refusal"]

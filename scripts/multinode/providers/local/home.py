@@ -27,6 +27,11 @@ def user_home(user: str) -> Path:
     return Path(pwd.getpwnam(user).pw_dir)
 
 
+def user_group(user: str) -> int:
+    """The primary group id of ``user``."""
+    return pwd.getpwnam(user).pw_gid
+
+
 def own_home_steps(home: Path, state_root: Path, node_dir: Path) -> list[str]:
     """Shell steps, run as root in the node's mount namespace before its sshd starts, that give the node its own
     copy-on-write ``home``; [] where the home stays shared (see the module doc). A kernel that refuses the overlay

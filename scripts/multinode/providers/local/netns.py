@@ -8,6 +8,7 @@ concurrent tests) never collide:
     bridge     mnb<hash6>                 holds <subnet>.1
     veth       mnh<hash6><i> (host side) / eth0 (inside the namespace)
     subnet     10.<200..249>.<x>.0/24     node i at .10+i; the first free one on this host
+    MAC        02:<hash6>:00:<i>          node i's eth0 (a replacement of node i gets it again)
 
 The network is closed: namespaces get no default route, only their subnet, and the host's
 ``ip_forward`` is never touched, so a node can reach its peers and nothing else.
@@ -101,6 +102,13 @@ class NetPlan:
     def ip(self, i: int) -> str:
         return str(ipaddress.ip_network(self.subnet)[FIRST_HOST + i])
 
+    def mac(self, i: int) -> str:
+        """Node i's MAC address on the cluster network (locally administered, from the cluster's tag and i): the
+        same for a replacement of node i, so its peers' and the host's ARP entries for its IP stay right (with a
+        new MAC they pointed at the lost node until they expired, and nothing reached the new node meanwhile)."""
+        t = self.tag
+        return f"02:{t[0:2]}:{t[2:4]}:{t[4:6]}:00:{i:02x}"
+
     def hostname(self, i: int) -> str:
         return f"{self.cluster}-node-{i}"
 
@@ -143,49 +151,77 @@ def netns_pids(ns: str) -> list[int]:
 
 
 def create(plan: NetPlan) -> None:
-    """Bridge, namespaces, veths, addresses, hosts/resolv.conf. Raises on the first failure."""
+    """Bridge, then every node (:func:`create_node`). Raises on the first failure."""
     run("ip", "link", "add", plan.bridge, "type", "bridge")
     run("ip", "link", "set", plan.bridge, "mtu", str(plan.mtu))
     run("ip", "addr", "add", f"{plan.gateway}/{plan.prefixlen}", "dev", plan.bridge)
     run("ip", "link", "set", plan.bridge, "up")
     for i in range(plan.nodes):
-        ns, veth, peer = plan.netns(i), plan.veth(i), f"mnp{plan.tag}{i}"
-        etc = NETNS_ETC / ns
-        etc.mkdir(parents=True, exist_ok=True)
-        (etc / "hosts").write_text(plan.hosts_file())
-        (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
-        (etc / "hostname").write_text(plan.hostname(i) + "\n")
-        run("ip", "netns", "add", ns)
-        run("ip", "link", "add", veth, "mtu", str(plan.mtu), "type", "veth", "peer", "name", peer, "mtu", str(plan.mtu))
-        run("ip", "link", "set", veth, "master", plan.bridge, "up")
-        run("ip", "link", "set", peer, "netns", ns)
-        batch = "\n".join([
-            "link set lo up",
-            f"link set {peer} name eth0",
-            f"addr add {plan.ip(i)}/{plan.prefixlen} dev eth0",
-            "link set eth0 up",
-        ])
-        subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True, capture_output=True)
+        create_node(plan, i)
 
 
-def stop_processes(namespaces: list[str], grace: float = 1.0) -> int:
-    """SIGTERM everything in the namespaces, then SIGKILL what is left; return how many there were."""
+def create_node(plan: NetPlan, i: int) -> None:
+    """Node i on the cluster's bridge: its hosts/resolv.conf/hostname, namespace, veth pair and address (what `up`
+    does for each node, and a replacement for one). Raises on the first failure."""
+    ns, veth, peer = plan.netns(i), plan.veth(i), f"mnp{plan.tag}{i}"
+    etc = NETNS_ETC / ns
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "hosts").write_text(plan.hosts_file())
+    (etc / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
+    (etc / "hostname").write_text(plan.hostname(i) + "\n")
+    run("ip", "netns", "add", ns)
+    run("ip", "link", "add", veth, "mtu", str(plan.mtu), "type", "veth", "peer", "name", peer, "mtu", str(plan.mtu))
+    run("ip", "link", "set", veth, "master", plan.bridge, "up")
+    run("ip", "link", "set", peer, "netns", ns)
+    batch = "\n".join([
+        "link set lo up",
+        f"link set {peer} name eth0",
+        f"link set eth0 address {plan.mac(i)}",
+        f"addr add {plan.ip(i)}/{plan.prefixlen} dev eth0",
+        "link set eth0 up",
+    ])
+    subprocess.run(["ip", "-n", ns, "-batch", "-"], input=batch, text=True, check=True, capture_output=True)
+
+
+def destroy_node(plan: NetPlan, i: int, warn: bool = True) -> int:
+    """Node i gone: every process in its namespace stopped (``warn``: SIGTERM first, else SIGKILL at once, as a
+    machine that vanishes), its veth (first: see :func:`destroy`) and namespace deleted, its /etc/netns entry
+    removed. The bridge and the other nodes stay. Idempotent; returns how many processes there were."""
+    ns = plan.netns(i)
+    processes = stop_processes([ns], grace=1.0 if warn else 0.0, warn=warn) if ns in namespaces_of(plan.cluster) else 0
+    run("ip", "link", "del", plan.veth(i), check=False)
+    run("ip", "netns", "del", ns, check=False)
+    shutil.rmtree(NETNS_ETC / ns, ignore_errors=True)
+    return processes
+
+
+def stop_processes(namespaces: list[str], grace: float = 1.0, warn: bool = True) -> int:
+    """SIGTERM everything in the namespaces, then SIGKILL what is left (``warn=False``: SIGKILL only); a process
+    that appears meanwhile (a child forked before its parent died) gets the same signal. Returns how many
+    processes there were."""
     import os
     import signal
 
-    pids = {pid for ns in namespaces for pid in netns_pids(ns)}
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)):
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
+    seen: set[int] = set()
+    steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)) if warn else ((signal.SIGKILL, 3.0),)
+    for sig, wait in steps:
+        signalled: set[int] = set()
         end = time.monotonic() + wait
-        while time.monotonic() < end and any(netns_pids(ns) for ns in namespaces):
+        while True:
+            current = {pid for ns in namespaces for pid in netns_pids(ns)}
+            if not current:
+                return len(seen)
+            seen |= current
+            for pid in current - signalled:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            signalled |= current
+            if time.monotonic() >= end:
+                break
             time.sleep(0.05)
-        if not any(netns_pids(ns) for ns in namespaces):
-            break
-    return len(pids)
+    return len(seen)
 
 
 def destroy(cluster: str) -> tuple[int, int, int]:

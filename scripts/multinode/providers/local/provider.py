@@ -26,8 +26,14 @@ root -- what a cloud node's ``ubuntu`` is -- and its work directories are that u
 the user needs the container CLI as root, as ``ubuntu`` has Docker's socket: e.g.
 ``-o container_cli="sudo -n podman ..."`` with a sudoers rule (tests/integration/test_container_owner.py).
 
-Fault injection for tests and drills: :mod:`multinode.providers.local.faults` and
-:func:`multinode.providers.local.sshd.stop_sshd` / ``start_sshd``.
+`replace` (the recovery of a lost node, :mod:`multinode.providers.local.node`): what is left of the node
+(namespace, sshd, every process in it, its files) is removed and ONE new node is made under the SAME name and
+private IP -- hosts files and rank order stay -- with a new namespace, sshd and host key (re-pinned in
+known_hosts), empty work directory and home, and its metadata endpoint again if the cluster served one. The
+other nodes are not touched (same namespaces, same sshd processes). SCHEDULER=slurm clusters are not replaced.
+
+Fault injection for tests and drills: :mod:`multinode.providers.local.faults` (a crash, a cut link, a lost node,
+a provider told to refuse replacements) and :func:`multinode.providers.local.sshd.stop_sshd` / ``start_sshd``.
 """
 
 from __future__ import annotations
@@ -36,21 +42,21 @@ import json
 import pwd
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
-from multinode.core.inventory import Inventory, Node
+from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
 from multinode.providers.local import imds
 from multinode.providers.local import slurm as slurm_local
 from multinode.providers.local.meta import isolated, load_meta, login_user, meta_path
 from multinode.providers.local.netns import NetPlan, namespaces_of
-from multinode.providers.local.sshd import LOOPBACK_PORT, start_sshds, stop_sshd_process, write_sshd_files
+from multinode.providers.local.node import node_files, replace_node, write_known_hosts
+from multinode.providers.local.sshd import LOOPBACK_PORT, start_sshds, stop_sshd_process
 
 
 class LocalProvider:
@@ -93,23 +99,10 @@ class LocalProvider:
         if isolated():
             localnet.create(plan)
         slurm = slurm_local.prepare(state, plan) if scheduler == "slurm" else None  # before sshd: see slurm_local
-        host_keys = [write_sshd_files(state, plan, i, port) for i in range(plan.nodes)]
-        known = []
-        for i, key in enumerate(host_keys):
-            names = [plan.ip(i), plan.hostname(i)] if port == 22 else [f"[{plan.ip(i)}]:{port}"]
-            known.append(f"{','.join(names)} {key}\n")
-        state.known_hosts.write_text("".join(known))
+        ssh_user = spec.options.get("ssh_user") or login_user()
+        nodes = tuple(node_files(state, plan, i, port, ssh_user) for i in range(plan.nodes))
+        write_known_hosts(state, plan, nodes, port)
         start_sshds(state, plan, list(range(plan.nodes)), port)
-        nodes = tuple(
-            Node(name=f"node-{i}", hostname=plan.hostname(i) if isolated() else socket.gethostname(),
-                 private_ip=plan.ip(i), ssh_user=spec.options.get("ssh_user") or login_user(), ssh_port=port,
-                 host_key=host_keys[i])
-            for i in range(plan.nodes)
-        )
-        for node in nodes:
-            workdir = state.provider_dir / "nodes" / node.name
-            workdir.mkdir(parents=True, exist_ok=True)
-            shutil.chown(workdir, node.ssh_user, user_group(node.ssh_user))  # the login user's, as on a cloud node
         options = dict(spec.options)
         options.pop("ssh_user", None)
         runtime = options.pop("runtime", "host")
@@ -142,6 +135,11 @@ class LocalProvider:
         )
         inventory.save(state.inventory_path)
         return inventory
+
+    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+        """One new node for ``name`` under the same name and private IP (:mod:`multinode.providers.local.node`);
+        the others untouched. CapacityRefused when told to refuse (:mod:`multinode.providers.local.faults`)."""
+        return replace_node(state, inventory, name)
 
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: nothing local holds user data
         """Remove everything of the cluster by its name (namespaces, links, /etc/netns entries and processes
@@ -184,11 +182,6 @@ def _check_ssh_user(user: str | None) -> str:
     if not isolated():
         raise UserError(f"-o ssh_user={user} needs root (each node's sshd logs users in); run as root or leave it unset")
     return user
-
-
-def user_group(user: str) -> int:
-    """The primary group id of ``user``."""
-    return pwd.getpwnam(user).pw_gid
 
 
 def _check_scheduler(scheduler: str | None) -> None:

@@ -4,6 +4,7 @@
     mpirun ... python -m pkg.train       (gradients averaged with mpi4py)
 """
 
+import gc
 import hashlib
 import importlib.metadata
 import os
@@ -70,4 +71,8 @@ if "OMPI_COMM_WORLD_RANK" not in os.environ:
     # A gloo group left to the interpreter's exit can abort the rank ("terminate called without an active
     # exception", exit 134) on a loaded machine: end it as a torch script should.
     dist.barrier()
+    # DDP's reducer holds the group: it goes first, or the group's threads can outlive it into the interpreter's
+    # shutdown and abort the rank after all its output (seen here twice, in a container and on a host node).
+    del model, optimizer
+    gc.collect()
     dist.destroy_process_group()

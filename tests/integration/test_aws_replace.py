@@ -1,0 +1,170 @@
+"""Replacing one node of an EC2 cluster, with the real Terraform binary against a real moto_server (as
+test_aws_moto.py: offline provider mirror, ``AWS_ENDPOINT_URL``; never AWS).
+
+EC2's "no capacity" cannot be asked of moto, so one test puts a small proxy between Terraform and moto that answers
+RunInstances with EC2's own error document (``InsufficientInstanceCapacity``) and passes everything else through:
+the real provider's real error output is what the mapping to CapacityRefused reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import urllib.error
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+from test_aws_moto import _instances, _spec, ec2, moto_clients, moto_url, offline_terraform, ssh_listener  # noqa: F401
+
+from multinode.core.errors import CapacityRefused
+from multinode.core.inventory import Inventory
+from multinode.core.state import ClusterState
+from multinode.providers.aws import ec2 as aws_ec2
+from multinode.providers.aws.provider import AwsProvider
+
+pytestmark = pytest.mark.integration
+
+ICE = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code>"
+       "<Message>We currently do not have sufficient c6i.xlarge capacity in the Availability Zone you requested "
+       "(us-east-1a).</Message></Error></Errors><RequestID>5f1c7c7e-0000-4000-8000-000000000001</RequestID></Response>")
+
+
+def _provider(ssh_listener, waited: list) -> AwsProvider:
+    def wait_ssh(hosts, port, timeout):  # moto's addresses are never connected to: a loopback listener stands in
+        aws_ec2.wait_tcp(["127.0.0.1"] * len(hosts), port, timeout=timeout, poll=0.2)
+
+    def wait_ready(inventory, image):
+        waited.append([n.name for n in inventory.nodes])
+
+    return AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh, wait_ready=wait_ready, clients=moto_clients)
+
+
+def _by_id(ec2_client, cluster: str) -> dict[str, dict]:
+    return {i["InstanceId"]: i for i in _instances(ec2_client, cluster)}
+
+
+def _tags(instance: dict) -> dict[str, str]:
+    return {t["Key"]: t["Value"] for t in instance["Tags"]}
+
+
+def _host_key_in_user_data(ec2_client, instance_id: str) -> str:
+    data = ec2_client.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    return yaml.safe_load(base64.b64decode(data["UserData"]["Value"]))["ssh_keys"]["ed25519_public"]
+
+
+def test_replacing_node_1_of_3_creates_exactly_one_instance(ec2, offline_terraform, tmp_path, ssh_listener):
+    state = ClusterState.for_cluster("tfrep", root=tmp_path)
+    waited: list = []
+    provider = _provider(ssh_listener, waited)
+    inv = provider.up(_spec("tfrep", nodes=3), state)
+    before = _by_id(ec2, "tfrep")
+    old = before[inv.nodes[1].instance_id]
+
+    after = provider.replace(state, inv, "node-1")
+
+    now = _by_id(ec2, "tfrep")
+    (new_id,) = set(now) - set(before)
+    assert now[old["InstanceId"]]["State"]["Name"] == "terminated"
+    assert {iid: i["State"]["Name"] for iid, i in now.items() if iid != old["InstanceId"]} == {
+        inv.nodes[0].instance_id: "running", inv.nodes[2].instance_id: "running", new_id: "running"}
+    assert [n.instance_id for n in after.nodes] == [inv.nodes[0].instance_id, new_id, inv.nodes[2].instance_id]
+    assert after.nodes[0] == inv.nodes[0] and after.nodes[2] == inv.nodes[2]
+    new = now[new_id]
+    # The cluster's tags (expiry: its TTL), profile, subnet, security groups, type and image; the pinned host key.
+    assert _tags(new) == _tags(old) and _tags(new)["node"] == "node-1"
+    assert new["IamInstanceProfile"]["Arn"] == old["IamInstanceProfile"]["Arn"]
+    assert (new["SubnetId"], new["InstanceType"], new["ImageId"]) == (old["SubnetId"], old["InstanceType"], old["ImageId"])
+    assert [g["GroupId"] for g in new["SecurityGroups"]] == [g["GroupId"] for g in old["SecurityGroups"]]
+    assert _host_key_in_user_data(ec2, new_id) == inv.nodes[1].host_key == after.nodes[1].host_key
+    node = after.nodes[1]
+    assert (node.private_ip, node.public_ip) == (new["PrivateIpAddress"], new["PublicIpAddress"])
+    assert f"{node.public_ip},{node.private_ip} {node.host_key}\n" in state.known_hosts.read_text()
+    assert len(state.known_hosts.read_text().splitlines()) == 3
+    assert Inventory.load(state.inventory_path) == after
+    assert waited == [["node-0", "node-1", "node-2"], ["node-1"]]  # the bootstrap wait: of the new node only
+
+    lines = provider.down(state)
+    assert lines[-1].startswith("verified: no instance tagged cluster=tfrep")
+    assert {i["State"]["Name"] for i in _instances(ec2, "tfrep")} == {"terminated"} and len(_instances(ec2, "tfrep")) == 4
+
+
+class RefusingProxy:
+    """Loopback HTTP proxy to moto that answers RunInstances with EC2's InsufficientInstanceCapacity while
+    ``refuse`` is set."""
+
+    def __init__(self, target: str) -> None:
+        self.refuse = True
+        self.refused = 0
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, fmt, *args):
+                pass
+
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if proxy.refuse and b"Action=RunInstances" in body:
+                    proxy.refused += 1  # EC2 sends this document with HTTP 500
+                    return self._answer(500, ICE.encode(), {"Content-Type": "text/xml"})
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                req = urllib.request.Request(target + self.path, data=body or None, headers=headers, method=self.command)
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as reply:
+                        return self._answer(reply.status, reply.read(), dict(reply.headers))
+                except urllib.error.HTTPError as err:
+                    return self._answer(err.code, err.read(), dict(err.headers))
+
+            def _answer(self, status, data, headers):
+                self.send_response(status)
+                for key, value in headers.items():
+                    if key.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_no_capacity_is_capacity_refused_and_the_rest_stays(ec2, offline_terraform, moto_url, tmp_path, ssh_listener,
+                                                            monkeypatch):
+    state = ClusterState.for_cluster("tfice", root=tmp_path)
+    provider = _provider(ssh_listener, [])
+    inv = provider.up(_spec("tfice", nodes=3), state)
+    saved, known = state.inventory_path.read_text(), state.known_hosts.read_text()
+    # The AWS provider retries InsufficientInstanceCapacity on RunInstances up to max_retries (default 25) times with
+    # back-off (terraform-provider-aws, internal/service/ec2 service_package: the code is marked retryable), minutes
+    # before the apply fails; an override file, Terraform's own mechanism, makes the first answer the last here.
+    (state.provider_dir / "terraform" / "test_override.tf").write_text('provider "aws" {\n  max_retries = 1\n}\n')
+    proxy = RefusingProxy(moto_url)
+    try:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # Terraform's AWS provider and boto3 both
+        with pytest.raises(CapacityRefused) as err:
+            provider.replace(state, inv, "node-2")
+        assert str(err.value).startswith("node-2: no capacity for a replacement (EC2 said InsufficientInstanceCapacity)")
+        assert proxy.refused >= 1
+        now = _by_id(ec2, "tfice")
+        assert {iid: i["State"]["Name"] for iid, i in now.items()} == {
+            inv.nodes[0].instance_id: "running", inv.nodes[1].instance_id: "running",
+            inv.nodes[2].instance_id: "terminated"}  # asked to replace: the old one ended, no new one made
+        assert (state.inventory_path.read_text(), state.known_hosts.read_text()) == (saved, known)
+        proxy.refuse = False  # capacity is back: the same ask makes exactly one instance
+        after = provider.replace(state, inv, "node-2")
+    finally:
+        proxy.close()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
+    assert len(_by_id(ec2, "tfice")) == 4 and after.nodes[:2] == inv.nodes[:2]
+    assert after.nodes[2].instance_id not in (n.instance_id for n in inv.nodes)
+    provider.down(state)
+    assert {i["State"]["Name"] for i in _instances(ec2, "tfice")} == {"terminated"}

@@ -1,0 +1,76 @@
+"""The local provider's replacement knob and known_hosts lines (files only: no namespace, no process)."""
+
+from __future__ import annotations
+
+import pytest
+
+from multinode.core.errors import CapacityRefused, MultinodeError, UserError
+from multinode.core.state import ClusterState
+from multinode.providers.local import faults
+from multinode.providers.local.netns import NetPlan
+from multinode.providers.local.node import known_hosts_line
+
+
+@pytest.fixture
+def state(tmp_path):
+    return ClusterState.for_cluster("rk", root=tmp_path)
+
+
+def test_capacity_refused_is_not_a_user_error():
+    err = CapacityRefused("node-2: no capacity")
+    assert isinstance(err, MultinodeError) and not isinstance(err, UserError)
+    assert err.exit_code == 69 and str(err) == "node-2: no capacity"
+
+
+@pytest.mark.parametrize("text, left", [("", None), ("\n", None), ("3\n", 3), ("0", 0), ("junk", None)])
+def test_refusals_left_reads_the_knob(text, left):
+    assert faults.refusals_left(text) == left
+
+
+def test_no_knob_allows(state):
+    faults.take_refusal(state, "node-1")  # no file: returns quietly
+    assert not faults.refusal_path(state).exists()
+
+
+def test_refuse_always_until_allowed(state):
+    path = faults.refuse_replacements(state)
+    assert path == state.provider_dir / "refuse-replacements" and path.read_text() == ""
+    for _ in range(3):
+        with pytest.raises(CapacityRefused) as err:
+            faults.take_refusal(state, "node-2")
+        assert str(err.value).startswith(
+            f"node-2: no capacity for a replacement (the local provider was told to refuse: {path}); ")
+        assert "\n" not in str(err.value)
+    faults.allow_replacements(state)
+    faults.take_refusal(state, "node-2")
+    faults.allow_replacements(state)  # idempotent
+
+
+def test_refuse_the_next_n_then_allow(state):
+    faults.refuse_replacements(state, 2)
+    with pytest.raises(CapacityRefused):
+        faults.take_refusal(state, "node-1")
+    assert faults.refusal_path(state).read_text() == "1\n"
+    with pytest.raises(CapacityRefused):
+        faults.take_refusal(state, "node-1")
+    assert not faults.refusal_path(state).exists()
+    faults.take_refusal(state, "node-1")
+
+
+def test_refuse_needs_a_positive_count(state):
+    with pytest.raises(UserError, match="n=0"):
+        faults.refuse_replacements(state, 0)
+    assert not faults.refusal_path(state).exists()
+
+
+def test_known_hosts_line_by_ip_and_hostname_or_by_port():
+    plan = NetPlan("kh", 3, "10.201.7.0/24", 1500)
+    key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKey"
+    assert known_hosts_line(plan, 2, 22, key) == f"10.201.7.12,kh-node-2 {key}\n"
+    assert known_hosts_line(plan, 1, 2222, key) == f"[10.201.7.11]:2222 {key}\n"
+
+
+def test_a_node_keeps_its_mac_address_across_replacements():
+    plan = NetPlan("kh", 3, "10.201.7.0/24", 1500)
+    assert plan.mac(2) == NetPlan("kh", 3, "10.201.7.0/24", 1500).mac(2) == f"02:{plan.tag[:2]}:{plan.tag[2:4]}:{plan.tag[4:]}:00:02"
+    assert len({plan.mac(i) for i in range(64)}) == 64 and plan.mac(0) != NetPlan("other", 3, plan.subnet, 1500).mac(0)

@@ -1,0 +1,125 @@
+"""RECOVER and RESUME decisions without a cluster: the timeline, which run RESUME=1 continues, the nodes a
+recovery goes on with (a fake provider that replaces or refuses), and the recovery benchmark's verdicts."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+from conftest import make_inventory
+
+from bench import recovery as bench_recovery
+from multinode.app.recover import Loss, Recovery, Timeline, resumable_run
+from multinode.core.config import LaunchSpec
+from multinode.core.errors import CapacityRefused, JobFailed, NodeError, UserError
+from multinode.core.state import ClusterState
+
+
+class Provider:
+    """Replaces the nodes it is not told to refuse; records what it was asked."""
+
+    def __init__(self, refuse: set[str] = frozenset()):
+        self.refuse, self.asked = set(refuse), []
+
+    def replace(self, state, inventory, name):
+        self.asked.append(name)
+        if name in self.refuse:
+            raise CapacityRefused(f"{name}: no capacity")
+        return inventory
+
+
+def _recovery(tmp_path, provider, nodes=3):
+    state = ClusterState.for_cluster("dev", root=tmp_path)
+    spec = LaunchSpec(nodes=nodes, recover=1, recover_wait=5)
+    return Recovery(state, make_inventory(nodes), spec, out=io.StringIO(), provider=provider)
+
+
+def _loss(*names):
+    return Loss(list(names), "lost", 7, JobFailed(NodeError(names[0], "job", None, "lost its SSH session")))
+
+
+def test_a_replaced_node_keeps_the_cluster_whole(tmp_path):
+    rec = _recovery(tmp_path, Provider())
+    active = rec._replace_or_shrink(rec.cluster, _loss("node-2"))
+    assert [n.name for n in active.nodes] == ["node-0", "node-1", "node-2"]
+    assert [e["event"] for e in rec.timeline.events] == ["replacement asked", "node ready"]
+
+
+def test_a_refused_replacement_goes_on_without_the_node_and_a_lost_head_makes_node1_the_head(tmp_path):
+    rec = _recovery(tmp_path, Provider(refuse={"node-0"}))
+    active = rec._replace_or_shrink(rec.cluster, _loss("node-0"))
+    assert [n.name for n in active.nodes] == ["node-1", "node-2"] and active.head.name == "node-1"
+    assert rec.timeline.events[-1]["event"] == "going on without it"
+    assert "going on with 2 node(s) at the same global batch" in rec.out.getvalue()
+
+
+def test_nothing_left_to_go_on_with_raises_the_run_s_error(tmp_path):
+    rec = _recovery(tmp_path, Provider(refuse={"node-0", "node-1"}), nodes=2)
+    loss = _loss("node-0", "node-1")
+    with pytest.raises(JobFailed):
+        rec._replace_or_shrink(rec.cluster, loss)
+
+
+def test_recovery_turns_grace_on_so_ranks_can_take_a_notice(tmp_path):
+    assert _recovery(tmp_path, Provider()).spec.grace is not None
+
+
+def test_timeline_lines_are_relative_to_the_first_event():
+    timeline = Timeline()
+    timeline.add("notice", "on node-2", at=100.0)
+    timeline.add("node ready", "node-2", at=103.5)
+    timeline.steps_lost.append(0)
+    text = "\n".join(timeline.lines())
+    assert "+    0.0 s  notice  on node-2" in text and "+    3.5 s  node ready  node-2" in text
+    assert "steps lost: 0" in text
+
+
+def _run(state, run_id, summary=None):
+    run_dir = state.run_dir(run_id)
+    run_dir.mkdir(parents=True)
+    if summary is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_resume_continues_the_latest_run_that_did_not_finish(tmp_path):
+    state = ClusterState.for_cluster("dev", root=tmp_path)
+    with pytest.raises(UserError, match="has no run to continue"):
+        resumable_run(state)
+    _run(state, "20261124-080000-aaaaaa", {"failed_node": None, "preempted": None})
+    with pytest.raises(UserError, match="finished; nothing to continue"):
+        resumable_run(state)
+    _run(state, "20261124-090000-bbbbbb", {"failed_node": None, "preempted": {"notice": "x"}})
+    assert resumable_run(state) == "20261124-090000-bbbbbb"
+    _run(state, "20261124-100000-cccccc")  # the orchestrator stopped before its summary
+    assert resumable_run(state) == "20261124-100000-cccccc"
+
+
+RECORDED = {"nodes": 3, "epochs": 10, "save_every": 3, "pair_ratios": [0.4, 0.6, 0.45],
+            "runs": {"ours": [{"seconds": 8.0, "steps_lost": 0}, {"seconds": 9.0, "steps_lost": 0},
+                              {"seconds": 9.0, "steps_lost": 1}],
+                     "restart": [{"seconds": 20.0, "steps_lost": 30}, {"seconds": 15.0, "steps_lost": 28},
+                                 {"seconds": 20.0, "steps_lost": 31}]}}
+
+
+def test_recovery_bench_judges_by_the_median_of_pairs_and_the_worst_run_s_lost_steps():
+    speed, lost = bench_recovery.judge(RECORDED)
+    assert speed["value"] == 0.45 and speed["verdict"] == "inconclusive"  # pairs on both sides of 0.5
+    assert lost["value"] == 1.0 and lost["met"]
+    assert "| 2 | 9.0 | 0 | 15.0 | 28 | 0.60 |" in bench_recovery.section(RECORDED)
+
+
+def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
+    """Ctrl-C with GRACE ends the run preempted (the ranks checkpoint): the recovery raises it, replacing nothing."""
+    from types import SimpleNamespace
+
+    import multinode.app.recover as recover
+    from multinode.core.errors import Preempted
+
+    provider = Provider()
+    rec = _recovery(tmp_path, provider)
+    monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: {n.name: (True, "up") for n in inv.nodes})
+    run = SimpleNamespace(summary=SimpleNamespace(preempted={"noticed_on": "node-0", "stopped_by": "SIGINT"}))
+    with pytest.raises(Preempted):
+        rec._what_was_lost(run, rec.cluster, Preempted("run x PREEMPTED"))
+    assert provider.asked == []
