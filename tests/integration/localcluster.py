@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -118,3 +119,14 @@ def another_torch(cluster: Cluster, node: str, root: Path):
     (fake / "version.py").write_text("__version__ = '2.12.0+cpu'\ncuda = None\nhip = None\n")
     with sshd_options(cluster, node, f"SetEnv PYTHONPATH={fake.parent}"):
         yield cluster
+
+
+def preempt_project(root: Path) -> Path:
+    """A user project carrying our notice helper (training/preempt.py and training/imds.py: standard library only,
+    torch when it agrees) and tests/integration/jobs/user_preempt.py, a plain loop with ``preempt.guard()``."""
+    project = root / "project"
+    (project / "training").mkdir(parents=True)
+    shutil.copy(REPO / "tests" / "integration" / "jobs" / "user_preempt.py", project)
+    for name in ("__init__.py", "preempt.py", "imds.py"):
+        shutil.copy(REPO / "training" / name, project / "training" / name)
+    return project

@@ -7,7 +7,6 @@ of it is left on any node. Times are never asserted."""
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import torch
 
 from bench.drills.common import PG_TIMEOUT, watched
 from bench.drills.preempt import run_sigterm_drill, snapshot_copies
-from localcluster import REPO
+from localcluster import preempt_project
 
 pytestmark = pytest.mark.integration
 
@@ -56,11 +55,7 @@ def test_grace_makes_sigterm_to_a_rank_one_checkpoint_and_75(cluster3):
 def test_grace_puts_a_user_script_with_the_helper_behind_the_guard(cluster3, tmp_path):
     """tests/integration/jobs/user_preempt.py (``preempt.guard()``) with ``--grace`` and no ENV: every rank has
     MULTINODE_GRACE, runs behind ``training.guard``, and all stop at one step and save."""
-    project = tmp_path / "project"
-    (project / "training").mkdir(parents=True)
-    shutil.copy(REPO / "tests" / "integration" / "jobs" / "user_preempt.py", project)
-    for name in ("__init__.py", "preempt.py", "imds.py"):
-        shutil.copy(REPO / "training" / name, project / "training" / name)
+    project = preempt_project(tmp_path)
     out = tmp_path / "user-ckpt.pt"
     args = ["train", "--nodes", "3", "--run-id=guser", "--script=user_preempt.py", f"--workdir={project}",
             f"--grace={GRACE}", f"--args=--steps 100000 --out {out}"]

@@ -15,7 +15,7 @@ import torch
 
 from bench.drills.preempt import (resume, run_files, run_notice_drill, run_sigterm_drill,
                                   snapshot_copies, train_args)
-from localcluster import REPO
+from localcluster import REPO, preempt_project
 
 pytestmark = pytest.mark.integration
 
@@ -104,11 +104,7 @@ def test_sigterm_with_grace_checkpoints_before_exit(cluster3):
 def test_user_script_with_the_helper_checkpoints_on_sigterm(cluster3, tmp_path):
     """tests/integration/jobs/user_preempt.py, a plain loop with ``preempt.guard()``, in a project that carries
     the helper (training/preempt.py and training/imds.py: standard library only, torch when it agrees)."""
-    project = tmp_path / "project"
-    (project / "training").mkdir(parents=True)
-    shutil.copy(REPO / "tests" / "integration" / "jobs" / "user_preempt.py", project)
-    for name in ("__init__.py", "preempt.py", "imds.py"):
-        shutil.copy(REPO / "training" / name, project / "training" / name)
+    project = preempt_project(tmp_path)
     out = tmp_path / "user-ckpt.pt"
     args = ["train", "--nodes", "3", "--run-id=user", "--script=user_preempt.py", f"--workdir={project}",
             "--env=MULTINODE_GRACE=30", f"--args=--steps 100000 --out {out}"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from multinode.core.errors import CapacityRefused, MultinodeError
+from multinode.core.errors import MultinodeError
 from multinode.core.inventory import Inventory
 
 
@@ -50,7 +50,7 @@ class GrowBack:
     def _ask(self, name: str) -> None:
         try:
             self.cluster = self.replace(name)
-        except (CapacityRefused, MultinodeError) as err:
+        except MultinodeError as err:  # CapacityRefused included
             self.say(f"{name}: still no replacement ({err}); asking again in {self.interval:.0f} s")
             return
         self.missing.pop(0)

@@ -246,6 +246,8 @@ class Recovery:
 
     def _resumed(self, loss: Loss, run: Run) -> None:
         """The next attempt's start on the timeline; steps lost = the last step reached - the step resumed from."""
+        if run.started_at is None:  # the attempt ended before its job started: nothing resumed
+            return
         resumed = run.resumed or {}
         self.timeline.add("job started again", f"from step {resumed.get('step', '?')} on "
                           f"{resumed.get('world_size', '?')} rank(s)", at=run.started_at)
