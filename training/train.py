@@ -213,5 +213,26 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
     return 0 if ok else 1
 
 
+def exit_now(code: int) -> None:
+    """End the process with ``code`` once its output is out, skipping the interpreter's teardown.
+
+    After every rank printed its last line and destroyed its process group, a rank sometimes still died in
+    the C++ teardown at interpreter exit: ``terminate called without an active exception``, exit 134 (seen three
+    times on 2026-11-24 with torch 2.13 + gloo, once in our own trainer, after ``RESULT``; pytorch issue 190489
+    and the abandoned atexit fix of pytorch PR 179291 describe the same abort). A finished rank has nothing left
+    for that teardown to do, so it leaves with ``os._exit`` after flushing its logs, its streams and MPI (mpi4py
+    finalizes at exit otherwise, and mpirun calls a rank that skipped ``MPI_Finalize`` a failure)."""
+    logging.shutdown()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():
+        mpi.Finalize()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can be said on it
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
