@@ -251,7 +251,7 @@ class Trainer:
             epochs_run += 1
             stats = self._run_epoch(epoch)
             val = self.evaluate(self.val_loader)
-            row = {"epoch": epoch, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
+            row = {"epoch": epoch, "step": self.step, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
             self.runlog.record(**row)
             acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
             log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
