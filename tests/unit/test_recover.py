@@ -123,3 +123,56 @@ def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
     with pytest.raises(Preempted):
         rec._what_was_lost(run, rec.cluster, Preempted("run x PREEMPTED"))
     assert provider.asked == []
+
+
+def test_timeline_keeps_events_in_time_order_when_one_is_known_only_later():
+    """A job's start is added when its attempt ended, after events (a node back) that happened later."""
+    timeline = Timeline()
+    timeline.add("going on without it", "node-2", at=10.0)
+    timeline.add("node back", "node-2", at=30.0)
+    timeline.add("job started again", "on 2 rank(s)", at=15.0)
+    timeline.add("notice", "growing back", at=30.0)
+    assert [e["event"] for e in timeline.events] == ["going on without it", "job started again", "node back",
+                                                      "notice"]
+
+
+def test_the_checkpoint_is_on_the_timeline_when_it_was_written():
+    from multinode.app.recover import checkpoint_time
+
+    assert checkpoint_time({"stopped_time": 100.0, "checkpoint_seconds": 0.25}) == 100.25
+    assert checkpoint_time({"notice": "a rank exited 75 (preempted) with no report"}) is None
+
+
+def test_growing_back_waits_for_a_heartbeat_of_this_attempt():
+    from multinode.app.growback import fresh_heartbeat
+
+    assert not fresh_heartbeat([], 1000.5)  # no heartbeat yet: the trainer is starting
+    assert not fresh_heartbeat(["999\n1000\n", ""], 1000.5)  # the last attempt's, or of the same second
+    assert fresh_heartbeat(["999\n", "1001\n"], 1000.5)
+
+
+def test_grow_back_asks_until_the_node_is_back_then_notifies_until_the_job_takes_it():
+    from multinode.app.growback import GrowBack
+
+    asks, notices, said = [], [], []
+
+    def replace(name):
+        asks.append(name)
+        if len(asks) < 3:
+            raise CapacityRefused(f"{name}: no capacity")
+        return "the whole cluster"
+
+    def notify():
+        notices.append(1)
+        return len(notices) == 2  # the job trains only at the second try
+
+    grow = GrowBack(["node-2"], replace, notify, 0.01, said.append)
+    with grow:
+        for _ in range(500):
+            if grow.notified:
+                break
+            grow._stop.wait(0.01)
+    assert grow.notified and asks == ["node-2"] * 3 and len(notices) == 2 and grow.cluster == "the whole cluster"
+    assert sum("still no replacement" in line for line in said) == 1, said  # a refusal is told once
+    assert said[-2:] == ["node-2 is back",
+                         "every node is back: the ranks take a checkpoint and the run resumes on the whole cluster"]
