@@ -20,8 +20,8 @@ from bench.drills.preempt import rank_pid
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 16
-RECOVER_WAIT = 3  # seconds between the asks for node-2 while the run is on 2 nodes
+EPOCHS = 12
+RECOVER_WAIT = 2  # seconds between the asks for node-2 while the run is on 2 nodes
 
 
 def _samples_per_epoch(cluster, run_id: str) -> dict[int, list[int]]:
@@ -43,7 +43,7 @@ def test_a_run_on_fewer_nodes_grows_back_when_capacity_returns(cluster3):
                               f"--recover-wait={RECOVER_WAIT}", f"--pg-timeout={PG_TIMEOUT}",
                               f"--args=--workload digits {EPOCHS} 2 --log-samples")
         with watched(proc) as (out, err):
-            out.wait_for(r"\[rank0\]: .*epoch 2/", timeout=240)
+            out.wait_for(r"\[rank0\]: .*epoch 1/", timeout=240)
             os.kill(rank_pid(cluster3.state, "node-2", b"train.py"), signal.SIGTERM)  # a notice (GRACE is on)
             out.wait_for(r"going on with 2 node\(s\)", timeout=240)
             faults.allow_replacements(cluster3.state)  # node-2 is made again while the 2 ranks start

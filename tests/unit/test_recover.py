@@ -176,3 +176,35 @@ def test_grow_back_asks_until_the_node_is_back_then_notifies_until_the_job_takes
     assert sum("still no replacement" in line for line in said) == 1, said  # a refusal is told once
     assert said[-2:] == ["node-2 is back",
                          "every node is back: the ranks take a checkpoint and the run resumes on the whole cluster"]
+
+
+def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path, monkeypatch):
+    """The notice met the job past its last step (it died of the SIGTERM at exit): no checkpoint, and no bug of its
+    own -- the next attempt runs on every node from the freshest snapshot instead of the run failing."""
+    import contextlib
+    import time
+    from types import SimpleNamespace
+
+    import multinode.app.recover as recover
+
+    attempts = []
+
+    class FakeRun:
+        def __init__(self, state, active, spec, out):
+            attempts.append(spec.nodes)
+            self.run_dir, self.summary, self.started_at, self.resumed = tmp_path / "run", None, None, {}
+            self.run_dir.mkdir(exist_ok=True)
+
+        def execute(self):
+            self.started_at = time.time()
+            if len(attempts) == 1:
+                raise JobFailed(NodeError("node-0", "job", 143, "exit 143"))
+            return "the summary"
+
+    monkeypatch.setattr(recover, "Run", FakeRun)
+    rec = _recovery(tmp_path, Provider())
+    notified = iter([True, False])
+    monkeypatch.setattr(rec, "_grow_back",
+                        lambda active, spec: contextlib.nullcontext(SimpleNamespace(notified=next(notified))))
+    assert rec.execute() == "the summary" and attempts == [3, 3] and rec.grown == 1
+    assert [e["event"] for e in rec.timeline.events] == ["no checkpoint", "job started again"]
