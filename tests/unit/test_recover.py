@@ -208,3 +208,22 @@ def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path
                         lambda active, spec: contextlib.nullcontext(SimpleNamespace(notified=next(notified))))
     assert rec.execute() == "the summary" and attempts == [3, 3] and rec.grown == 1
     assert [e["event"] for e in rec.timeline.events] == ["no checkpoint", "job started again"]
+
+
+def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
+    """A healthy node too busy to answer the first probe must not be replaced (that wipes its snapshots); a node
+    that answers neither is lost."""
+    import multinode.app.recover as recover
+
+    probes = []
+
+    def probe(inv, timeout):
+        probes.append(([n.name for n in inv.nodes], timeout))
+        slow = len(probes) == 1  # node-1 misses the first probe only; node-2 never answers
+        return {n.name: (n.name == "node-0" or (n.name == "node-1" and not slow), "timed out") for n in inv.nodes}
+
+    monkeypatch.setattr(recover, "probe_ssh", probe)
+    rec = _recovery(tmp_path, Provider())
+    assert rec._silent(rec.cluster) == {"node-2": "timed out"}
+    assert probes == [(["node-0", "node-1", "node-2"], recover.PROBE_SECONDS[0]),
+                      (["node-1", "node-2"], recover.PROBE_SECONDS[1])]

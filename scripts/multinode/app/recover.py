@@ -63,6 +63,10 @@ def resumable_run(state: ClusterState) -> str:
 
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
+# A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the
+# host's load average near 14 on 2 cores, node-0 and node-1 missed a 5 s probe right after a coordinated
+# checkpoint and were replaced, their snapshots wiped: tests/integration/test_growback_local.py, 2026-11-24).
+PROBE_SECONDS = (5.0, 20.0)
 
 
 def checkpoint_time(report: dict) -> float | None:
@@ -200,8 +204,8 @@ class Recovery:
     def _what_was_lost(self, run: Run, active: Inventory, err: MultinodeError) -> Loss:
         """The node(s) to replace: the one a notice named, and every node that no longer answers SSH. A failure
         with every node answering is the job's own: raised as it is (recovery does not retry bugs)."""
-        answers = probe_ssh(active, timeout=5.0)
-        silent = [name for name, (ok, _) in answers.items() if not ok]
+        lost = self._silent(active)
+        silent = list(lost)
         if isinstance(err, Preempted):
             report = (run.summary.preempted if run.summary else None) or {}
             if report.get("stopped_by"):  # Ctrl-C (or a scheduler) stopped the orchestrator: nothing to recover
@@ -212,12 +216,27 @@ class Recovery:
             self.timeline.add("notice", f"{report.get('notice', 'a notice')} on {', '.join(named) or host or '?'}",
                               at=float(at) if isinstance(at, (int, float)) else None)
             stop = self._checkpoint_written(report)
-            return Loss(named + [n for n in silent if n not in named], "notice", stop.get("step"), err)
+            also = [n for n in silent if n not in named]
+            if also:
+                self.timeline.add("node lost", f"{', '.join(also)} (no SSH: {lost[also[0]]})")
+            return Loss(named + also, "notice", stop.get("step"), err)
         if not silent:
             raise err
-        self.timeline.add("node lost", f"{', '.join(silent)} (no SSH: {answers[silent[0]][1]})")
+        self.timeline.add("node lost", f"{', '.join(silent)} (no SSH: {lost[silent[0]]})")
         return Loss(silent, "lost", self._last_step(active.only([n.name for n in active.nodes if n.name not in silent])),
                     err)
+
+    @staticmethod
+    def _silent(active: Inventory) -> dict[str, str]:
+        """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS): a node busy enough to miss the
+        first is not lost -- replacing it would wipe its snapshots."""
+        nodes = active
+        for timeout in PROBE_SECONDS:
+            silent = {name: why for name, (ok, why) in probe_ssh(nodes, timeout=timeout).items() if not ok}
+            if not silent:
+                break
+            nodes = active.only([n.name for n in active.nodes if n.name in silent])
+        return silent
 
     def _checkpoint_written(self, report: dict | None) -> dict:
         """The coordinated checkpoint of a PREEMPTED report on the timeline, at the time it was written (now if the
