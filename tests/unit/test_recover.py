@@ -123,3 +123,104 @@ def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
     with pytest.raises(Preempted):
         rec._what_was_lost(run, rec.cluster, Preempted("run x PREEMPTED"))
     assert provider.asked == []
+
+
+def test_timeline_keeps_events_in_time_order_when_one_is_known_only_later():
+    """A job's start is added when its attempt ended, after events (a node back) that happened later."""
+    timeline = Timeline()
+    timeline.add("going on without it", "node-2", at=10.0)
+    timeline.add("node back", "node-2", at=30.0)
+    timeline.add("job started again", "on 2 rank(s)", at=15.0)
+    timeline.add("notice", "growing back", at=30.0)
+    assert [e["event"] for e in timeline.events] == ["going on without it", "job started again", "node back",
+                                                      "notice"]
+
+
+def test_the_checkpoint_is_on_the_timeline_when_it_was_written():
+    from multinode.app.recover import checkpoint_time
+
+    assert checkpoint_time({"stopped_time": 100.0, "checkpoint_seconds": 0.25}) == 100.25
+    assert checkpoint_time({"notice": "a rank exited 75 (preempted) with no report"}) is None
+
+
+def test_growing_back_waits_for_a_heartbeat_of_this_attempt():
+    from multinode.app.growback import fresh_heartbeat
+
+    assert not fresh_heartbeat([], 1000.5)  # no heartbeat yet: the trainer is starting
+    assert not fresh_heartbeat(["999\n1000\n", ""], 1000.5)  # the last attempt's, or of the same second
+    assert fresh_heartbeat(["999\n", "1001\n"], 1000.5)
+
+
+def test_grow_back_asks_until_the_node_is_back_then_notifies_until_the_job_takes_it():
+    from multinode.app.growback import GrowBack
+
+    asks, notices, said = [], [], []
+
+    def replace(name):
+        asks.append(name)
+        if len(asks) < 3:
+            raise CapacityRefused(f"{name}: no capacity")
+        return "the whole cluster"
+
+    def notify():
+        notices.append(1)
+        return len(notices) == 2  # the job trains only at the second try
+
+    grow = GrowBack(["node-2"], replace, notify, 0.01, said.append)
+    with grow:
+        grow._thread.join(timeout=60)  # the thread ends once the notice reached the job
+    assert grow.notified and asks == ["node-2"] * 3 and len(notices) == 2 and grow.cluster == "the whole cluster"
+    assert sum("still no replacement" in line for line in said) == 1, said  # a refusal is told once
+    assert said[-2:] == ["node-2 is back",
+                         "every node is back: the ranks take a checkpoint and the run resumes on the whole cluster"]
+
+
+def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path, monkeypatch):
+    """The notice met the job past its last step (it died of the SIGTERM at exit): no checkpoint, and no bug of its
+    own -- the next attempt runs on every node from the freshest snapshot instead of the run failing."""
+    import contextlib
+    import time
+    from types import SimpleNamespace
+
+    import multinode.app.recover as recover
+
+    attempts = []
+
+    class FakeRun:
+        def __init__(self, state, active, spec, out):
+            attempts.append(spec.nodes)
+            self.run_dir, self.summary, self.started_at, self.resumed = tmp_path / "run", None, None, {}
+            self.run_dir.mkdir(exist_ok=True)
+
+        def execute(self):
+            self.started_at = time.time()
+            if len(attempts) == 1:
+                raise JobFailed(NodeError("node-0", "job", 143, "exit 143"))
+            return "the summary"
+
+    monkeypatch.setattr(recover, "Run", FakeRun)
+    rec = _recovery(tmp_path, Provider())
+    notified = iter([True, False])
+    monkeypatch.setattr(rec, "_grow_back",
+                        lambda active, spec: contextlib.nullcontext(SimpleNamespace(notified=next(notified))))
+    assert rec.execute() == "the summary" and attempts == [3, 3] and rec.grown == 1
+    assert [e["event"] for e in rec.timeline.events] == ["no checkpoint", "job started again"]
+
+
+def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
+    """A healthy node too busy to answer the first probe must not be replaced (that wipes its snapshots); a node
+    that answers neither is lost."""
+    import multinode.app.recover as recover
+
+    probes = []
+
+    def probe(inv, timeout):
+        probes.append(([n.name for n in inv.nodes], timeout))
+        slow = len(probes) == 1  # node-1 misses the first probe only; node-2 never answers
+        return {n.name: (n.name == "node-0" or (n.name == "node-1" and not slow), "timed out") for n in inv.nodes}
+
+    monkeypatch.setattr(recover, "probe_ssh", probe)
+    rec = _recovery(tmp_path, Provider())
+    assert rec._silent(rec.cluster) == {"node-2": "timed out"}
+    assert probes == [(["node-0", "node-1", "node-2"], recover.PROBE_SECONDS[0]),
+                      (["node-1", "node-2"], recover.PROBE_SECONDS[1])]

@@ -3,20 +3,26 @@ gives the ranks a notice, so they take one coordinated checkpoint and stop (exit
 on the whole cluster from that checkpoint (:mod:`multinode.app.recover`). The global batch stays what it was.
 
 One thread per run on fewer nodes, asking every ``interval`` seconds (RECOVER_WAIT); it never stops the job
-itself except through the notice, and it is stopped when the run ends."""
+itself except through the notice, and it is stopped when the run ends. Our trainer takes the notice only once it
+trains (its watcher starts with the trainer; a SIGTERM while it starts would end it as a failure), so the notice
+waits for a heartbeat the ranks wrote in this attempt (:func:`job_trains`); a user script runs behind
+``training.guard``, which takes a SIGTERM from its first instant."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from multinode.core.config import LaunchSpec
 from multinode.core.errors import MultinodeError
 from multinode.core.inventory import Inventory
+from multinode.core.nodepaths import run_dir as node_run_dir
+from multinode.ssh.runner import RemoteRunner
 
 
 class GrowBack:
     """Ask ``replace(name) -> Inventory`` for each missing node until all are back, then ``notify()`` (True once it
-    reached the job; a job not started yet is notified at the next interval)."""
+    reached the job; a job not started or not training yet is notified at a later interval)."""
 
     def __init__(self, missing: list[str], replace: Callable[[str], Inventory], notify: Callable[[], bool],
                  interval: float, say: Callable[[str], None]) -> None:
@@ -24,6 +30,7 @@ class GrowBack:
         self.interval, self.say = interval, say
         self.cluster: Inventory | None = None  # the inventory once every missing node is back
         self.notified = False
+        self._refused: set[str] = set()  # nodes whose refusal was told once (the asks go on quietly)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mn-grow-back", daemon=True)
 
@@ -38,11 +45,15 @@ class GrowBack:
             self._thread.join(timeout=self.interval + 5)
 
     def _loop(self) -> None:
+        told = False
         while not self._stop.wait(self.interval):
             if self.missing:
                 self._ask(self.missing[0])
             if not self.missing:
-                self.say("every node is back: the ranks take a checkpoint and the run resumes on the whole cluster")
+                if not told:
+                    self.say("every node is back: the ranks take a checkpoint and the run resumes on the whole "
+                             "cluster")
+                    told = True
                 if self.notify():
                     self.notified = True
                     return
@@ -51,7 +62,37 @@ class GrowBack:
         try:
             self.cluster = self.replace(name)
         except MultinodeError as err:  # CapacityRefused included
-            self.say(f"{name}: still no replacement ({err}); asking again in {self.interval:.0f} s")
+            if name not in self._refused:
+                self._refused.add(name)
+                self.say(f"{name}: still no replacement ({err}); asking again every {self.interval:.0f} s")
             return
         self.missing.pop(0)
         self.say(f"{name} is back")
+
+
+def fresh_heartbeat(stat_outputs: Iterable[str], since: float) -> bool:
+    """True when a heartbeat was written after ``since`` (Unix seconds): ``stat_outputs`` hold the heartbeat files'
+    modification times in whole seconds (``stat -c %Y``). A file of the same second as ``since`` counts as older
+    (the next heartbeat, a second later at most, settles it)."""
+    return any(tok.isdigit() and int(tok) > int(since) for text in stat_outputs for tok in text.split())
+
+
+def job_trains(active: Inventory, spec: LaunchSpec, since: float) -> bool:
+    """Whether the job can take the notice now: a user script always (behind training.guard); our trainer once a
+    rank wrote a heartbeat after ``since`` (a step is a collective, so every rank's watcher runs by then)."""
+    if spec.script is not None:
+        return True
+    commands = {n.name: f"stat -c %Y {node_run_dir(active, n.name, spec.run_id)}/heartbeat-rank* 2>/dev/null; true"
+                for n in active.nodes}
+    with RemoteRunner(active, connect_timeout=5.0) as runner:
+        answers = runner.run_each(commands, timeout=10)
+    return fresh_heartbeat((res.stdout for res in answers.values() if res.ok), since)
+
+
+def stop_with_grace(active: Inventory, spec: LaunchSpec) -> bool:
+    """The notice of a stop with GRACE (what Ctrl-C gives the ranks, :mod:`multinode.ssh.job`): SIGTERM to the
+    run's processes, the grace for their coordinated checkpoint, then SIGKILL. True when it found the job."""
+    with RemoteRunner(active, connect_timeout=5.0) as runner:
+        runner.use_grace(spec.grace)
+        stopped = runner.stop_all(spec.run_id)
+    return any(res.ok and not res.stdout.startswith("stopped 0") for res in stopped.values())

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TextIO
 
-from multinode.app.growback import GrowBack
+from multinode.app.growback import GrowBack, job_trains, stop_with_grace
 from multinode.app.run import Run
 from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
@@ -63,6 +63,18 @@ def resumable_run(state: ClusterState) -> str:
 
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
+# A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the
+# host's load average near 14 on 2 cores, node-0 and node-1 missed a 5 s probe right after a coordinated
+# checkpoint and were replaced, their snapshots wiped: tests/integration/test_growback_local.py, 2026-11-24).
+PROBE_SECONDS = (5.0, 20.0)
+
+
+def checkpoint_time(report: dict) -> float | None:
+    """When a PREEMPTED report's checkpoint was written (its start + its seconds); None if it does not say."""
+    start, seconds = report.get("stopped_time"), report.get("checkpoint_seconds")
+    if not isinstance(start, (int, float)) or not isinstance(seconds, (int, float)):
+        return None
+    return float(start) + float(seconds)
 
 
 @dataclass
@@ -73,7 +85,11 @@ class Timeline:
     steps_lost: list[int] = field(default_factory=list)  # per recovery, when both ends are known
 
     def add(self, event: str, detail: str = "", at: float | None = None) -> None:
-        self.events.append({"event": event, "at": round(at if at is not None else time.time(), 3), "detail": detail})
+        """The event at its time among the others (one given ``at`` after the fact, such as a job's start known
+        only once its attempt ended, goes before what happened later)."""
+        entry = {"event": event, "at": round(at if at is not None else time.time(), 3), "detail": detail}
+        later = [i for i, e in enumerate(self.events) if e["at"] > entry["at"]]
+        self.events.insert(later[0] if later else len(self.events), entry)
 
     def lines(self) -> list[str]:
         """``+12.3 s  replacement asked  node-2`` relative to the first event."""
@@ -130,9 +146,9 @@ class Recovery:
                 self._resumed(pending, run)
             if ended is None:
                 return self._finish(run, summary)
-            if grow.notified and isinstance(ended, Preempted):  # our own notice: every node is back
+            if grow.notified:  # our own notice ended the job: every node is back
                 self.grown += 1
-                self.timeline.add("checkpoint for growing back", f"{self.spec.nodes} nodes ready")
+                self._grow_stop(run, ended)
                 self._keep_attempt(run.run_dir, f"grow-{self.grown}")
                 active, pending = self.cluster.first(self.spec.nodes), Loss([], "grow", None, ended)
                 spec = replace(spec, nodes=len(active.nodes))
@@ -151,29 +167,45 @@ class Recovery:
         """While the run goes on with fewer nodes: ask for the missing ones again every RECOVER_WAIT seconds."""
         here = {n.name for n in active.nodes}
         missing = [n.name for n in self.cluster.first(self.spec.nodes).nodes if n.name not in here]
-        return GrowBack(missing, self._replace_now, lambda: self._notice(active, spec), self.spec.recover_wait,
-                        self.say)
+        since = time.time()
+        return GrowBack(missing, self._replace_now, lambda: self._notice(active, spec, since),
+                        self.spec.recover_wait, self.say)
+
+    def _grow_stop(self, run: Run, ended: MultinodeError) -> None:
+        """How the job took the notice for growing back: its coordinated checkpoint; or, when the notice met it
+        where it takes none (past its last step, at exit), a failure -- the whole cluster then goes on from the
+        freshest snapshot (a finished job's is its last). A bug of the job's own fails that attempt again."""
+        if isinstance(ended, Preempted):
+            self._checkpoint_written(run.summary.preempted if run.summary else None)
+            return
+        self.say("the notice ended the job without its checkpoint (it was finishing): the whole cluster goes on "
+                 "from the freshest snapshot")
+        self.timeline.add("no checkpoint", "the job failed as the notice came: going on from the freshest snapshot")
 
     def _replace_now(self, name: str) -> Inventory:
         self.cluster = self.provider.replace(self.state, self.cluster, name)
         self.timeline.add("node back", name)
         return self.cluster
 
-    def _notice(self, active: Inventory, spec: LaunchSpec) -> bool:
-        """The notice of a stop with GRACE (what Ctrl-C gives the ranks, :mod:`multinode.ssh.job`): SIGTERM to the
-        run's processes, the grace for their coordinated checkpoint, then SIGKILL. True when it found the job."""
-        with RemoteRunner(active, connect_timeout=5.0) as runner:
-            runner.use_grace(spec.grace)
-            stopped = runner.stop_all(spec.run_id)
-        return any(res.ok and not res.stdout.startswith("stopped 0") for res in stopped.values())
+    def _notice(self, active: Inventory, spec: LaunchSpec, since: float) -> bool:
+        """The GRACE notice to the ranks once the job trains (:func:`~multinode.app.growback.job_trains`; ``since``:
+        this attempt's start); True when it reached the job."""
+        if not job_trains(active, spec, since):
+            return False
+        at = time.time()
+        if not stop_with_grace(active, spec):
+            return False
+        self.timeline.add("notice", f"growing back: SIGTERM with GRACE to the ranks on {len(active.nodes)} node(s)",
+                          at=at)
+        return True
 
     # --- between attempts ----------------------------------------------------------------
 
     def _what_was_lost(self, run: Run, active: Inventory, err: MultinodeError) -> Loss:
         """The node(s) to replace: the one a notice named, and every node that no longer answers SSH. A failure
         with every node answering is the job's own: raised as it is (recovery does not retry bugs)."""
-        answers = probe_ssh(active, timeout=5.0)
-        silent = [name for name, (ok, _) in answers.items() if not ok]
+        lost = self._silent(active)
+        silent = list(lost)
         if isinstance(err, Preempted):
             report = (run.summary.preempted if run.summary else None) or {}
             if report.get("stopped_by"):  # Ctrl-C (or a scheduler) stopped the orchestrator: nothing to recover
@@ -183,14 +215,37 @@ class Recovery:
             at = report.get("noticed_at")
             self.timeline.add("notice", f"{report.get('notice', 'a notice')} on {', '.join(named) or host or '?'}",
                               at=float(at) if isinstance(at, (int, float)) else None)
-            stop = report.get("stopped_at") or {}
-            self.timeline.add("checkpoint written", f"step {stop.get('step')}, {report.get('checkpoint_seconds', '?')} s")
-            return Loss(named + [n for n in silent if n not in named], "notice", stop.get("step"), err)
+            stop = self._checkpoint_written(report)
+            also = [n for n in silent if n not in named]
+            if also:
+                self.timeline.add("node lost", f"{', '.join(also)} (no SSH: {lost[also[0]]})")
+            return Loss(named + also, "notice", stop.get("step"), err)
         if not silent:
             raise err
-        self.timeline.add("node lost", f"{', '.join(silent)} (no SSH: {answers[silent[0]][1]})")
+        self.timeline.add("node lost", f"{', '.join(silent)} (no SSH: {lost[silent[0]]})")
         return Loss(silent, "lost", self._last_step(active.only([n.name for n in active.nodes if n.name not in silent])),
                     err)
+
+    @staticmethod
+    def _silent(active: Inventory) -> dict[str, str]:
+        """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS): a node busy enough to miss the
+        first is not lost -- replacing it would wipe its snapshots."""
+        nodes = active
+        for timeout in PROBE_SECONDS:
+            silent = {name: why for name, (ok, why) in probe_ssh(nodes, timeout=timeout).items() if not ok}
+            if not silent:
+                break
+            nodes = active.only([n.name for n in active.nodes if n.name in silent])
+        return silent
+
+    def _checkpoint_written(self, report: dict | None) -> dict:
+        """The coordinated checkpoint of a PREEMPTED report on the timeline, at the time it was written (now if the
+        report does not say); its ``stopped_at``."""
+        report = report or {}
+        stop = report.get("stopped_at") or {}
+        self.timeline.add("checkpoint written", f"step {stop.get('step')}, {report.get('checkpoint_seconds', '?')} s",
+                          at=checkpoint_time(report))
+        return stop
 
     def _last_step(self, alive: Inventory) -> int | None:
         """The highest optimizer step a surviving rank reached (our trainer's heartbeat files hold it)."""
