@@ -10,7 +10,8 @@ import pytest
 from conftest import make_inventory
 
 from bench import recovery as bench_recovery
-from multinode.app.recover import Loss, Recovery, Timeline, resumable_run
+from multinode.app.recover import Loss, Recovery, resumable_run
+from multinode.app.timeline import Timeline
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, JobFailed, NodeError, UserError
 from multinode.core.state import ClusterState
@@ -137,7 +138,7 @@ def test_timeline_keeps_events_in_time_order_when_one_is_known_only_later():
 
 
 def test_the_checkpoint_is_on_the_timeline_when_it_was_written():
-    from multinode.app.recover import checkpoint_time
+    from multinode.app.timeline import checkpoint_time
 
     assert checkpoint_time({"stopped_time": 100.0, "checkpoint_seconds": 0.25}) == 100.25
     assert checkpoint_time({"notice": "a rank exited 75 (preempted) with no report"}) is None

@@ -17,7 +17,7 @@ nodes that kept their state they cost a check, and only the new node receives th
 3. **resume**: the next attempt (a new head if node-0 was the lost one) starts from the freshest complete
    snapshot on any surviving node.
 
-The :class:`Timeline` (notice or loss -> checkpoint -> replacement asked -> node ready -> job started again,
+The :class:`~multinode.app.timeline.Timeline` (notice or loss -> checkpoint -> replacement asked -> node ready -> job started again,
 each with its time, and the steps lost) is saved as ``recovery.json`` beside the summary and added to the
 final summary. Each attempt's logs and summary are kept under ``attempt-<k>/`` of the run directory.
 """
@@ -29,12 +29,13 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TextIO
 
 from multinode.app.growback import GrowBack, job_trains, stop_with_grace
 from multinode.app.run import Run
+from multinode.app.timeline import Timeline, checkpoint_time
 from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, JobFailed, MultinodeError, Preempted, UserError
@@ -67,41 +68,6 @@ DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery sig
 # host's load average near 14 on 2 cores, node-0 and node-1 missed a 5 s probe right after a coordinated
 # checkpoint and were replaced, their snapshots wiped: tests/integration/test_growback_local.py, 2026-11-24).
 PROBE_SECONDS = (5.0, 20.0)
-
-
-def checkpoint_time(report: dict) -> float | None:
-    """When a PREEMPTED report's checkpoint was written (its start + its seconds); None if it does not say."""
-    start, seconds = report.get("stopped_time"), report.get("checkpoint_seconds")
-    if not isinstance(start, (int, float)) or not isinstance(seconds, (int, float)):
-        return None
-    return float(start) + float(seconds)
-
-
-@dataclass
-class Timeline:
-    """What happened between attempts, in order: ``{"event", "at" (Unix seconds), "detail"}``."""
-
-    events: list[dict] = field(default_factory=list)
-    steps_lost: list[int] = field(default_factory=list)  # per recovery, when both ends are known
-
-    def add(self, event: str, detail: str = "", at: float | None = None) -> None:
-        """The event at its time among the others (one given ``at`` after the fact, such as a job's start known
-        only once its attempt ended, goes before what happened later)."""
-        entry = {"event": event, "at": round(at if at is not None else time.time(), 3), "detail": detail}
-        later = [i for i, e in enumerate(self.events) if e["at"] > entry["at"]]
-        self.events.insert(later[0] if later else len(self.events), entry)
-
-    def lines(self) -> list[str]:
-        """``+12.3 s  replacement asked  node-2`` relative to the first event."""
-        if not self.events:
-            return []
-        t0 = self.events[0]["at"]
-        out = [f"  recovery timeline (seconds from the {self.events[0]['event']}):"]
-        out += [f"    +{e['at'] - t0:7.1f} s  {e['event']}{'  ' + e['detail'] if e['detail'] else ''}"
-                for e in self.events]
-        if self.steps_lost:
-            out.append(f"  steps lost: {', '.join(map(str, self.steps_lost))} (per recovery)")
-        return out
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ class RunSummary:
     preempted: dict | None = None  # rank 0's PREEMPTED report (training/checkpoint.py): notice, stop, copies
     links: dict | None = None  # the link check (multinode.checks.links.LinkReport): at pre-flight, or after a
     # failure that read like a broken connection (then ``links["after_failure"]`` is true)
-    recovery: dict | None = None  # RECOVER=N: the recoveries' timeline (multinode.app.recover.Timeline)
+    recovery: dict | None = None  # RECOVER=N: the recoveries' timeline (multinode.app.timeline.Timeline)
 
 
 class Phases:
