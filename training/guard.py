@@ -6,7 +6,7 @@ SIGTERM to the command's process group, waits ``--grace`` seconds for it to end 
 SIGKILLs what is left. Without a notice it only waits for the command.
 
 Exit status: the command's own; 75 (:data:`training.preempt.EXIT_PREEMPTED`) when a notice ended it by a
-signal (the command did not choose a code of its own); 2 for bad input. Standard library only: it runs on the
+signal, or a SIGTERM did (the command did not choose a code of its own); 2 for bad input. Standard library only: it runs on the
 node before anything is imported. The launchers put it in front of a user script's command when GRACE is set
 (``multinode.plan.launchers.base.guard_argv``), and under torchrun in front of every worker, started by path
 from the copy the orchestrator syncs to every node (``<code dir>/guard/``, :mod:`multinode.code.sync`): no node,
@@ -107,8 +107,12 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
     code = child.wait()
     done.set()
     watcher.close()
-    if code < 0 and watcher.requested():
-        code = EXIT_PREEMPTED  # ended by our signal: a preemption, not a failure
+    if code < 0 and (watcher.requested() or code == -signal.SIGTERM):
+        # Ended by our signal, or by a SIGTERM of its own: a preemption, not a failure. The guard exists only with
+        # GRACE, where a SIGTERM to the job is a notice, and a scheduler signals every process of the job at once
+        # (SLURM's proctrack, docker stop's whole container): the command may take it and end before the guard's own
+        # handler has run (seen on a SLURM node, tests/integration/test_slurm_grace.py).
+        code = EXIT_PREEMPTED
     if code == EXIT_PREEMPTED:
         preempted(os.environ)
     return code if code >= 0 else 128 - code
