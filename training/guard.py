@@ -6,11 +6,11 @@ SIGTERM to the command's process group, waits ``--grace`` seconds for it to end 
 SIGKILLs what is left. Without a notice it only waits for the command.
 
 Exit status: the command's own; 75 (:data:`training.preempt.EXIT_PREEMPTED`) when a notice ended it by a
-signal, or a SIGTERM did (the command did not choose a code of its own); 2 for bad input. Standard library only: it runs on the
-node before anything is imported. The launchers put it in front of a user script's command when GRACE is set
-(``multinode.plan.launchers.base.guard_argv``), and under torchrun in front of every worker, started by path
-from the copy the orchestrator syncs to every node (``<code dir>/guard/``, :mod:`multinode.code.sync`): no node,
-image or SLURM task needs our package installed.
+signal, or a SIGTERM did (the command did not choose a code of its own); 2 for bad input. Standard library
+only: it runs on the node before anything is imported. The launchers put it in front of a user script's
+command when GRACE is set (``multinode.plan.launchers.base.guard_argv``), and under torchrun in front of every
+worker, started by path from the copy the orchestrator syncs to every node (``<code dir>/guard/``,
+:mod:`multinode.code.sync`): no node, image or SLURM task needs our package installed.
 
 Ending preempted (75), the guard also:
 
