@@ -6,9 +6,11 @@ SIGTERM to the command's process group, waits ``--grace`` seconds for it to end 
 SIGKILLs what is left. Without a notice it only waits for the command.
 
 Exit status: the command's own; 75 (:data:`training.preempt.EXIT_PREEMPTED`) when a notice ended it by a
-signal (the command did not choose a code of its own); 2 for bad input. Standard library only: it runs on the
-node before anything is imported. The launchers put it in front of a user script's command when GRACE is set
-(``multinode.plan.launchers.base.guard_argv``), and under torchrun in front of every worker.
+signal, or a SIGTERM did (the command did not choose a code of its own); 2 for bad input. Standard library
+only: it runs on the node before anything is imported. The launchers put it in front of a user script's
+command when GRACE is set (``multinode.plan.launchers.base.guard_argv``), and under torchrun in front of every
+worker, started by path from the copy the orchestrator syncs to every node (``<code dir>/guard/``,
+:mod:`multinode.code.sync`): no node, image or SLURM task needs our package installed.
 
 Ending preempted (75), the guard also:
 
@@ -22,17 +24,38 @@ Ending preempted (75), the guard also:
 from __future__ import annotations
 
 import argparse
+import importlib
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import threading
 
-if __package__ in (None, ""):
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Run by path (``python -I <node's code dir>/guard/guard.py``: how the launchers start it, the orchestrator syncs this
+# file and its siblings there), the guard loads its siblings as a package of a private name: nothing on the
+# interpreter's path is asked for a ``training`` package, so neither a project's own ``training`` nor one installed
+# on the node (another version of ours) can shadow them. ``python -m training.guard`` imports them as usual.
+PRIVATE_PACKAGE = "_multinode_guard"
 
-from training import imds  # noqa: E402
-from training.preempt import EXIT_PREEMPTED, Watcher  # noqa: E402
+
+def _siblings():
+    """(imds, preempt): this file's own siblings, whichever way it was started."""
+    if __package__:
+        from . import imds as notices, preempt as stops
+        return notices, stops
+    here = os.path.dirname(os.path.abspath(__file__))
+    if PRIVATE_PACKAGE not in sys.modules:
+        spec = importlib.util.spec_from_file_location(PRIVATE_PACKAGE, os.path.join(here, "__init__.py"),
+                                                      submodule_search_locations=[here])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[PRIVATE_PACKAGE] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"{PRIVATE_PACKAGE}.imds"), importlib.import_module(f"{PRIVATE_PACKAGE}.preempt")
+
+
+imds, _preempt = _siblings()
+EXIT_PREEMPTED, Watcher = _preempt.EXIT_PREEMPTED, _preempt.Watcher
 
 MARK_ENV = "MULTINODE_PREEMPT_MARK"
 GUARD_ENV = "MULTINODE_GUARD"
@@ -84,8 +107,12 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
     code = child.wait()
     done.set()
     watcher.close()
-    if code < 0 and watcher.requested():
-        code = EXIT_PREEMPTED  # ended by our signal: a preemption, not a failure
+    if code < 0 and (watcher.requested() or code == -signal.SIGTERM):
+        # Ended by our signal, or by a SIGTERM of its own: a preemption, not a failure. The guard exists only with
+        # GRACE, where a SIGTERM to the job is a notice, and a scheduler signals every process of the job at once
+        # (SLURM's proctrack, docker stop's whole container): the command may take it and end before the guard's own
+        # handler has run (seen on a SLURM node, tests/integration/test_slurm_grace.py).
+        code = EXIT_PREEMPTED
     if code == EXIT_PREEMPTED:
         preempted(os.environ)
     return code if code >= 0 else 128 - code

@@ -39,7 +39,7 @@ import signal
 import threading
 import time
 
-from training import imds
+from . import imds  # relative: the same file runs as training.preempt and as the guard's private copy
 
 EXIT_PREEMPTED = 75
 GRACE_ENV = "MULTINODE_GRACE"

@@ -1,5 +1,5 @@
-"""GRACE in the plans and the stops (docs/preemption.md): every rank's MULTINODE_GRACE, training.guard in front of a
-user script (and of every torchrun worker), the launchers' own SIGTERM-to-SIGKILL waits set to GRACE, the static
+"""GRACE in the plans and the stops (docs/preemption.md): every rank's MULTINODE_GRACE, training/guard.py (the node's
+synced copy, by path) in front of a user script (and of every torchrun worker), the launchers' own SIGTERM-to-SIGKILL waits set to GRACE, the static
 starter that outlives a SIGTERM, the stop lines, and a stop signal to the orchestrator as a notice. Plans and
 lines are asserted; nothing is started (the job's node sessions are stand-ins answering on threads)."""
 
@@ -22,7 +22,12 @@ from multinode.ssh.runner import STOP_GRACE, RemoteRunner
 
 OURS = EntryPoint("training/train.py", ("--workload", "digits", "4", "2"))
 USER = EntryPoint("train.py", ("--epochs", "2"), ours=False, subdir="project")
-GUARD = ("env", "MULTINODE_GUARD=1", "/repo/.venv/bin/python", "-I", "-m", "training.guard", "--grace", "30", "--")
+
+
+def guard(node: int = 0, grace: str = "30") -> tuple[str, ...]:
+    """The guard in front of a rank on ``node-<node>``: the copy synced under that node's code directory, by path."""
+    return ("env", "MULTINODE_GUARD=1", "/repo/.venv/bin/python", "-I",
+            f"/state/dev/nodes/node-{node}/code/guard/guard.py", "--grace", grace, "--")
 
 
 def plan(inventory, entry, **kwargs):
@@ -33,7 +38,7 @@ def plan(inventory, entry, **kwargs):
 def test_without_grace_nothing_changes(inventory):
     for kwargs in (dict(launcher="static"), dict(launcher="torchrun"), dict(mode="mpi")):
         for cmd in plan(inventory, USER, **kwargs).commands:
-            assert "MULTINODE_GRACE" not in cmd.env and "training.guard" not in cmd.argv
+            assert "MULTINODE_GRACE" not in cmd.env and not any(arg.endswith("/guard.py") for arg in cmd.argv)
             assert not any("MULTINODE_GRACE" in arg or "sigkill" in arg for arg in cmd.argv)
             assert "TORCH_ELASTIC_SHUTDOWN_TIMEOUT" not in cmd.env
     assert plan(inventory, OURS, launcher="static").commands[0].argv[2] == STARTER
@@ -44,7 +49,7 @@ def test_static_every_rank_gets_the_grace_and_a_user_script_the_guard(inventory)
     for i, cmd in enumerate(plan(inventory, USER, launcher="static", grace=30.0).commands):
         assert cmd.env["MULTINODE_GRACE"] == "30"
         assert cmd.argv[2] == starter(True) != STARTER
-        assert cmd.argv[7:18] == (*GUARD, "/repo/.venv/bin/python", "train.py")
+        assert cmd.argv[7:17] == (*guard(i), "/repo/.venv/bin/python", "train.py")
     ours = plan(inventory, OURS, launcher="static", grace=7.5).commands[0]
     assert ours.env["MULTINODE_GRACE"] == "7.5"
     assert ours.argv[7:9] == ("/repo/.venv/bin/python", "training/train.py")  # our trainer takes notices itself
@@ -65,7 +70,7 @@ def test_torchrun_waits_the_grace_guards_every_worker_and_turns_the_guards_note_
         assert argv[4:7] == ["/repo/.venv/bin/python", "-m", "torch.distributed.run"]
         assert cmd.env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == "30"  # the agent's own wait, rounded up
         start = argv.index("--no-python")
-        assert argv[start + 1:start + 14] == [*GUARD[:7], "29.5", "--", "/repo/.venv/bin/python", "-u",
+        assert argv[start + 1:start + 13] == [*guard(i, "29.5"), "/repo/.venv/bin/python", "-u",
                                               "training/train.py", "--snapshot-dir"]
         assert cmd.env["MULTINODE_GRACE"] == "29.5"
     assert PREEMPTED_EXIT.startswith("trap : TERM; \"$@\"; c=$?;") and "c=75" in PREEMPTED_EXIT
@@ -75,7 +80,7 @@ def test_torchrun_runs_a_module_behind_the_guard(inventory):
     module = EntryPoint("pkg.train", ("--lr", "1"), ours=False, module=True, subdir="project")
     argv = list(plan(inventory, module, launcher="torchrun", grace=30.0).commands[0].argv)
     start = argv.index("--no-python")
-    assert argv[start + 1:] == [*GUARD, "/repo/.venv/bin/python", "-u", "-m", "pkg.train", "--lr", "1"]
+    assert argv[start + 1:] == [*guard(), "/repo/.venv/bin/python", "-u", "-m", "pkg.train", "--lr", "1"]
 
 
 def test_mpirun_sets_its_own_sigkill_wait_to_the_grace_and_every_rank_gets_it(inventory):
@@ -83,8 +88,9 @@ def test_mpirun_sets_its_own_sigkill_wait_to_the_grace_and_every_rank_gets_it(in
     at = argv.index("odls_base_sigkill_timeout")
     assert argv[at - 1:at + 2] == ["--mca", "odls_base_sigkill_timeout", "13"]
     assert argv.count("MULTINODE_GRACE=12.2") == 3  # each node's app context
-    guard = [i for i, arg in enumerate(argv) if arg == "training.guard"]
-    assert len(guard) == 3 and all(argv[i + 1:i + 4] == ["--grace", "12.2", "--"] for i in guard)
+    guards = [i for i, arg in enumerate(argv) if arg.endswith("/code/guard/guard.py")]
+    assert [argv[i] for i in guards] == [guard(n)[4] for n in range(3)]  # each node's own copy
+    assert all(argv[i - 1:i + 4] == ["-I", argv[i], "--grace", "12.2", "--"] for i in guards)
 
 
 def test_slurm_script_exports_the_grace(inventory):

@@ -1,6 +1,7 @@
 """Getting a user's project ready on the nodes before any rank starts, in order:
 
-1. sync WORKDIR incrementally (:mod:`multinode.code.sync`), one line of what went where;
+1. sync WORKDIR incrementally (:mod:`multinode.code.sync`), one line of what went where; with GRACE, the notice
+   guard too (``code/guard``, run by path in front of a user's ranks: :func:`multinode.plan.launchers.base.guard_argv`);
 2. SETUP, when given (:mod:`multinode.code.setup`), with ENV's variables;
 3. a ``-m`` module not found in WORKDIR is looked for by the head node's Python (after SETUP, which may
    have installed it), and refused in one line when it is not there either.
@@ -21,7 +22,7 @@ from multinode.core.nodepaths import env_file
 from multinode.plan.launchers.base import BASE_ENV, NodeCommand, node_python, project_env
 from multinode.code.setup import run_setup
 from multinode.code.project import ResolvedProject, module_candidates
-from multinode.code.sync import project_dir, sync_project
+from multinode.code.sync import project_dir, read_manifests, sync_guard, sync_project
 from multinode.ssh.runner import RemoteRunner
 from multinode.plan.runtime import to_shell
 
@@ -78,7 +79,12 @@ def prepare_project(runner: RemoteRunner, spec: LaunchSpec, resolved: ResolvedPr
     """Sync, SETUP and module check on every node (or ``names``); UserError/NodeError before any rank starts.
     ``manifests``: the nodes' manifests where the pre-flight round read them (see :func:`sync_project`)."""
     inv = runner.inventory
+    nodes = names or [n.name for n in inv.nodes]
+    if manifests is None:
+        manifests = read_manifests(runner, nodes, resolved.subdir)
     sync_project(runner, resolved.project, names=names, out=out, manifests=manifests, subdir=resolved.subdir)
+    if spec.grace is not None:
+        sync_guard(runner, {name: manifests[name] for name in nodes}, out)
     if spec.setup:
         write_env_files(runner, spec, names)
         try:

@@ -7,6 +7,11 @@ files, a NUL-separated deletion list, the directories to prune and the new manif
 manifest first and writes the new one last, so a sync cut half-way makes the next one send everything
 it cannot vouch for. The node side is POSIX sh, tar and xargs only (on a docker-runtime node the host
 need not have Python). One line reports how many files and bytes went to each node.
+
+The notice guard (``training/guard.py`` and the two files it imports, :data:`GUARD_FILES`) is a third tree,
+``code/guard``, synced the same way when GRACE is set (:func:`sync_guard`): the launchers run it from there by path.
+Its manifest is read in the same command as the project's (:func:`read_manifest`), so it costs no round trip of
+its own once every node holds it.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from typing import TextIO
 from multinode.core.errors import NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import code_dir
-from multinode.code.project import PROJECT_SUBDIR
+from multinode.code.project import PROJECT_SUBDIR, TRAINING_DIR
+from multinode.plan.launchers.base import GUARD_FILES, GUARD_SUBDIR
 from multinode.ssh.runner import RemoteRunner
-from multinode.code.workdir import Manifest, Project, SyncPlan, plan_sync
+from multinode.code.workdir import Manifest, Project, SyncPlan, build_manifest, plan_sync
 
 CONTROL = ".multinode-sync"  # inside the stream only; removed on the node once applied
+GUARD_MARK = "----multinode-guard-manifest----"  # between a tree's manifest and the guard's in read_manifest
 
 
 def project_dir(inventory: Inventory, node: str, subdir: str = PROJECT_SUBDIR) -> str:
@@ -72,26 +79,46 @@ def _human(size: int) -> str:
 
 
 def read_manifest(inventory: Inventory, node: str, subdir: str = PROJECT_SUBDIR) -> str:
-    """The shell command that prints the node's manifest of its last sync (nothing when there was none)."""
-    return f"cat {shlex.quote(manifest_path(inventory, node, subdir))} 2>/dev/null || true"
+    """The shell command that prints the node's manifest of its last sync of ``subdir``, then :data:`GUARD_MARK` and
+    the guard's (each nothing when there was none); :func:`split_manifests` takes the output apart."""
+    return (f"cat {shlex.quote(manifest_path(inventory, node, subdir))} 2>/dev/null; echo; echo {GUARD_MARK}; "
+            f"cat {shlex.quote(manifest_path(inventory, node, GUARD_SUBDIR))} 2>/dev/null || true")
+
+
+def split_manifests(text: str) -> tuple[str, str]:
+    """:func:`read_manifest`'s output -> (the tree's manifest, the guard's)."""
+    tree, _, guard = text.partition(f"\n{GUARD_MARK}\n")
+    return tree, guard
+
+
+def read_manifests(runner: RemoteRunner, names: list[str], subdir: str = PROJECT_SUBDIR) -> dict[str, str]:
+    """{node: :func:`read_manifest`'s output}, in one round."""
+    manifests = {}
+    for name, res in runner.run_each({name: read_manifest(runner.inventory, name, subdir) for name in names}).items():
+        if not res.ok:
+            raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
+        manifests[name] = res.stdout
+    return manifests
+
+
+def guard_tree() -> Project:
+    """The notice guard as a tree to sync: :data:`GUARD_FILES` of our ``training/``."""
+    return Project(TRAINING_DIR, build_manifest(TRAINING_DIR, GUARD_FILES), "the notice guard, standard library only")
 
 
 def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None = None,
                  out: TextIO | None = None, manifests: dict[str, str] | None = None,
-                 subdir: str = PROJECT_SUBDIR) -> dict[str, SyncPlan]:
+                 subdir: str = PROJECT_SUBDIR, quiet: bool = False) -> dict[str, SyncPlan]:
     """Bring every node's copy of the tree (or ``names``') under ``code/<subdir>`` up to ``project``; print one
-    line; the plans.
-    ``manifests``: {node: the output of :func:`read_manifest`} where the caller read them already (in the
-    pre-flight round); otherwise they are read here, in a round of their own."""
+    line (``quiet``: only when a node got something); the plans.
+    ``manifests``: {node: the tree's manifest, or the output of :func:`read_manifest`} where the caller read them
+    already (in the pre-flight round); otherwise they are read here, in a round of their own."""
     inv = runner.inventory
     names = names or [n.name for n in inv.nodes]
     if manifests is None:
-        manifests = {}
-        for name, res in runner.run_each({name: read_manifest(inv, name, subdir) for name in names}).items():
-            if not res.ok:
-                raise NodeError(name, "read manifest", res.exit_code, f"code sync failed: {res.error or res.stderr.strip()}")
-            manifests[name] = res.stdout
-    plans = {name: plan_sync(project.manifest, Manifest.from_json(manifests[name])) for name in names}
+        manifests = read_manifests(runner, names, subdir)
+    plans = {name: plan_sync(project.manifest, Manifest.from_json(split_manifests(manifests[name])[0]))
+             for name in names}
 
     def push(name: str) -> None:
         command = apply_command(project_dir(inv, name, subdir), manifest_path(inv, name, subdir))
@@ -104,8 +131,16 @@ def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None
     for name, err in errors.items():
         if err is not None:
             raise err if isinstance(err, NodeError) else NodeError(name, "sync", None, f"code sync failed: {err}")
-    print(describe_sync(project, plans), file=out or runner.out, flush=True)
+    if not quiet or not all(plan.empty for plan in plans.values()):
+        print(describe_sync(project, plans), file=out or runner.out, flush=True)
     return plans
+
+
+def sync_guard(runner: RemoteRunner, manifests: dict[str, str], out: TextIO | None = None) -> dict[str, SyncPlan]:
+    """The notice guard on every node of ``manifests`` ({node: :func:`read_manifest`'s output}), under
+    ``code/guard``: nothing is sent (and nothing said) where the node holds it already."""
+    guard = {name: split_manifests(text)[1] for name, text in manifests.items()}
+    return sync_project(runner, guard_tree(), list(guard), out, guard, subdir=GUARD_SUBDIR, quiet=True)
 
 
 def describe_sync(project: Project, plans: dict[str, SyncPlan]) -> str:

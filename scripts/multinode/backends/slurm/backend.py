@@ -15,17 +15,26 @@ What cannot apply here, said in one line by the run or refused before anything s
 
 from __future__ import annotations
 
+import signal
 from dataclasses import replace
 
 from multinode.backends.base import JobEnd
 from multinode.backends.slurm import follow
 from multinode.backends.slurm.script import SlurmJob, pick_mpi_plugin, plan_sbatch
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import JobFailed, NodeError, UserError
+from multinode.core.errors import EXIT_PREEMPTED, Interrupted, JobFailed, NodeError, UserError
 from multinode.core.inventory import Inventory
 from multinode.plan.launchers import EntryPoint
 from multinode.plan.launchers.base import nproc_of
 from multinode.plan.launchers.torchrun import root_cause_rank
+
+
+def preempted(outcome: follow.SlurmOutcome) -> bool:
+    """The ranks stopped on a notice: a task reported 75 and none reported anything else (a preempted task exits 0
+    for SLURM's sake, multinode.backends.slurm.grace), whatever state the scheduler gives the job (a notice by
+    ``scancel`` or a preemption may leave it CANCELLED or PREEMPTED)."""
+    codes = [code for _, code, _ in outcome.failed_nodes]
+    return not outcome.stalled and EXIT_PREEMPTED in codes and all(code == EXIT_PREEMPTED for code in codes)
 
 
 class SlurmBackend:
@@ -86,13 +95,18 @@ class SlurmBackend:
 
     def run(self, run, job: SlurmJob, watchdog) -> JobEnd:
         outcome = follow.run(run.runner, job, run.out, run.run_dir, stalled=watchdog.stalled if watchdog else None,
-                             before_stop=run.capture)
+                             before_stop=run.capture, grace=run.spec.grace)
         print(f"batch job {outcome.job_id}: {outcome.state}, exit code {outcome.exit_code}", file=run.out)
         failed = {node: code for node, code, _ in outcome.failed_nodes}
         exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if outcome.exit_code == 0 else None)
                       for i in range(run.spec.nodes)}
-        if outcome.state == "COMPLETED" and outcome.exit_code == 0:
-            return JobEnd(exit_codes, lines=outcome.lines)
+        if (outcome.state == "COMPLETED" and outcome.exit_code == 0) or preempted(outcome):
+            return JobEnd(exit_codes, lines=outcome.lines, stopped_by=outcome.stopped_by)
+        if outcome.stopped_by:  # GRACE: the notice did not end in a checkpoint; stopped, as without GRACE
+            stopped = Interrupted(f"{outcome.stopped_by}: batch job {outcome.job_id} ended {outcome.state} after the "
+                                  f"notice; run {run.spec.run_id} was stopped on every node")
+            stopped.exit_code = 128 + signal.Signals[outcome.stopped_by].value
+            raise stopped
         head = run.inv.head.name
         errors = [NodeError(node, "srun task", code, f"exited with code {code} (batch job {outcome.job_id}, "
                                                      f"{outcome.state})",

@@ -11,7 +11,10 @@ Contract, in order:
    slurmdbd; ``sacct`` may not exist);
 4. Ctrl-C, SIGTERM or SIGHUP, or any error while following: ``scancel`` the job and wait until the
    scheduler says it ended; then, in every case, the run's processes are swept on every node (by the
-   ``MULTINODE_RUN_ID`` in their environment), so nothing is left.
+   ``MULTINODE_RUN_ID`` in their environment), so nothing is left. With GRACE a stop signal is a notice
+   first: ``scancel --signal=TERM`` (the signal alone, the job goes on: scancel(1)), the job followed for up to
+   GRACE + 2 s more; a job that ended by itself in that time is the outcome (``stopped_by`` says why), otherwise it
+   is cancelled as above.
 
 Nothing here decides what runs: that is the planner's job.
 """
@@ -47,6 +50,7 @@ class SlurmOutcome:
     lines: list[str] = field(default_factory=list)
     failed_nodes: list[tuple[str, int, int | None]] = field(default_factory=list)  # (node, code, rank), as reported
     stalled: str | None = None  # why the stall watchdog ended the job (it was cancelled), or None
+    stopped_by: str | None = None  # GRACE: the stop signal that was passed to the ranks as a notice, or None
 
     def node_lines(self, node: str) -> list[str]:
         """The lines of one node, its ``[node-i] `` prefix removed."""
@@ -136,16 +140,22 @@ def cancel(runner: RemoteRunner, job_id: str) -> str | None:
     return state
 
 
+def notice(runner: RemoteRunner, job_id: str) -> None:
+    """SIGTERM to every step of the job, which goes on (``scancel --signal=TERM``; the batch shell is not signalled)."""
+    runner.run_on(runner.inventory.head.name, f"scancel --signal=TERM {job_id}", timeout=15)
+
+
 def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
         stalled: Callable[[], str | None] | None = None,
-        before_stop: Callable[[NodeError], None] | None = None) -> SlurmOutcome:
+        before_stop: Callable[[NodeError], None] | None = None, grace: float | None = None) -> SlurmOutcome:
     """Submit ``job``, stream it, return how it ended; cancel it on a stop signal or an error. ``stalled``: the
     stall watchdog's verdict, asked every poll; when it names a stall, ``before_stop`` looks at the live ranks,
-    then the job is cancelled and the outcome says why."""
+    then the job is cancelled and the outcome says why. ``grace``: a stop signal is a notice first (module doc)."""
     job_id = submit(runner, job)
     print(f"submitted batch job {job_id} (run {job.run_id}); output {job.output_path(job_id)}", file=out, flush=True)
     follower = _Follower(runner, job, job_id, out, log_dir)
     finished = False
+    noticed: tuple[str, float] | None = None  # (the signal's name, when the grace is over)
     try:
         with StopSignals() as signals:
             while True:
@@ -157,7 +167,7 @@ def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
                     finished = True
                     follower.flush()
                     return SlurmOutcome(job_id, state, code if code is not None else 1, follower.lines,
-                                        follower.failed)
+                                        follower.failed, stopped_by=noticed[0] if noticed else None)
                 why = stalled() if stalled is not None else None
                 if why is not None:
                     runner.say(f"{why}: cancelling batch job {job_id}")
@@ -167,7 +177,12 @@ def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
                     finished = True
                     follower.flush()
                     return SlurmOutcome(job_id, final or "CANCELLED", 1, follower.lines, follower.failed, stalled=why)
-                if signals.signum is not None:
+                if signals.signum is not None and grace is not None and noticed is None:
+                    noticed = (signal.Signals(signals.signum).name, time.monotonic() + grace + 2)
+                    runner.say(f"{noticed[0]}: a notice to every rank (scancel --signal=TERM; GRACE={grace:g} s to "
+                               f"checkpoint, then scancel)")
+                    notice(runner, job_id)
+                elif signals.signum is not None and (noticed is None or time.monotonic() > noticed[1]):
                     name = signal.Signals(signals.signum).name
                     final = cancel(runner, job_id)
                     finished = True

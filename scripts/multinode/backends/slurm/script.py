@@ -28,6 +28,7 @@ from multinode.core.nodepaths import env_file, run_dir
 from multinode.plan.launchers.base import (BASE_ENV, EntryPoint, entry_dir, grace_env, iface_for_subnet, node_python,
                                            trainer_args)
 from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
+from multinode.backends.slurm import grace
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
 RUNDIR = "@RUNDIR@"  # stands for the task's "$rundir" in the trainer's arguments
@@ -68,7 +69,8 @@ class SlurmJob:
         return f"{self.job_dir}/slurm-{job_id}.out"
 
 
-def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str) -> str:
+def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str,
+               torchrun: bool) -> str:
     """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report.
 
     Nodes without a shared filesystem (the local provider) each have their own code and run directory,
@@ -79,11 +81,13 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         where = [
             "node=node-$SLURM_NODEID",
             f"rundir={shlex.quote(inv.workdir_for(inv.head.name) + '/runs/' + spec.run_id)}/$node",
-            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}{_node_setup(inv, spec, inv.head.name)}",
+            f"cd {shlex.quote(entry_dir(inv, inv.head.name, entry))}{_node_setup(inv, spec, inv.head.name)}"
+            f"{grace.guard_path(inv, spec, inv.head.name)}",
         ]
     else:
         cases = [f"  {node.hostname}) node={node.name}; rundir={shlex.quote(run_dir(inv, node.name, spec.run_id))}; "
-                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))}{_node_setup(inv, spec, node.name)} ;;"
+                 f"cd {shlex.quote(entry_dir(inv, node.name, entry))}{_node_setup(inv, spec, node.name)}"
+                 f"{grace.guard_path(inv, spec, node.name)} ;;"
                  for node in inv.nodes]
         where = [
             'case "$SLURMD_NODENAME" in',
@@ -93,14 +97,18 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         ]
     # A user's project (WORKDIR) is the ranks' cwd and on their PYTHONPATH, as under the other launchers.
     project = ['export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"'] if entry.subdir else []
+    first, before, after = grace.task_lines(spec, torchrun)
     body = [
+        *first,
         *where,
         *project,
         'mkdir -p "$rundir"',
         f"set -- {args}",
         f'export GLOO_SOCKET_IFNAME="{iface_for_subnet(inv.subnet)}"',
+        *before,
         f"{launch_line} 2>&1 | sed -u \"s/^/[$node] /\"",
         "rc=${PIPESTATUS[0]}",
+        *after,
         f'[ "$rc" = 0 ] || echo "[$node] multinode: $node exited with code $rc{who}"',
         'exit "$rc"',
     ]
@@ -154,8 +162,10 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
         launcher = "mpirun"
         steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
     # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
-    launch_line = (f'{_env_contract(spec, "SLURM_PROCID" if mpi_plugin else "OMPI_COMM_WORLD_RANK")} '
-                   f'{py} -u {shlex.join(entry.program())} "$@" 2>&1 | sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"')
+    program = (f'{_env_contract(spec, "SLURM_PROCID" if mpi_plugin else "OMPI_COMM_WORLD_RANK")} '
+               f'{grace.guard_words(inv, spec, entry)}{py} -u {shlex.join(entry.program())} "$@"')
+    launch_line = (f'{grace.catching(spec, program)} 2>&1 | '
+                   f'sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"')
     return _Launch(
         line=launch_line,
         tasks=f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}",
@@ -172,18 +182,20 @@ def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _La
     py = _python(inv, spec)
     rdzv_conf = (f"join_timeout={spec.rdzv_timeout},read_timeout={min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)},"
                  'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
+    guard = grace.guard_words(inv, spec, entry, every=True)
+    workers = f"--no-python {guard}{py} -u " if guard else ""
     launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
                    f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
                    f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
                    f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
-                   f'{shlex.join(entry.program())} "$@"')
+                   f'{workers}{shlex.join(entry.program())} "$@"')
     return _Launch(
-        line=launch_line,
+        line=grace.catching(spec, launch_line),
         # --mpi=none: no PMI for torchrun's agents (a cluster's MpiDefault=pmix would give them PMIX_RANK, and the
         # agent would pass for a rank in the stall watchdog and the stack capture).
         tasks=f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --mpi=none",
         per_task="one task per node running torchrun",
-        env_lines=("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '",),
+        env_lines=("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '", *grace.torchrun_env(spec)),
     )
 
 
@@ -201,11 +213,12 @@ def _sbatch_script(spec: LaunchSpec, head_dir: str, partition: str | None, launc
         f"#SBATCH --ntasks-per-node={spec.nproc if spec.uses_mpi else 1}",
         *part,
         *gpus,
+        *grace.signal_header(spec),
         f"#SBATCH --output={head_dir}/slurm-%j.out",
         "set -uo pipefail",
         f"mkdir -p {shlex.quote(head_dir)}",
-        # GRACE: SIGTERM (scancel, preemption) is a notice to the ranks; SLURM sends SIGKILL after the site's
-        # KillWait (slurm.conf), which a job cannot lengthen (docs/preemption.md, "Where notices come from").
+        # GRACE: SIGTERM (scancel, preemption, --signal) is a notice to the ranks; SLURM sends SIGKILL after the
+        # site's KillWait or GraceTime (slurm.conf), which a job cannot lengthen (multinode.backends.slurm.grace).
         *[f"export {k}={shlex.quote(v)}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()],
         f"export MULTINODE_RUN_ID={shlex.quote(spec.run_id)}",
         *launch.env_lines,
@@ -227,7 +240,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
     inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
     head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
     launch = _mpi_launch(inv, spec, entry, mpi_plugin) if spec.uses_mpi else _torchrun_launch(inv, spec, entry)
-    body = _task_body(inv, spec, entry, launch.line, launch.who)
+    body = _task_body(inv, spec, entry, launch.line, launch.who, torchrun=not spec.uses_mpi)
     return SlurmJob(run_id=spec.run_id, script=_sbatch_script(spec, head_dir, partition, launch, body),
                     script_path=f"{head_dir}/job.sbatch", job_dir=head_dir, nodes=spec.nodes,
                     world_size=spec.nodes * spec.nproc, node_names={n.hostname: n.name for n in inv.nodes},

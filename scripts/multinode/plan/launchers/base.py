@@ -161,17 +161,31 @@ def preempt_mark(inventory: Inventory, node_name: str, run_id: str) -> str:
     return f"{run_dir(inventory, node_name, run_id)}/preempted"
 
 
-def guard_argv(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, every: bool = False) -> tuple[str, ...]:
-    """``python -m training.guard --grace G --`` to put before a user script's command when GRACE is set: a script
-    that does nothing about notices still gets SIGTERM, the grace and SIGKILL, and exits 75 (training/guard.py).
-    Our trainer handles notices itself and gets nothing here unless ``every`` (torchrun: the guard also keeps the
-    agent from restarting a preempted worker). ``-I``: the guard comes from the node's own Python (its
-    site-packages), never from a ``training`` package the project itself may have on PYTHONPATH."""
+# training.guard and what it imports (standard library only), synced by the orchestrator to every node's code
+# directory (multinode.code.prepare) when GRACE is set, and run from there by path: no node, image or SLURM task needs
+# our package on its interpreter's path, and a project's own ``training`` package cannot shadow it.
+GUARD_SUBDIR = "guard"
+GUARD_FILES = ("__init__.py", "guard.py", "imds.py", "preempt.py")  # of training/
+
+
+def guard_script(inventory: Inventory, node_name: str) -> str:
+    """Where the synced guard lies on ``node_name`` (a container mounts the work directory at the same path)."""
+    return f"{code_dir(inventory, node_name)}/{GUARD_SUBDIR}/guard.py"
+
+
+def guard_argv(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, node_name: str,
+               every: bool = False) -> tuple[str, ...]:
+    """``python -I <code dir>/guard/guard.py --grace G --`` to put before a user script's command when GRACE is set:
+    a script that does nothing about notices still gets SIGTERM, the grace and SIGKILL, and exits 75
+    (training/guard.py). Our trainer handles notices itself and gets nothing here unless ``every`` (torchrun: the
+    guard also keeps the agent from restarting a preempted worker). The file is the node's synced copy (see
+    :data:`GUARD_FILES`); ``-I``: neither the project's directory nor PYTHONPATH is on the guard's path, and the guard
+    loads its siblings by its own location."""
     if spec.grace is None or (entry.ours and not every):
         return ()
     # MULTINODE_GUARD=1 marks the guard itself (not its command) for whoever looks for ranks among the processes.
-    return ("env", f"{GUARD_ENV}=1", inventory.interpreter, "-I", "-m", "training.guard", "--grace", f"{spec.grace:g}",
-            "--")
+    return ("env", f"{GUARD_ENV}=1", inventory.interpreter, "-I", guard_script(inventory, node_name),
+            "--grace", f"{spec.grace:g}", "--")
 
 
 def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:

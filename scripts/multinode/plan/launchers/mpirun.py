@@ -165,7 +165,7 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()),
         f"MASTER_ADDR={inv.head.private_ip}", f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
         "sh", "-c", RANK_ENV, project, inv.subnet,
-        *guard_argv(inv, spec, entry), node_python(inv, spec, node.name), *entry.program(),
+        *guard_argv(inv, spec, entry, node.name), node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
 

@@ -90,7 +90,7 @@ class StaticLauncher:
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
                 "sh", "-c", starter(spec.grace is not None), "multinode-static", str(sum(counts[:node_rank])),
-                str(counts[node_rank]), f"{directory}/ranks", *guard_argv(inv, spec, entry),
+                str(counts[node_rank]), f"{directory}/ranks", *guard_argv(inv, spec, entry, node.name),
                 node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, directory, spec),
             )

@@ -88,7 +88,7 @@ class TorchrunLauncher:
             is_host = node.name == head.name
             rdzv_conf = f"join_timeout={spec.rdzv_timeout},read_timeout={read_timeout},is_host={int(is_host)}"
             directory = run_dir(inv, node.name, spec.run_id)
-            guard = guard_argv(inv, spec, entry, every=True)
+            guard = guard_argv(inv, spec, entry, node.name, every=True)
             argv = (
                 node_python(inv, spec, node.name), "-m", "torch.distributed.run",
                 f"--nnodes={nnodes}",
