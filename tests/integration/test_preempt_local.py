@@ -9,6 +9,9 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -115,16 +118,30 @@ def test_user_script_with_the_helper_checkpoints_on_sigterm(cluster3, tmp_path):
     assert not any(result.left_at_exit.values()), result
 
 
+def _arm_when(started: Path, state, node: str) -> None:
+    """Arm ``node``'s spot notice once ``started`` exists (the guarded command runs)."""
+    from multinode.providers.local.imds import arm_notice
+
+    for _ in range(600):
+        if started.exists():
+            break
+        time.sleep(0.1)
+    arm_notice(state, node, 0.0)
+
+
 def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path):
     """A command that does nothing about notices, under ``python -m training.guard`` inside node-2: the node's
     metadata notice -> SIGTERM to the command (which saves in its trap), and the guard exits 75."""
-    from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
+    from multinode.providers.local.imds import ENDPOINT, start_endpoint, stop_endpoint
 
     saved = tmp_path / "saved"
-    command = f"trap 'echo saved > {saved}; exit 143' TERM; sleep 120 & wait"
+    # A foreground loop of short sleeps: a sleep forked after the guard's SIGTERM to the group cannot hold the
+    # pipes for long; the notice is armed once the command runs, so its trap is set when the SIGTERM comes.
+    command = f"trap 'echo saved > {saved}; exit 143' TERM; touch {saved}.started; while :; do sleep 0.2; done"
     start_endpoint(cluster3.state, "node-2")
+    armer = threading.Thread(target=_arm_when, args=(Path(f"{saved}.started"), cluster3.state, "node-2"), daemon=True)
     try:
-        arm_notice(cluster3.state, "node-2", 0.0)
+        armer.start()
         res = in_node(cluster3, "node-2", "-m", "training.guard", "--grace", "10", "--poll", "0.5", "--",
                       "sh", "-c", command, AWS_EC2_METADATA_SERVICE_ENDPOINT=ENDPOINT)
     finally:
