@@ -10,7 +10,8 @@ import pytest
 from conftest import make_inventory
 
 from bench import recovery as bench_recovery
-from multinode.app.recover import Loss, Recovery, resumable_run
+from multinode.app.recover import Loss, Recovery
+from multinode.app.verbs import resumable_run
 from multinode.app.timeline import Timeline
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, JobFailed, NodeError, UserError

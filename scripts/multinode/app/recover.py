@@ -38,30 +38,13 @@ from multinode.app.run import Run
 from multinode.app.timeline import Timeline, checkpoint_time
 from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import CapacityRefused, JobFailed, MultinodeError, Preempted, UserError
+from multinode.core.errors import CapacityRefused, JobFailed, MultinodeError, Preempted
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.state import ClusterState
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
 from multinode.ssh.runner import RemoteRunner
-
-def resumable_run(state: ClusterState) -> str:
-    """RESUME=1: the cluster's latest run, if it did not finish (preempted, failed, or the orchestrator itself
-    stopped: no summary); one line naming what there is otherwise."""
-    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
-    if not runs:
-        raise UserError(f"RESUME=1 but cluster {state.name!r} has no run to continue; run 'make train' without RESUME")
-    latest = runs[-1]
-    try:
-        summary = json.loads((latest / "summary.json").read_text())
-    except (OSError, ValueError):
-        return latest.name  # stopped before its summary: it may have snapshots
-    if summary.get("failed_node") or summary.get("preempted"):
-        return latest.name
-    raise UserError(f"RESUME=1 but the latest run {latest.name} finished; nothing to continue "
-                    f"(make train without RESUME starts a new run)")
-
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
 # A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the

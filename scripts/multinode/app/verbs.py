@@ -6,6 +6,7 @@ the run (train: :mod:`multinode.app.run`), the runner (status, stacks); it owns 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shlex
@@ -14,7 +15,7 @@ from dataclasses import replace
 from typing import TextIO
 
 from multinode.app.netcheck import netcheck as measure_network
-from multinode.app.recover import Recovery, resumable_run
+from multinode.app.recover import Recovery
 from multinode.app.run import Run
 from multinode.backends.slurm.script import sinfo_command
 from multinode.checks.preflight import probe_ssh
@@ -103,6 +104,23 @@ def _print_sinfo(inventory: Inventory) -> int:
 
 
 # --- train ------------------------------------------------------------------------
+
+
+def resumable_run(state: ClusterState) -> str:
+    """RESUME=1: the cluster's latest run, if it did not finish (preempted, failed, or the orchestrator itself
+    stopped: no summary); one line naming what there is otherwise."""
+    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
+    if not runs:
+        raise UserError(f"RESUME=1 but cluster {state.name!r} has no run to continue; run 'make train' without RESUME")
+    latest = runs[-1]
+    try:
+        summary = json.loads((latest / "summary.json").read_text())
+    except (OSError, ValueError):
+        return latest.name  # stopped before its summary: it may have snapshots
+    if summary.get("failed_node") or summary.get("preempted"):
+        return latest.name
+    raise UserError(f"RESUME=1 but the latest run {latest.name} finished; nothing to continue "
+                    f"(make train without RESUME starts a new run)")
 
 
 def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Settled | None = None) -> RunSummary | None:
