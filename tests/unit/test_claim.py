@@ -27,7 +27,7 @@ def test_the_holder_takes_the_lock_without_waiting_and_leaves_a_process_that_hol
 def test_a_release_empties_the_owner_only_while_its_holder_holds_the_lock_and_waits_for_the_holder():
     command = release_command("/w/busy.lock", "run-1", 4242)
     alive = "read -r _ c z _ 2>/dev/null < /proc/4242/stat && [ \"$c\" = '(tail)' ] && [ \"$z\" != Z ]"
-    assert command.startswith(f"if {alive} && ") and "= run-1 ]; then : > /w/busy.lock; fi" in command
+    assert command.startswith(f"if {alive} && read -r was _ < /w/busy.lock && [ \"$was\" = run-1 ]; then : > /w/busy.lock; fi")
     assert f"{alive} && kill 4242;" in command and f"while {alive} && " in command
 
 

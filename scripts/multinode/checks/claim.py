@@ -54,10 +54,10 @@ def holder_command(path: str, owner: str) -> str:
         "while [ \"$p\" -gt 1 ] && read -r c < /proc/$p/comm; do case $c in sshd*) s=$p; break;; esac; "
         "read -r _ _ _ p _ < /proc/$p/stat || break; done\n"
         "[ -n \"$s\" ] || { echo NOFLOCK; exit 0; }\n"
-        f"mkdir -p {d} && exec 9<>{p} || exit 70\n"
+        f"{{ [ -d {d} ] || mkdir -p {d}; }} && exec 9<>{p} || exit 70\n"
         f"if ! flock -n 9; then i=0; while [ ! -s {p} ] && [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; "
         f"echo \"BUSY $(head -n 1 {p})\"; exit {BUSY_EXIT}; fi\n"
-        f"echo \"TAKEN $(head -n 1 {p})\"; printf '%s\\n' {shlex.quote(owner)} > {p}\n"
+        f"IFS= read -r was < {p} || was=; echo \"TAKEN $was\"; printf '%s\\n' {shlex.quote(owner)} > {p}\n"
         "( exec tail --pid=$s -s 0.2 -f /dev/null ) </dev/null >/dev/null 2>&1 &\n"
         "echo \"HELD $!\"\n"
     )
@@ -69,7 +69,7 @@ def release_command(path: str, run_id: str, holder: int) -> str:
     (an ended holder is a zombie until whoever adopted it reaps it: its lock is gone already)."""
     p = shlex.quote(path)
     alive = f"read -r _ c z _ 2>/dev/null < /proc/{holder}/stat && [ \"$c\" = '(tail)' ] && [ \"$z\" != Z ]"
-    return (f"if {alive} && [ \"$(head -n 1 {p} | cut -d' ' -f1)\" = {shlex.quote(run_id)} ]; then : > {p}; fi; "
+    return (f"if {alive} && read -r was _ < {p} && [ \"$was\" = {shlex.quote(run_id)} ]; then : > {p}; fi; "
             f"{alive} && kill {holder}; i=0; while {alive} && [ $i -lt 50 ]; do sleep 0.02; i=$((i+1)); done; true")
 
 
