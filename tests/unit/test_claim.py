@@ -3,14 +3,15 @@ is tests/integration/test_busy_cluster.py)."""
 
 from __future__ import annotations
 
-from multinode.checks.claim import BUSY_EXIT, busy_message, holder_command, lock_path, owner_line, parse_owner
+from multinode.checks.claim import (BUSY_EXIT, busy_message, holder_command, lock_path, owner_line, parse_owner,
+                                    release_command)
 
 
 def test_the_lock_lies_in_the_heads_work_directory(inventory):
     assert lock_path(inventory) == "/state/dev/nodes/node-0/busy.lock"
 
 
-def test_the_holder_takes_the_lock_without_waiting_and_holds_it_until_its_input_ends():
+def test_the_holder_takes_the_lock_without_waiting_and_leaves_a_process_that_holds_it_while_the_connection_lasts():
     import shlex
 
     argv = shlex.split(holder_command("/w/node 0/busy.lock", "run-1 pid=7 host=ctl since=now"))
@@ -19,8 +20,15 @@ def test_the_holder_takes_the_lock_without_waiting_and_holds_it_until_its_input_
     assert "flock -n 9" in command and f"exit {BUSY_EXIT}" in command
     assert "exec 9<>'/w/node 0/busy.lock'" in command  # opened without truncating: the owner stays readable
     assert "'run-1 pid=7 host=ctl since=now'" in command
-    assert command.index("TAKEN") < command.index("HELD") < command.index("read -r line")
-    assert '[ "$line" = release ] && : >' in command  # only a clean release empties the owner
+    assert command.index("TAKEN") < command.index("tail --pid=$s") < command.index("HELD")
+    assert "case $c in sshd*) s=$p" in command  # tied to the sshd process of this connection
+
+
+def test_a_release_empties_the_owner_only_while_its_holder_holds_the_lock_and_waits_for_the_holder():
+    command = release_command("/w/busy.lock", "run-1", 4242)
+    alive = "read -r _ c z _ 2>/dev/null < /proc/4242/stat && [ \"$c\" = '(tail)' ] && [ \"$z\" != Z ]"
+    assert command.startswith(f"if {alive} && read -r was _ < /w/busy.lock && [ \"$was\" = run-1 ]; then : > /w/busy.lock; fi")
+    assert f"{alive} && kill 4242;" in command and f"while {alive} && " in command
 
 
 def test_a_busy_cluster_is_one_line_naming_the_run_and_how_to_wait_follow_or_stop_it():

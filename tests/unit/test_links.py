@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from multinode.checks import links
@@ -18,13 +17,14 @@ def test_each_node_talks_to_its_ring_neighbours():
 def test_the_probe_command_names_the_peers_by_cluster_address(make_inv):
     commands = links.plan_probe(make_inv(3), 29501)
     assert set(commands) == {"node-0", "node-1", "node-2"}
-    assert commands["node-1"].startswith("python3 -c ")
+    assert commands["node-1"].startswith("/repo/.venv/bin/python -S -I -c ")  # the inventory's, without site
     assert commands["node-1"].endswith(" node-1 29501 0.3 2 node-0=10.200.7.10,node-2=10.200.7.12")
 
 
 def _answer(name, incoming, rtts, errors=()):
-    return json.dumps({"name": name, "in": {p: {"bytes": mbit * 1e6 / 8 * 0.3, "seconds": 0.3} for p, mbit in incoming.items()},
-                       "out": {p: {"rtt_ms": r} for p, r in rtts.items()}, "errors": list(errors)})
+    """What the probe prints (multinode.checks.linkprobe)."""
+    return "\n".join([*(f"in {p} {int(mbit * 1e6 / 8 * 0.3)} 0.3" for p, mbit in incoming.items()),
+                      *(f"out {p} {r}" for p, r in rtts.items()), *(f"error {e}" for e in errors), "end"])
 
 
 def test_links_are_read_from_the_receivers_bytes_and_the_senders_round_trips():
@@ -37,6 +37,9 @@ def test_links_are_read_from_the_receivers_bytes_and_the_senders_round_trips():
     found, errors = links.parse({"node-0": "python3: not found", "node-1": _answer("node-1", {}, {}, ["port 1 is busy"])})
     assert all(x.mbit_s is None for x in found)
     assert errors == {"node-0": ["the probe printed no result: python3: not found"], "node-1": ["port 1 is busy"]}
+    died = _answer("node-1", {"node-0": 8000}, {"node-0": 0.2}).removesuffix("end") + "Traceback (most recent call last):"
+    assert links.parse({"node-0": _answer("node-0", {}, {}), "node-1": died})[1]["node-1"][0].startswith(
+        "the probe printed no result: in node-0 ")  # no 'end': it died before its last line
 
 
 def _ring(slow_from: str | None = None, mbit: float = 18.0) -> list[Link]:

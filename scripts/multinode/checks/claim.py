@@ -3,11 +3,14 @@ at the end. A second run is refused in one line naming the run in progress and h
 that is told to wait (``queue``) polls until the cluster is free (SkyPilot queues jobs on a cluster the same way).
 
 The claim is ``flock`` on ``<head workdir>/busy.lock``, taken with ``-n`` (atomic: of two runs started together
-exactly one gets it) and held by a command on an SSH channel of its own to the head for the whole run. The kernel
-lock lives as long as that command, and the command as long as the channel: an orchestrator that crashes, is
+exactly one gets it) in the head's shell (the run's first command there) and held for the whole run by a process
+it leaves behind, which ends with the run's SSH connection to the head (``tail --pid`` of the node's sshd process
+that serves the connection). The kernel lock lives as long as that process: an orchestrator that crashes, is
 killed or loses its connection gives the cluster back by itself, so there is no stale marker to judge by pid, host
-or age. The lock file holds the owner (run id, pid, host, since when) for the refusal line; a clean release empties
-it. An owner still written there when the lock is taken is a run whose orchestrator ended without giving the
+or age. (It was held by a command on an SSH session of its own: that session's login shell was the head's second
+one, and where the rc files take a lock -- pyenv's rehash, on the machine of docs/benchmarks.md -- the two took
+turns, on the critical path of every run.) The lock file holds the owner (run id, pid, host, since when) for the
+refusal line; a clean release empties it. An owner still written there when the lock is taken is a run whose orchestrator ended without giving the
 cluster back: its processes may still run on the nodes (ranks outlive a lost SSH session) and would hold the
 rendezvous port, so :meth:`Claim.take` stops them first, and says so in one line.
 
@@ -23,12 +26,10 @@ import shlex
 import socket
 import time
 
-import paramiko
-
 from multinode.checks.preflight import refuse_unreachable
 from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
-from multinode.ssh.runner import RemoteRunner
+from multinode.ssh.runner import CommandResult, RemoteRunner
 
 LOCK = "busy.lock"
 BUSY_EXIT = 75  # EX_TEMPFAIL: the cluster is busy
@@ -40,18 +41,36 @@ def lock_path(inv: Inventory) -> str:
 
 
 def holder_command(path: str, owner: str) -> str:
-    """The head's side (POSIX sh + flock, whatever the login shell): take the lock or print ``BUSY <owner>`` and exit
-    75; once taken print ``TAKEN <what the lock file held>`` (a previous owner that never gave it back, or nothing),
-    write ``owner``, and hold the lock until stdin ends; a ``release`` line first empties the file (a clean end)."""
+    """The head's side (POSIX sh + flock + GNU tail, run in the node's shell): take the lock or print ``BUSY
+    <owner>`` and exit 75; once taken print ``TAKEN <what the lock file held>`` (a previous owner that never gave it
+    back, or nothing), write ``owner``, and leave a holder with the lock that lives until the sshd process serving
+    this SSH connection ends (or :meth:`Claim.release` stops it): ``HELD <its pid>``. ``NOFLOCK``: the head lacks
+    flock or GNU tail, or runs no sshd (nothing to tie the lock to): no claim."""
     p, d = shlex.quote(path), shlex.quote(path.rsplit("/", 1)[0])
     script = (
-        f"command -v flock >/dev/null || {{ echo NOFLOCK; exit 0; }}; mkdir -p {d} && exec 9<>{p} || exit 70; "
+        "command -v flock >/dev/null && tail --pid=$$ -s 0.2 -n 0 /dev/null 2>/dev/null || { echo NOFLOCK; exit 0; }\n"
+        # The sshd process that serves this connection: the nearest ancestor named sshd*.
+        "s=; p=$PPID\n"
+        "while [ \"$p\" -gt 1 ] && read -r c < /proc/$p/comm; do case $c in sshd*) s=$p; break;; esac; "
+        "read -r _ _ _ p _ < /proc/$p/stat || break; done\n"
+        "[ -n \"$s\" ] || { echo NOFLOCK; exit 0; }\n"
+        f"{{ [ -d {d} ] || mkdir -p {d}; }} && exec 9<>{p} || exit 70\n"
         f"if ! flock -n 9; then i=0; while [ ! -s {p} ] && [ $i -lt 10 ]; do sleep 0.1; i=$((i+1)); done; "
-        f"echo \"BUSY $(head -n 1 {p})\"; exit {BUSY_EXIT}; fi; "
-        f"echo \"TAKEN $(head -n 1 {p})\"; printf '%s\\n' {shlex.quote(owner)} > {p}; echo HELD; "
-        f"read -r line; [ \"$line\" = release ] && : > {p}; exit 0"
+        f"echo \"BUSY $(head -n 1 {p})\"; exit {BUSY_EXIT}; fi\n"
+        f"IFS= read -r was < {p} || was=; echo \"TAKEN $was\"; printf '%s\\n' {shlex.quote(owner)} > {p}\n"
+        "( exec tail --pid=$s -s 0.2 -f /dev/null ) </dev/null >/dev/null 2>&1 &\n"
+        "echo \"HELD $!\"\n"
     )
     return f"exec sh -c {shlex.quote(script)}"
+
+
+def release_command(path: str, run_id: str, holder: int) -> str:
+    """Empty the lock file (while the holder still holds it for ``run_id``) and stop the holder, waiting for it
+    (an ended holder is a zombie until whoever adopted it reaps it: its lock is gone already)."""
+    p = shlex.quote(path)
+    alive = f"read -r _ c z _ 2>/dev/null < /proc/{holder}/stat && [ \"$c\" = '(tail)' ] && [ \"$z\" != Z ]"
+    return (f"if {alive} && read -r was _ < {p} && [ \"$was\" = {shlex.quote(run_id)} ]; then : > {p}; fi; "
+            f"{alive} && kill {holder}; i=0; while {alive} && [ $i -lt 50 ]; do sleep 0.02; i=$((i+1)); done; true")
 
 
 def owner_line(run_id: str) -> str:
@@ -80,7 +99,7 @@ class Claim:
     def __init__(self, runner: RemoteRunner, run_id: str, wait: bool = False, timeout: float = 15.0):
         self.runner, self.run_id, self.wait, self.timeout = runner, run_id, wait, timeout
         self.inv = runner.inventory
-        self.channel: paramiko.Channel | None = None
+        self.holder: int | None = None  # the head's process that holds the lock (HELD <pid>)
 
     def __enter__(self) -> "Claim":
         self.take()
@@ -109,7 +128,8 @@ class Claim:
                 said = True
             time.sleep(POLL)
         if status == "NOFLOCK":
-            self.runner.say(f"warning: {self.inv.head.name} has no flock: a second run on this cluster is not refused")
+            self.runner.say(f"warning: {self.inv.head.name} has no flock or GNU tail (or no sshd to tie the claim to): "
+                            f"a second run on this cluster is not refused")
         elif owner:  # its orchestrator ended without giving the cluster back
             stale, pid, host, _ = parse_owner(owner)
             self.runner.say(f"run {stale} ended without giving the cluster back (its orchestrator, pid {pid} on {host}, "
@@ -119,46 +139,29 @@ class Claim:
     def _attempt(self) -> tuple[str, str]:
         """One try: ("TAKEN" | "BUSY" | "NOFLOCK", the owner the head named)."""
         head = self.inv.head.name
-        channel = self.runner.connection(head).transport.open_session(timeout=self.timeout)
-        channel.settimeout(self.timeout)
-        channel.exec_command(holder_command(lock_path(self.inv), owner_line(self.run_id)))
-        try:
-            reply = _reply(channel)
-        except OSError as err:  # socket.timeout included
-            channel.close()
-            raise PreflightFailed(f"{head}: could not claim the cluster ({err or 'no answer'}); "
-                                  f"check the node with 'make status'") from None
-        status, _, owner = reply.partition("\n")[0].partition(" ")
+        res = self.runner.run_on(head, holder_command(lock_path(self.inv), owner_line(self.run_id)), timeout=self.timeout)
+        status, _, owner = res.stdout.partition("\n")[0].partition(" ")
         if status == "TAKEN":
-            self.channel = channel
+            held = res.stdout.rpartition("HELD ")[2].split()
+            if res.exit_code != 0 or not held or not held[0].isdigit():
+                raise PreflightFailed(f"{head}: could not claim the cluster ({_said(res)}); check the node with 'make status'")
+            self.holder = int(held[0])
             return status, owner.strip()
-        channel.close()
         if status not in ("BUSY", "NOFLOCK"):
-            raise PreflightFailed(f"{head}: could not claim the cluster ({reply.strip() or 'no answer'}); "
-                                  f"check the node with 'make status'")
+            raise PreflightFailed(f"{head}: could not claim the cluster ({_said(res)}); check the node with 'make status'")
         return status, owner.strip()
 
     def release(self) -> None:
         """Give the cluster back: the lock file emptied, the holder ended (waited for, so nothing of it is left)."""
-        channel, self.channel = self.channel, None
-        if channel is None:
+        holder, self.holder = self.holder, None
+        if holder is None:
             return
-        try:
-            channel.sendall(b"release\n")
-            channel.shutdown_write()
-            channel.status_event.wait(self.timeout)
-        except (OSError, EOFError, paramiko.SSHException):
-            pass  # the connection is gone: so is the holder, and the next run stops what is left of this one
-        finally:
-            channel.close()
+        # Where the connection is gone, so is the holder, and the next run stops what is left of this one.
+        self.runner.run_on(self.inv.head.name, release_command(lock_path(self.inv), self.run_id, holder),
+                           timeout=self.timeout)
 
 
-def _reply(channel: paramiko.Channel) -> str:
-    """The holder's answer: its first line, and for TAKEN everything up to HELD (the owner is written then)."""
-    reply = b""
-    while b"\n" not in reply or (reply.startswith(b"TAKEN") and b"HELD\n" not in reply):
-        chunk = channel.recv(4096)
-        if not chunk:
-            break
-        reply += chunk
-    return reply.decode(errors="replace")
+def _said(res: CommandResult) -> str:
+    """What the head answered (or why it did not), in one line."""
+    text = (res.error or res.stdout.strip() or res.stderr.strip() or f"exit {res.exit_code}").strip()
+    return " ".join(text.splitlines()[-2:]) or "no answer"

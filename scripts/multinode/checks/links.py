@@ -22,13 +22,12 @@ Only a node slow again on its own is named.
 
 from __future__ import annotations
 
-import json
 import re
 import shlex
 import statistics
 from dataclasses import asdict, dataclass, replace
 
-from multinode.checks.linkprobe import PROBE
+from multinode.checks.linkprobe import PROBE, parse_lines
 from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
 from multinode.ssh.runner import RemoteRunner
@@ -85,26 +84,24 @@ def neighbours(names: list[str]) -> dict[str, list[str]]:
 
 
 def plan_probe(inv: Inventory, port: int, window: float = WINDOW_S) -> dict[str, str]:
-    """Each node's command: the probe listening on ``port`` and sending to its ring neighbours."""
+    """Each node's command: the probe listening on ``port`` and sending to its ring neighbours, run by the
+    inventory's interpreter (the host's: the one pre-flight checked, not whatever ``python3`` PATH finds first)
+    without ``site`` (see :mod:`multinode.checks.linkprobe`)."""
     names = [n.name for n in inv.nodes]
     ring = neighbours(names)
     commands = {}
     for node in inv.nodes:
         peers = ",".join(f"{p}={inv.node(p).private_ip}" for p in ring[node.name])
-        commands[node.name] = (f"python3 -c {shlex.quote(PROBE)} {shlex.quote(node.name)} {port} {window} "
-                               f"{len(ring[node.name])} {shlex.quote(peers)}")
+        commands[node.name] = (f"{shlex.quote(inv.python)} -S -I -c {shlex.quote(PROBE)} {shlex.quote(node.name)} "
+                               f"{port} {window} {len(ring[node.name])} {shlex.quote(peers)}")
     return commands
 
 
 def parse(answers: dict[str, str]) -> tuple[list[Link], dict[str, list[str]]]:
-    """The links (receiver's bandwidth, sender's round trip) and each node's errors from the probes' JSON lines."""
+    """The links (receiver's bandwidth, sender's round trip) and each node's errors from the probes' lines."""
     reports, errors = {}, {}
     for name, text in answers.items():
-        line = next((x for x in reversed(text.splitlines()) if x.startswith("{")), None)
-        try:
-            reports[name] = json.loads(line) if line else None
-        except json.JSONDecodeError:
-            reports[name] = None
+        reports[name] = parse_lines(text)
         if reports[name] is None:
             errors[name] = [f"the probe printed no result: {text.strip()[-200:] or 'nothing'}"]
         elif reports[name]["errors"]:

@@ -52,7 +52,10 @@ def _check_script(checks: list[tuple[str, str]]) -> str:
 
 
 def port_check(port: int) -> tuple[str, str]:
-    return (f"rendezvous port {port} is free", f"! ss -Hltnp 'sport = :{port}' | grep .")
+    """Nothing listens on ``port``; when something does, what (``ss -p`` walks every process's descriptors: only
+    then)."""
+    return (f"rendezvous port {port} is free",
+            f"[ -z \"$(ss -Hltn 'sport = :{port}')\" ] || {{ ss -Hltnp 'sport = :{port}'; false; }}")
 
 
 def head_reach_check(inv: Inventory, port: int | None = None) -> tuple[str, str]:
@@ -86,11 +89,20 @@ RESOLVE = "peer names"  # the read label of the reverse lookups
 
 
 def resolve_probe(inv: Inventory, name: str) -> str:
-    """Print each peer address ``name`` cannot look up (in parallel, 2 s each; nothing where getent is missing)."""
+    """Print each peer address ``name`` cannot look up (2 s at most; nothing where getent is missing). One getent
+    looks up every peer (the head has N-1: a process pair each cost the head 2(N-1) process starts per run); only
+    when it fails (it stops at the first address it cannot look up) is each peer looked up on its own, in parallel,
+    to name them all."""
     peers = [n for n in inv.nodes if n.name != name] if name == inv.head.name else [inv.head]
-    lookups = " ".join(f"{{ timeout 2 getent hosts ::ffff:{n.private_ip} >/dev/null || echo {n.name}={n.private_ip}; }} &"
-                       for n in peers)
-    return f"command -v getent >/dev/null && {{ {lookups} wait; }} || true" if peers else "true"
+    if not peers:
+        return "true"
+    each = " ".join(f"{{ timeout 2 getent hosts ::ffff:{n.private_ip} >/dev/null || echo {n.name}={n.private_ip}; }} &"
+                    for n in peers)
+    if len(peers) == 1:
+        return f"command -v getent >/dev/null && {{ {each} wait; }} || true"
+    every = " ".join(f"::ffff:{n.private_ip}" for n in peers)
+    return (f"if command -v getent >/dev/null && ! timeout 2 getent hosts {every} >/dev/null; then {each} wait; fi; "
+            f"true")
 
 
 def resolve_warning(unresolved: dict[str, str]) -> str | None:

@@ -154,9 +154,16 @@ with open(sys.argv[2], "w") as f:
 # kept answer and no Python starts (~30 ms of CPU per node and run: a second at 64 nodes on 2 cores).
 # An edit inside an installed package that adds or removes no file is not seen: the answer is what the last
 # full probe read. $1: cache file, $2: the python argv that prints the answer (it writes "$1.deps").
+# While the answer is kept this starts three programs (sh, stat, cksum): the file is read with the shell's own `read`
+# (it ran on every node in every run's pre-flight round, where head, xargs and tail made it six).
 PROBE_CACHE = r'''c=$1; shift
-fp() { { printf '%s\n' "$PYTHONPATH" "$PATH"; [ -s "$c.deps" ] && xargs -r -d '\n' stat -L -c '%n %y %s %i' < "$c.deps" 2>&1; } | cksum; }
-if [ -s "$c" ] && [ "$(head -n 1 "$c")" = "$(fp)" ]; then tail -n +2 "$c"; exit 0; fi
+fp() {
+  set --; if [ -s "$c.deps" ]; then while IFS= read -r d; do set -- "$@" "$d"; done < "$c.deps"; fi
+  { printf '%s\n' "$PYTHONPATH" "$PATH"; [ $# -eq 0 ] || stat -L -c '%n %y %s %i' -- "$@" 2>&1; } | cksum
+}
+if [ -s "$c" ]; then
+  { IFS= read -r kept; if [ "$kept" = "$(fp </dev/null)" ]; then while IFS= read -r l; do printf '%s\n' "$l"; done; exit 0; fi; } < "$c"
+fi
 mkdir -p "${c%/*}" && out=$("$@" "$c.deps" 2>&1) || { printf '%s\n' "$out"; exit 1; }
 printf '%s\n%s\n' "$(fp)" "$out" > "$c.tmp" && mv -f "$c.tmp" "$c"
 printf '%s\n' "$out"
