@@ -53,21 +53,24 @@ ELASTIC_DRILLS: dict[str, tuple[Callable | None, tuple[str, ...]]] = {
 }
 
 
-def run_elastic_drill(cluster, name: str) -> ElasticResult:
+def run_elastic_drill(cluster, name: str, epochs: int = ELASTIC_EPOCHS) -> ElasticResult:
     """Our digits trainer on 3 nodes with MAX_RESTARTS=1 and a snapshot every 4 epochs; the fault hits
     node-1 after epoch 9 (or rank 0 mid-write of a snapshot); the job must finish, resumed from its last
-    complete snapshot, with the accuracy target met."""
+    complete snapshot, with the accuracy target met. ``epochs`` > SNAPSHOT_CRASH_EPOCH + 1 (the tests: fewer,
+    the page: ELASTIC_EPOCHS)."""
+    if epochs <= SNAPSHOT_CRASH_EPOCH + 1:
+        raise ValueError(f"epochs={epochs}: the faults hit after epoch {SNAPSHOT_CRASH_EPOCH + 1}")
     fault_fn, extra = ELASTIC_DRILLS[name]
-    args = " ".join(("--workload", "digits", str(ELASTIC_EPOCHS), str(SAVE_EVERY), *extra))
+    args = " ".join(("--workload", "digits", str(epochs), str(SAVE_EVERY), *extra))
     begin = time.monotonic()
     proc = cluster.popen("train", "--nodes", "3", "--max-restarts", "1", f"--args={args}")
     with watched(proc) as (out, err):
         if fault_fn is not None:
-            out.wait_for(rf"\[rank0\]: epoch {FAULT_AFTER_EPOCH}/{ELASTIC_EPOCHS} ", timeout=180)
+            out.wait_for(rf"\[rank0\]: epoch {FAULT_AFTER_EPOCH}/{epochs} ", timeout=180)
             fault = time.monotonic()
             fault_fn(cluster.state, proc)
         else:  # the trainer hurts itself: the fault is the end of the epoch whose snapshot it dies writing
-            hit = rf"\[rank0\]: epoch {SNAPSHOT_CRASH_EPOCH + 1}/{ELASTIC_EPOCHS} "
+            hit = rf"\[rank0\]: epoch {SNAPSHOT_CRASH_EPOCH + 1}/{epochs} "
             out.wait_for(hit, timeout=180)
             fault = out.first(hit)[0]
         proc.wait(timeout=240)

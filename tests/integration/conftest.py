@@ -29,3 +29,14 @@ def cluster3(tmp_path_factory):
 def cluster2(tmp_path_factory):
     """A 2-node local cluster shared by one test module."""
     yield from shared_cluster(tmp_path_factory, 2)
+
+
+@pytest.fixture(scope="session")
+def bootstrap_renderings(tmp_path_factory) -> dict[str, str]:
+    """Every kind's bootstrap as Terraform renders it (test_bootstrap.render_all: one terraform init, one console per
+    kind), made once for test_bootstrap.py and test_bootstrap_runtime.py; MULTINODE_IMAGE unset while it renders."""
+    from test_bootstrap import render_all
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("MULTINODE_IMAGE", raising=False)
+        return render_all(tmp_path_factory)

@@ -55,11 +55,23 @@ def _host_key_in_user_data(ec2_client, instance_id: str) -> str:
     return yaml.safe_load(base64.b64decode(data["UserData"]["Value"]))["ssh_keys"]["ed25519_public"]
 
 
-def test_replacing_node_1_of_3_creates_exactly_one_instance(ec2, offline_terraform, tmp_path, ssh_listener):
+def test_replacing_one_node_then_no_capacity_for_another(ec2, offline_terraform, moto_url, tmp_path, ssh_listener,
+                                                         monkeypatch):
+    """One cluster of 3 (one `up`, one `down`: Terraform's init and apply are most of the time): node-1 replaced,
+    then EC2 with no capacity for node-2's replacement, then capacity back."""
     state = ClusterState.for_cluster("tfrep", root=tmp_path)
     waited: list = []
     provider = _provider(ssh_listener, waited)
     inv = provider.up(_spec("tfrep", nodes=3), state)
+    after = replacing_node_1_of_3_creates_exactly_one_instance(ec2, state, provider, inv, waited)
+    no_capacity_is_capacity_refused_and_the_rest_stays(ec2, moto_url, state, provider, after, inv.nodes[1], monkeypatch)
+
+    lines = provider.down(state)
+    assert lines[-1].startswith("verified: no instance tagged cluster=tfrep")
+    assert {i["State"]["Name"] for i in _instances(ec2, "tfrep")} == {"terminated"} and len(_instances(ec2, "tfrep")) == 5
+
+
+def replacing_node_1_of_3_creates_exactly_one_instance(ec2, state, provider, inv, waited) -> Inventory:
     before = _by_id(ec2, "tfrep")
     old = before[inv.nodes[1].instance_id]
 
@@ -85,10 +97,7 @@ def test_replacing_node_1_of_3_creates_exactly_one_instance(ec2, offline_terrafo
     assert len(state.known_hosts.read_text().splitlines()) == 3
     assert Inventory.load(state.inventory_path) == after
     assert waited == [["node-0", "node-1", "node-2"], ["node-1"]]  # the bootstrap wait: of the new node only
-
-    lines = provider.down(state)
-    assert lines[-1].startswith("verified: no instance tagged cluster=tfrep")
-    assert {i["State"]["Name"] for i in _instances(ec2, "tfrep")} == {"terminated"} and len(_instances(ec2, "tfrep")) == 4
+    return after
 
 
 class RefusingProxy:
@@ -137,11 +146,8 @@ class RefusingProxy:
         self.server.server_close()
 
 
-def test_no_capacity_is_capacity_refused_and_the_rest_stays(ec2, offline_terraform, moto_url, tmp_path, ssh_listener,
-                                                            monkeypatch):
-    state = ClusterState.for_cluster("tfice", root=tmp_path)
-    provider = _provider(ssh_listener, [])
-    inv = provider.up(_spec("tfice", nodes=3), state)
+def no_capacity_is_capacity_refused_and_the_rest_stays(ec2, moto_url, state, provider, inv, replaced, monkeypatch):
+    """``inv``: the cluster after node-1's replacement (``replaced``: node-1's first instance, terminated)."""
     saved, known = state.inventory_path.read_text(), state.known_hosts.read_text()
     # The AWS provider retries InsufficientInstanceCapacity on RunInstances up to max_retries (default 25) times with
     # back-off (terraform-provider-aws, internal/service/ec2 service_package: the code is marked retryable), minutes
@@ -154,9 +160,9 @@ def test_no_capacity_is_capacity_refused_and_the_rest_stays(ec2, offline_terrafo
             provider.replace(state, inv, "node-2")
         assert str(err.value).startswith("node-2: no capacity for a replacement (EC2 said InsufficientInstanceCapacity)")
         assert proxy.refused >= 1
-        now = _by_id(ec2, "tfice")
+        now = _by_id(ec2, "tfrep")
         assert {iid: i["State"]["Name"] for iid, i in now.items()} == {
-            inv.nodes[0].instance_id: "running", inv.nodes[1].instance_id: "running",
+            inv.nodes[0].instance_id: "running", inv.nodes[1].instance_id: "running", replaced.instance_id: "terminated",
             inv.nodes[2].instance_id: "terminated"}  # asked to replace: the old one ended, no new one made
         assert (state.inventory_path.read_text(), state.known_hosts.read_text()) == (saved, known)
         proxy.refuse = False  # capacity is back: the same ask makes exactly one instance
@@ -164,7 +170,5 @@ def test_no_capacity_is_capacity_refused_and_the_rest_stays(ec2, offline_terrafo
     finally:
         proxy.close()
         monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)
-    assert len(_by_id(ec2, "tfice")) == 4 and after.nodes[:2] == inv.nodes[:2]
-    assert after.nodes[2].instance_id not in (n.instance_id for n in inv.nodes)
-    provider.down(state)
-    assert {i["State"]["Name"] for i in _instances(ec2, "tfice")} == {"terminated"}
+    assert len(_by_id(ec2, "tfrep")) == 5 and after.nodes[:2] == inv.nodes[:2]
+    assert after.nodes[2].instance_id not in (n.instance_id for n in (*inv.nodes, replaced))

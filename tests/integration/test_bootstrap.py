@@ -64,8 +64,8 @@ def render_all(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, monkeypatch_module) -> dict[str, str]:
-    return render_all(tmp_path_factory)
+def rendered(bootstrap_renderings, monkeypatch_module) -> dict[str, str]:
+    return dict(bootstrap_renderings)  # rendered once per session (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import pytest
 from localcluster import bring_up, tear_down
-from test_bootstrap import monkeypatch_module, render_all  # noqa: F401 (fixture)
+from test_bootstrap import monkeypatch_module  # noqa: F401 (fixture)
 
 from multinode.core.errors import NodeError
 from multinode.providers.aws.readiness import Bootstrap, wait_ready
@@ -59,8 +59,8 @@ def device(kind, index): return (kind, index)
 
 
 @pytest.fixture(scope="module")
-def rendered(tmp_path_factory, monkeypatch_module) -> dict[str, str]:  # noqa: F811
-    return render_all(tmp_path_factory)
+def rendered(bootstrap_renderings, monkeypatch_module) -> dict[str, str]:  # noqa: F811
+    return dict(bootstrap_renderings)  # rendered once per session (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +105,11 @@ def test_the_host_runtime_install_runs_on_a_node_and_mpi4py_works_from_it(render
     inv = cluster.inventory()
     with RemoteRunner(inv) as runner:
         # PIP_RETRIES=0: download.pytorch.org does not resolve here; no backoff before the local wheel folder.
-        done = runner.run_on("node-0", f"PIP_RETRIES=0 bash {tmp_path}/host.sh > {tmp_path}/node-0/bootstrap.log 2>&1",
-                             timeout=900)
+        # PIP_COMPILE=0 (pip's --compile off; PIP_NO_COMPILE=1 would set it on: pip stores an environment value
+        # as the option's own, seen with pip 23.2 and 26.3): torch's thousands of modules are not byte-compiled at
+        # install (the suite's time); the same files are installed, and Python compiles what it imports.
+        done = runner.run_on("node-0", f"PIP_RETRIES=0 PIP_COMPILE=0 bash {tmp_path}/host.sh "
+                                       f"> {tmp_path}/node-0/bootstrap.log 2>&1", timeout=900)
         assert done.exit_code == 0, (tmp_path / "node-0" / "bootstrap.log").read_text()[-3000:]
         wait_ready(inv.first(1), runner, image=None, timeout=60, bootstrap=boot(tmp_path), poll=1)
         marker = dict(line.split("=", 1) for line in (tmp_path / "node-0" / "ready").read_text().splitlines())

@@ -21,11 +21,12 @@ pytestmark = pytest.mark.integration
 
 EXIT_PREEMPTED = 75
 GRACE = "30"
+MPI_GRACE = "8"  # mpirun waited 120 s = 4 x GRACE at its exit with GRACE=30 (the mpirun test's docstring)
 EPOCH_2 = r"\[rank0\]: (\[rank 0\] )?epoch 2/"
 
 
-def grace_args(run_id: str, *extra: str) -> list[str]:
-    return ["train", "--nodes", "3", f"--run-id={run_id}", f"--pg-timeout={PG_TIMEOUT}", f"--grace={GRACE}",
+def grace_args(run_id: str, *extra: str, grace: str = GRACE) -> list[str]:
+    return ["train", "--nodes", "3", f"--run-id={run_id}", f"--pg-timeout={PG_TIMEOUT}", f"--grace={grace}",
             "--args=--workload digits 40 4", *extra]
 
 
@@ -96,7 +97,13 @@ def test_torchrun_with_restarts_left_does_not_restart_a_preempted_worker(cluster
 
 def test_mpirun_with_grace_ends_preempted_on_a_sigterm_to_one_rank(cluster3):
     """MODE=mpi: every rank has MULTINODE_GRACE from its app context; mpirun (which aborts the job when a rank exits
-    non-zero, waiting odls_base_sigkill_timeout = GRACE before SIGKILL) ends with the ranks' 75."""
-    result = run_sigterm_drill(cluster3, "gmpi", args=grace_args("gmpi", "--mode=mpi"))
+    non-zero, waiting odls_base_sigkill_timeout = GRACE before SIGKILL) ends with the ranks' 75.
+
+    A shorter GRACE than the other tests: Open MPI 4.1.4's mpirun sleeps odls_base_sigkill_timeout before its
+    SIGTERM and again before its SIGKILL, even when every rank has already exited (open-mpi/ompi PR 7032/7033:
+    "wait 30 seconds before sending SIGTERM then another 30 seconds before sending SIGKILL"); measured here with
+    GRACE=30: 120 s between the abort message and mpirun's exit, every rank long gone. The ranks had stopped and
+    saved within 0.3 s of each other; with MPI_GRACE they still have 2 x 8 s before mpirun's SIGKILL."""
+    result = run_sigterm_drill(cluster3, "gmpi", args=grace_args("gmpi", "--mode=mpi", grace=MPI_GRACE))
     assert_one_checkpoint(result, "node-1")
     assert summary_of(cluster3, "gmpi")["preempted"] is not None
