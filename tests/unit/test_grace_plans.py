@@ -93,6 +93,13 @@ def test_mpirun_sets_its_own_sigkill_wait_to_the_grace_and_every_rank_gets_it(in
     assert all(argv[i - 1:i + 4] == ["-I", argv[i], "--grace", "12.2", "--"] for i in guards)
 
 
+def test_mpirun_keeps_its_1_s_sigkill_wait_for_our_trainer(inventory):
+    """Our trainer's ranks exit 75 only after the whole coordinated checkpoint: no rank needs mpirun's grace,
+    and Open MPI 4.1 would sleep it twice after they are gone."""
+    argv = list(plan(inventory, OURS, mode="mpi", grace=12.2).commands[0].argv)
+    assert "odls_base_sigkill_timeout" not in argv and argv.count("MULTINODE_GRACE=12.2") == 3
+
+
 def test_slurm_script_exports_the_grace(inventory):
     spec = LaunchSpec(nodes=2, run_id="r1", grace=45.0)
     assert "\nexport MULTINODE_GRACE=45\n" in plan_sbatch(inventory, spec, OURS).script

@@ -24,12 +24,17 @@ Lines: ``--tag-output`` tags every chunk a rank's pipe gives, not every line (me
 ``[1,0]<stderr>:    [1,0]<stderr>:outer()[1,0]<stderr>:``), so :func:`relabel_by_rank` re-assembles each
 rank's stream into whole lines (:class:`multinode.ssh.lines.TaggedLines`) before it is shown or logged.
 
-GRACE: every rank starts with ``MULTINODE_GRACE`` (SIGTERM is a notice), a user script behind ``training.guard``,
-and mpirun's own SIGTERM-to-SIGKILL wait is GRACE: "When orterun receives a SIGTERM and SIGINT, it will attempt to
-kill the entire job by sending all processes in the job a SIGTERM, waiting a small number of seconds, then sending
-all processes in the job a SIGKILL" (mpirun.openmpi(1), "Signal Propagation", Open MPI 4.1.4); the small number is
-the MCA parameter ``odls_base_sigkill_timeout`` ("Time to wait for a process to die after issuing a kill signal to
-it", default 1: ``ompi_info --param odls all --level 9``), which we set to GRACE.
+GRACE: every rank starts with ``MULTINODE_GRACE`` (SIGTERM is a notice), a user script behind the notice guard.
+"When orterun receives a SIGTERM and SIGINT, it will attempt to kill the entire job by sending all processes in the
+job a SIGTERM, waiting a small number of seconds, then sending all processes in the job a SIGKILL"
+(mpirun.openmpi(1), "Signal Propagation", Open MPI 4.1.4); the small number is the MCA parameter
+``odls_base_sigkill_timeout`` ("Time to wait for a process to die after issuing a kill signal to it", default 1:
+``ompi_info --param odls all --level 9``). A user script gets GRACE there: when its first rank exits 75 the job is
+aborted, and the others may still be saving. Its cost: ORTE 4.1's kill of the local procs sends SIGCONT, sleeps
+that long, sends SIGTERM, sleeps again, then SIGKILL, whether or not they already exited
+(orte/mca/odls/base/odls_base_default_fns.c, ``orte_odls_base_default_kill_local_procs``): mpirun ended 120 s after
+the ranks with GRACE=30. Our trainer does not need it: a rank exits 75 only after the whole coordinated checkpoint
+(written, replicated, its places gathered by every rank), so it keeps Open MPI's 1 s.
 """
 
 from __future__ import annotations
@@ -113,9 +118,10 @@ def mpi_ssh_args(inventory: Inventory) -> str:
     return " ".join(opts)
 
 
-def mpirun_options(inv: Inventory, spec: LaunchSpec) -> list[str]:
+def mpirun_options(inv: Inventory, spec: LaunchSpec, ours: bool = True) -> list[str]:
     """mpirun's own options, before the app contexts: the hostfile, transports pinned to the cluster subnet,
-    SSH to the other nodes, abort on the first failed rank, tagged output, the forwarded environment."""
+    SSH to the other nodes, abort on the first failed rank, tagged output, the forwarded environment (``ours``:
+    the job is our trainer, see the module doc for GRACE)."""
     hostfile = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}/hostfile"
     argv: list[str] = [
         "mpirun",
@@ -135,7 +141,7 @@ def mpirun_options(inv: Inventory, spec: LaunchSpec) -> list[str]:
         "--mca", "orte_abort_on_non_zero_status", "1",
         "--tag-output",
     ]
-    if spec.grace is not None:  # mpirun's SIGTERM to the ranks, then SIGKILL this much later (the module doc)
+    if spec.grace is not None and not ours:  # a user script's ranks get GRACE before SIGKILL (the module doc)
         argv += ["--mca", "odls_base_sigkill_timeout", str(math.ceil(spec.grace))]
     for name in FORWARDED:
         argv += ["-x", name]
@@ -198,7 +204,7 @@ class MpirunLauncher:
 
     def plan(self, inventory: Inventory, spec: LaunchSpec, entry: EntryPoint) -> LaunchPlan:
         inv = inventory.first(spec.nodes)
-        argv = mpirun_options(inv, spec)
+        argv = mpirun_options(inv, spec, entry.ours)
         for i, node in enumerate(inv.nodes):
             if i:
                 argv.append(":")
