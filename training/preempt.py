@@ -3,8 +3,9 @@
 Notice sources (one watcher per process, started by :func:`watch`):
 
 * the instance metadata service (:mod:`training.imds`): a spot interruption notice or a rebalance
-  recommendation. Polled on a daemon thread every 5 s (AWS's advice) when ``AWS_EC2_METADATA_SERVICE_ENDPOINT``
-  is set (the local provider's nodes serve it at the EC2 address) or the machine is an EC2 instance;
+  recommendation. Polled on a daemon thread every 5 s (AWS's advice; ``MULTINODE_NOTICE_POLL=<seconds>``
+  changes it) when ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` is set (the local provider's nodes serve it at the EC2
+  address) or the machine is an EC2 instance;
 * SIGTERM (a scheduler, ``docker stop``, SLURM's ``--signal``) when ``MULTINODE_GRACE=<seconds>`` is set:
   the rank then has that long before it is killed. Without it SIGTERM keeps its default (the process ends),
   so jobs that never asked for this behave as before.
@@ -44,6 +45,7 @@ from . import imds  # relative: the same file runs as training.preempt and as th
 EXIT_PREEMPTED = 75
 GRACE_ENV = "MULTINODE_GRACE"
 SWITCH_ENV = "MULTINODE_NOTICES"
+POLL_ENV = "MULTINODE_NOTICE_POLL"  # seconds between metadata polls (default imds.POLL_SECONDS, AWS's advice)
 CHECK_SECONDS = 1.0  # target time between agreement checks
 MAX_CHECK_STEPS = 1000
 
@@ -128,6 +130,22 @@ def grace_from_env(env=None) -> float | None:
     return grace
 
 
+def poll_from_env(env=None) -> float:
+    """MULTINODE_NOTICE_POLL: seconds between the metadata service's polls (a local cluster's drills poll faster
+    than the 5 s AWS advises); ValueError with the fix when it is not a positive number."""
+    env = os.environ if env is None else env
+    text = env.get(POLL_ENV)
+    if not text:
+        return imds.POLL_SECONDS
+    try:
+        poll = float(text)
+    except ValueError:
+        raise ValueError(f"{POLL_ENV}={text!r} is not a number of seconds, e.g. {POLL_ENV}=5") from None
+    if not poll > 0:
+        raise ValueError(f"{POLL_ENV}={text!r} must be a positive number of seconds, e.g. {POLL_ENV}=5")
+    return poll
+
+
 def watch(env=None) -> Watcher:
     """This process's watcher, started on the first call with the sources the environment enables."""
     global _WATCHER
@@ -136,7 +154,7 @@ def watch(env=None) -> Watcher:
         off = env.get(SWITCH_ENV, "").lower() in ("off", "0", "no")
         use_imds = not off and (bool(env.get(imds.ENDPOINT_ENV)) or imds.on_ec2())
         client = imds.MetadataClient(imds.endpoint(env)) if use_imds else None
-        _WATCHER = Watcher(client, None if off else grace_from_env(env)).start()
+        _WATCHER = Watcher(client, None if off else grace_from_env(env), poll_from_env(env)).start()
     return _WATCHER
 
 

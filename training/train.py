@@ -165,6 +165,7 @@ def _check_grace() -> None:
 
     try:
         preempt.grace_from_env()
+        preempt.poll_from_env()
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -85,6 +85,13 @@ def test_grace_must_be_positive_seconds():
             preempt.grace_from_env({preempt.GRACE_ENV: bad})
 
 
+def test_notice_poll_is_aws_5_s_unless_set_to_positive_seconds():
+    assert preempt.poll_from_env({}) == 5.0 and preempt.poll_from_env({preempt.POLL_ENV: "0.5"}) == 0.5
+    for bad in ("often", "0", "-1", "nan"):
+        with pytest.raises(ValueError, match=preempt.POLL_ENV):
+            preempt.poll_from_env({preempt.POLL_ENV: bad})
+
+
 def test_signal_is_a_notice_with_a_deadline():
     watcher = preempt.Watcher(None, grace=30.0)
     watcher._on_signal(signal.SIGTERM, None)
