@@ -38,20 +38,7 @@ DECOY = "raise SystemExit(\"the project's own training.guard ran instead of the 
 # A user script that does nothing about notices but what any program may do: save in a SIGTERM handler, then die
 # by the signal. It runs STEPS steps (0.05 s each) unless stopped; each rank only sleeps (no collectives).
 STEPS = 800
-PLAIN = '''import os, signal, sys, time
-rank, out = int(os.environ["RANK"]), sys.argv[1]
-step = 0
-def on_term(signum, frame):
-    with open(f"{out}.rank{rank}", "w") as fh:
-        fh.write(str(step))
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-signal.signal(signal.SIGTERM, on_term)
-for step in range(1, int(sys.argv[2]) + 1):
-    time.sleep(0.05)
-    if step % 20 == 0:
-        print(f"step {step} ", flush=True)
-'''
+PLAIN = (Path(__file__).parent / "jobs" / "plain_sigterm.py").read_text()
 
 
 def bare_python(root: Path) -> Path:

@@ -25,21 +25,7 @@ pytestmark = pytest.mark.integration
 EXIT_PREEMPTED = 75
 DAEMONS = {"sshd", "munged", "slurmctld", "slurmd", "slurmscriptd"}
 STEPS = 4000  # 0.05 s each: the notice always lands mid-run
-PLAIN = '''import os, signal, sys, time
-rank, out = int(os.environ["RANK"]), sys.argv[1]
-step = 0
-def on_term(signum, frame):
-    with open(f"{out}.rank{rank}", "w") as fh:
-        fh.write(str(step))
-    print(f"saved at step {step}", flush=True)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-signal.signal(signal.SIGTERM, on_term)
-for step in range(1, int(sys.argv[2]) + 1):
-    time.sleep(0.05)
-    if step % 20 == 0:
-        print(f"step {step} ", flush=True)
-'''
+PLAIN = (Path(__file__).parent / "jobs" / "plain_sigterm.py").read_text()
 
 
 @pytest.fixture(scope="module")
