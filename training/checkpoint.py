@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from training import preempt, replica, sampler, snapshot
+from training import preempt, replica, runlog, sampler, snapshot
 
 log = logging.getLogger("training")
 
@@ -122,7 +122,7 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
               "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch, "consumed": consumed},
               "copies": copies.places if copies else [], "exit_code": preempt.EXIT_PREEMPTED}
     if trainer.world.rank == 0:
-        print("PREEMPTED " + json.dumps(report), flush=True)
+        runlog.announce("PREEMPTED", report)
         if trainer.t.metrics_dir:
             Path(trainer.t.metrics_dir).mkdir(parents=True, exist_ok=True)
             (Path(trainer.t.metrics_dir) / "preempted.json").write_text(json.dumps(report, indent=1) + "\n")

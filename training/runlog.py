@@ -16,10 +16,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 HEARTBEAT_SECONDS = 1.0
+
+
+def announce(marker: str, payload: dict) -> None:
+    """``MARKER {json}`` on stdout as one write (the orchestrator and the tests parse these lines): ``print`` writes
+    the text and its newline apart, and under ``python -u`` another rank's line can land between the two."""
+    sys.stdout.write(f"{marker} {json.dumps(payload)}\n")
+    sys.stdout.flush()
 
 
 class RunLog:

@@ -24,7 +24,6 @@ every rank.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import random
@@ -44,7 +43,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from training import dist_env  # noqa: E402
+from training import dist_env, runlog  # noqa: E402
 from training.config import Config, ConfigError, load  # noqa: E402
 
 
@@ -206,7 +205,7 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
             if code:
                 return code
         if world.rank == 0:
-            print("RESULT " + json.dumps(result), flush=True)
+            runlog.announce("RESULT", result)
         ok = result.get("collective_ok", True)
     finally:
         if world.backend is not None and dist.is_initialized():

@@ -25,7 +25,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -44,7 +43,7 @@ from training.ddp_comm import CommTimer, settle_buckets
 from training.config import Config
 from training.dist_env import World
 from training.mpi_plane import MpiGradients
-from training.runlog import RunLog
+from training.runlog import RunLog, announce
 from training.workloads import Workload
 
 log = logging.getLogger("training")
@@ -92,7 +91,7 @@ class Trainer:
         resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
         log.info("%s", self.plan.describe())
         if resumed is not None and world.rank == 0:
-            print("RESUMED " + json.dumps(resumed), flush=True)
+            announce("RESUMED", resumed)
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()

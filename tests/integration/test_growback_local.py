@@ -20,7 +20,7 @@ from bench.drills.preempt import rank_pid
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 12
+EPOCHS = 24  # the 2-node phase must outlast the replacement and the 2-node start on a loaded host (12 did not once)
 RECOVER_WAIT = 2  # seconds between the asks for node-2 while the run is on 2 nodes
 
 
