@@ -29,6 +29,6 @@ def test_the_head_names_exactly_the_peers_it_cannot_look_up(cluster2: Cluster):
         unknown = runner.run_on("node-0", resolve_probe(wider, "node-0"), timeout=30)
     assert known.ok and known.stdout.strip() == "", known
     assert unknown.ok and sorted(unknown.stdout.split()) == sorted(f"{n.name}={n.private_ip}" for n in strangers), unknown
-    line = resolve_warning({"node-0": unknown.stdout})
+    line = resolve_warning({"node-0": unknown.stdout}, [n.name for n in wider.nodes])
     assert line is not None and line.startswith(f"warning: node-0 cannot look up the name of {strangers[0].name} (")
     assert "node-1 (" not in line  # the peer it can look up is not named

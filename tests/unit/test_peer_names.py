@@ -31,3 +31,8 @@ def test_a_node_that_cannot_look_up_a_peer_is_one_warning_line_naming_both():
     assert line.startswith("warning: node-0 cannot look up the name of node-1 (10.0.0.11), node-2 (10.0.0.12) "
                            "(and 1 more node(s))")
     assert "enable_dns_hostnames" in line and "::ffff:" in line
+
+
+def test_the_peers_are_named_in_the_inventory_s_order_whatever_order_the_look_ups_ended_in():
+    line = resolve_warning({"node-0": "node-10=10.0.0.20\nnode-9=10.0.0.19\n"}, ["node-0", "node-9", "node-10"])
+    assert line.startswith("warning: node-0 cannot look up the name of node-9 (10.0.0.19), node-10 (10.0.0.20):")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import secrets
 import shlex
 import time
+from collections.abc import Sequence
 
 from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
@@ -105,12 +106,15 @@ def resolve_probe(inv: Inventory, name: str) -> str:
             f"true")
 
 
-def resolve_warning(unresolved: dict[str, str]) -> str | None:
-    """One line naming the first node that cannot look up a peer's name ({node: the probe's output}), or None."""
+def resolve_warning(unresolved: dict[str, str], order: Sequence[str] = ()) -> str | None:
+    """One line naming the first node that cannot look up a peer's name ({node: the probe's output}), or None; the
+    peers in ``order`` (the inventory's: the probe's parallel look-ups print in the order they end)."""
     failed = {node: out.split() for node, out in unresolved.items() if out.split()}
     if not failed:
         return None
     node, peers = next(iter(failed.items()))
+    rank = {name: i for i, name in enumerate(order)}
+    peers = sorted(peers, key=lambda peer: rank.get(peer.split("=")[0], len(rank)))
     others = f" (and {len(failed) - 1} more node(s))" if len(failed) > 1 else ""
     named = ", ".join(f"{peer.split('=')[0]} ({peer.split('=')[-1]})" for peer in peers)
     return (f"warning: {node} cannot look up the name of {named}{others}: every rank will print c10d's 'hostname of "
@@ -201,7 +205,7 @@ def preflight(
     commands = _node_commands(inv, checks, need_mpi_ssh, port, reads, token)
     results = _run_round(runner, commands, end)
     answers = _answers(inv, results, token, list(reads), port)
-    warning = resolve_warning(answers.pop(RESOLVE))
+    warning = resolve_warning(answers.pop(RESOLVE), [n.name for n in inv.nodes])
     if warning is not None:
         runner.say(warning)
     return answers
