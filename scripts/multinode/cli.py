@@ -33,7 +33,7 @@ from multinode.core.config import (
     env_default,
     new_run_id,
 )
-from multinode.core.errors import JobFailed, MultinodeError, Preempted, UserError
+from multinode.core.errors import MultinodeError, UserError
 from multinode.core.sources import Settled, settle
 from multinode.core.taskfile import KEYS, TASK_FILE, find_task
 
@@ -198,7 +198,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return verbs.status(args.cluster)
     elif args.command == "train":
         settled = _settled(args)
-        verbs.train(args.cluster, _launch_spec(args, settled), settled=settled)
+        summary = verbs.train(args.cluster, _launch_spec(args, settled), settled=settled)
+        return summary.exit_code if summary is not None else 0
     elif args.command == "logs":
         verbs.logs(args.cluster, run_id=args.run, node=args.node)
     elif args.command == "stacks":
@@ -223,15 +224,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("paramiko").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return dispatch(args)
-    except Preempted as err:
-        print(err.summary)
-        return err.exit_code
-    except JobFailed as err:
-        print(f"multinode: {err}", file=sys.stderr)
-        print(err.first.describe(), file=sys.stderr)
-        if err.summary:
-            print(err.summary, file=sys.stderr)
-        return err.exit_code
     except MultinodeError as err:
         print(f"multinode: {err}", file=sys.stderr)
         return err.exit_code

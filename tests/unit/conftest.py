@@ -44,3 +44,13 @@ def inventory() -> Inventory:
 def make_inv():
     """Factory: ``make_inv(n, runtime=..., accelerator=..., image=...)``."""
     return make_inventory
+
+
+def plan_job(inventory: Inventory, spec):
+    """The plan phase of a run (what ``--dry-run`` prints), on ``inventory``: (the backend's plan, the code it syncs).
+    No I/O beyond reading the code on the control machine."""
+    from multinode.app.run import Run
+    from multinode.core.state import ClusterState
+
+    attempt = Run(ClusterState.for_cluster(inventory.cluster), inventory, spec).plan(inventory, spec, 0)
+    return attempt.plan, attempt.ctx.code

@@ -7,7 +7,7 @@ import dataclasses
 import shlex
 
 from multinode.core.config import LaunchSpec
-from multinode.app.run import plan_job
+from conftest import plan_job
 from multinode.providers.local.cgroups import cgroup_mount_commands
 from multinode.plan.runtime import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
 

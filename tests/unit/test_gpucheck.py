@@ -11,7 +11,7 @@ from multinode.core.errors import UserError
 from multinode.checks.gpu import SMOKE_SCRIPT, failure_line, smoke_commands
 from multinode.plan.request import plan_nproc
 from multinode.plan.launchers.base import collective_env
-from multinode.app.run import plan_job
+from conftest import plan_job
 from multinode.plan.runtime import to_shell
 
 

@@ -13,12 +13,12 @@ import pytest
 
 from multinode.backends.slurm.script import plan_sbatch
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import EXIT_PREEMPTED, Interrupted
+from multinode.core.errors import EXIT_PREEMPTED
 from multinode.plan.launchers import EntryPoint, launcher_for
 from multinode.plan.launchers.static import STARTER, starter
 from multinode.plan.launchers.torchrun import PREEMPTED_EXIT
 from multinode.ssh import job as jobmod
-from multinode.ssh.runner import STOP_GRACE, RemoteRunner
+from multinode.ssh.runner import STOP_GRACE, RemoteRunner, StopPolicy
 
 OURS = EntryPoint("training/train.py", ("--workload", "digits", "4", "2"))
 USER = EntryPoint("train.py", ("--epochs", "2"), ours=False, subdir="project")
@@ -110,23 +110,18 @@ def test_the_stop_waits_the_grace_and_removes_containers_after_it(inventory):
     runner = RemoteRunner(inventory, out=io.StringIO())
     plain = runner.stop_line("r1", "docker rm -f c")
     assert plain.startswith("docker rm -f c; sh -c ") and plain.endswith(f" stop r1 {int(STOP_GRACE * 10)}")
-    runner.use_grace(None)
     assert runner.stop_line("r1") == plain.removeprefix("docker rm -f c; ")
-    runner.use_grace(30.0)
-    graceful = runner.stop_line("r1", "docker rm -f c")
+    graceful = RemoteRunner(inventory, out=io.StringIO(), stop=StopPolicy(30.0)).stop_line("r1", "docker rm -f c")
     assert graceful.endswith(" stop r1 320; docker rm -f c")  # GRACE + 2 s, then the containers
-    assert runner.stop_grace == 32.0
+    assert StopPolicy(30.0).kill_after == 32.0 and StopPolicy(0.5).kill_after == STOP_GRACE
 
 
 class FakeRunner:
     """A runner whose node sessions end only when the job is stopped, each with ``codes[node]``."""
 
-    def __init__(self, codes: dict[str, int]):
-        self.codes, self.stopped, self.grace = codes, threading.Event(), None
+    def __init__(self, codes: dict[str, int], grace: float | None):
+        self.codes, self.stopped, self.stop = codes, threading.Event(), StopPolicy(grace)
         self.print_lock, self.out, self.said = threading.Lock(), io.StringIO(), []
-
-    def use_grace(self, grace):
-        self.grace = grace
 
     def say(self, message):
         self.said.append(message)
@@ -158,23 +153,23 @@ class SignalledAtOnce:
 
 def run_job(tmp_path, monkeypatch, codes, grace):
     monkeypatch.setattr(jobmod, "StopSignals", SignalledAtOnce)
-    runner = FakeRunner(codes)
-    job = jobmod.JobRun(runner, {name: "true" for name in codes}, run_id="r1", log_dir=tmp_path, grace=grace)
+    runner = FakeRunner(codes, grace)
+    job = jobmod.JobRun(runner, {name: "true" for name in codes}, run_id="r1", log_dir=tmp_path)
     return runner, job
 
 
 def test_ctrl_c_with_grace_is_a_notice_and_a_run_whose_ranks_exit_75_ends_preempted(tmp_path, monkeypatch):
     runner, job = run_job(tmp_path, monkeypatch, {"node-0": EXIT_PREEMPTED, "node-1": EXIT_PREEMPTED}, 30.0)
-    results = job.run()
-    assert {name: r.exit_code for name, r in results.items()} == {"node-0": 75, "node-1": 75}
-    assert runner.grace == 30.0 and runner.said == ["SIGINT: a notice to every rank (SIGTERM; GRACE=30 s to "
-                                                    "checkpoint, then SIGKILL)"]
+    outcome = job.run()
+    assert outcome.kind == "preempted" and outcome.stopped_by == "SIGINT" and outcome.exit_code == EXIT_PREEMPTED
+    assert outcome.exit_codes == {"node-0": 75, "node-1": 75}
+    assert runner.said == ["SIGINT: a notice to every rank (SIGTERM; GRACE=30 s to checkpoint, then SIGKILL)"]
 
 
 @pytest.mark.parametrize("codes, grace", [({"node-0": 75, "node-1": 1}, 30.0), ({"node-0": 0, "node-1": 0}, 30.0),
                                           ({"node-0": 75, "node-1": 75}, None)])
 def test_ctrl_c_is_an_interruption_unless_grace_and_every_node_ended_0_or_75(tmp_path, monkeypatch, codes, grace):
     runner, job = run_job(tmp_path, monkeypatch, codes, grace)
-    with pytest.raises(Interrupted) as err:
-        job.run()
-    assert err.value.exit_code == 128 + signal.SIGINT and runner.stopped.is_set()
+    outcome = job.run()
+    assert outcome.kind == "interrupted" and outcome.exit_code == 128 + signal.SIGINT and runner.stopped.is_set()
+    assert outcome.failure.message == "interrupted; run r1 was stopped on every node"

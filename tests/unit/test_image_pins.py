@@ -70,7 +70,7 @@ def test_no_image_sets_an_mpi_parameter_that_mpiruns_command_line_overrides(make
     """Issue 27, 8: the ROCm image set OMPI_MCA_pml=ucx, which the planned `mpirun --mca pml ob1` silently
     overrode (Open MPI: the command line beats the environment). An image default that mpirun overrides is
     a setting nobody gets; the two must agree."""
-    from multinode.app.run import plan_job
+    from conftest import plan_job
     from multinode.core.config import LaunchSpec
 
     inv = make_inv(2, runtime="docker", image="img:1")

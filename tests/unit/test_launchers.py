@@ -8,7 +8,7 @@ from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
 from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for_mode
 from multinode.plan.launchers.mpirun import RANK_ENV
-from multinode.app.run import plan_job
+from conftest import plan_job
 from multinode.diagnose.rank import pick_root_cause
 from multinode.core.errors import NodeError
 from multinode.plan.runtime import to_shell

@@ -1,10 +1,12 @@
 """RECOVER and RESUME decisions without a cluster: the timeline, which run RESUME=1 continues, the nodes a
-recovery goes on with (a fake provider that replaces or refuses), and the recovery benchmark's verdicts."""
+recovery goes on with after an attempt's outcome (a fake provider that replaces or refuses), and the recovery
+benchmark's verdicts."""
 
 from __future__ import annotations
 
-import io
 import json
+import time
+from types import SimpleNamespace
 
 import pytest
 from conftest import make_inventory
@@ -14,7 +16,8 @@ from multinode.app.recover import Loss, Recovery
 from multinode.app.verbs import resumable_run
 from multinode.app.timeline import Timeline
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import CapacityRefused, JobFailed, NodeError, UserError
+from multinode.core.errors import CapacityRefused, NodeError, UserError
+from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
 
 
@@ -33,12 +36,21 @@ class Provider:
 
 def _recovery(tmp_path, provider, nodes=3):
     state = ClusterState.for_cluster("dev", root=tmp_path)
-    spec = LaunchSpec(nodes=nodes, recover=1, recover_wait=5)
-    return Recovery(state, make_inventory(nodes), spec, out=io.StringIO(), provider=provider)
+    spec = LaunchSpec(nodes=nodes, recover=1, recover_wait=5, grace=30)
+    rec = Recovery(state, make_inventory(nodes), spec, [].append, provider=provider)
+    rec.said = rec.say.__self__  # what it said, line by line
+    return rec
 
 
 def _loss(*names):
-    return Loss(list(names), "lost", 7, JobFailed(NodeError(names[0], "job", None, "lost its SSH session")))
+    return Loss(list(names), "lost", 7)
+
+
+def _ended(kind, failure=None, preempted=None):
+    """An attempt's outcome and the summary the run made of it."""
+    codes = {"node-0": 143 if failure else 0}
+    outcome = Outcome(kind, codes, failure=failure, failures=(failure,) if failure else ())
+    return outcome, SimpleNamespace(preempted=preempted)
 
 
 def test_a_replaced_node_keeps_the_cluster_whole(tmp_path):
@@ -53,18 +65,21 @@ def test_a_refused_replacement_goes_on_without_the_node_and_a_lost_head_makes_no
     active = rec._replace_or_shrink(rec.cluster, _loss("node-0"))
     assert [n.name for n in active.nodes] == ["node-1", "node-2"] and active.head.name == "node-1"
     assert rec.timeline.events[-1]["event"] == "going on without it"
-    assert "going on with 2 node(s) at the same global batch" in rec.out.getvalue()
+    assert "going on with 2 node(s) at the same global batch" in "\n".join(rec.said)
 
 
-def test_nothing_left_to_go_on_with_raises_the_run_s_error(tmp_path):
+def test_nothing_left_to_go_on_with_ends_the_run(tmp_path):
     rec = _recovery(tmp_path, Provider(refuse={"node-0", "node-1"}), nodes=2)
-    loss = _loss("node-0", "node-1")
-    with pytest.raises(JobFailed):
-        rec._replace_or_shrink(rec.cluster, loss)
+    assert rec._replace_or_shrink(rec.cluster, _loss("node-0", "node-1")) is None
 
 
-def test_recovery_turns_grace_on_so_ranks_can_take_a_notice(tmp_path):
-    assert _recovery(tmp_path, Provider()).spec.grace is not None
+def test_a_recovering_run_turns_grace_on_so_ranks_can_take_a_notice(tmp_path):
+    from multinode.app.run import Run
+
+    state = ClusterState.for_cluster("dev", root=tmp_path)
+    run = Run(state, make_inventory(3), LaunchSpec(nodes=3, recover=1), provider=Provider())
+    assert run.spec.grace is not None and run.recovery is not None
+    assert Run(state, make_inventory(3), LaunchSpec(nodes=3)).spec.grace is None
 
 
 def test_timeline_lines_are_relative_to_the_first_event():
@@ -95,6 +110,11 @@ def test_resume_continues_the_latest_run_that_did_not_finish(tmp_path):
     assert resumable_run(state) == "20261124-090000-bbbbbb"
     _run(state, "20261124-100000-cccccc")  # the orchestrator stopped before its summary
     assert resumable_run(state) == "20261124-100000-cccccc"
+    _run(state, "20261124-110000-dddddd", {"outcome": "interrupted", "failed_node": None, "preempted": None})
+    assert resumable_run(state) == "20261124-110000-dddddd"
+    _run(state, "20261124-120000-eeeeee", {"outcome": "succeeded", "failed_node": None, "preempted": None})
+    with pytest.raises(UserError, match="finished; nothing to continue"):
+        resumable_run(state)
 
 
 RECORDED = {"nodes": 3, "epochs": 10, "save_every": 3, "pair_ratios": [0.4, 0.6, 0.45],
@@ -112,19 +132,30 @@ def test_recovery_bench_judges_by_the_median_of_pairs_and_the_worst_run_s_lost_s
 
 
 def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
-    """Ctrl-C with GRACE ends the run preempted (the ranks checkpoint): the recovery raises it, replacing nothing."""
-    from types import SimpleNamespace
-
+    """Ctrl-C with GRACE ends the attempt preempted (the ranks checkpoint): the run ends there, nothing probed or
+    replaced; so does an interrupted or a succeeded attempt."""
     import multinode.app.recover as recover
-    from multinode.core.errors import Preempted
 
     provider = Provider()
     rec = _recovery(tmp_path, provider)
+    monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: pytest.fail("probed"))
+    ctx = SimpleNamespace(inv=rec.cluster)
+    outcome, summary = _ended("preempted", preempted={"noticed_on": "node-0", "stopped_by": "SIGINT"})
+    assert rec.after(ctx, outcome, summary, None, None) is None
+    stopped = NodeError("node-0", "job", None, "interrupted; run x was stopped on every node")
+    assert rec.after(ctx, Outcome("interrupted", {}, failure=stopped, stopped_by="SIGINT"), summary, None, None) is None
+    assert rec.after(ctx, *_ended("succeeded"), None, None) is None
+    assert provider.asked == [] and not rec.recovered
+
+
+def test_a_failure_with_every_node_answering_is_the_job_s_own_and_not_retried(tmp_path, monkeypatch):
+    import multinode.app.recover as recover
+
+    rec = _recovery(tmp_path, Provider())
     monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: {n.name: (True, "up") for n in inv.nodes})
-    run = SimpleNamespace(summary=SimpleNamespace(preempted={"noticed_on": "node-0", "stopped_by": "SIGINT"}))
-    with pytest.raises(Preempted):
-        rec._what_was_lost(run, rec.cluster, Preempted("run x PREEMPTED"))
-    assert provider.asked == []
+    failed = NodeError("node-1", "job", 1, "exited with code 1")
+    assert rec.after(SimpleNamespace(inv=rec.cluster), *_ended("failed", failed), None, None) is None
+    assert not rec.recovered and rec.timeline.events == []
 
 
 def test_timeline_keeps_events_in_time_order_when_one_is_known_only_later():
@@ -177,35 +208,15 @@ def test_grow_back_asks_until_the_node_is_back_then_notifies_until_the_job_takes
                          "every node is back: the ranks take a checkpoint and the run resumes on the whole cluster"]
 
 
-def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path, monkeypatch):
+def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path):
     """The notice met the job past its last step (it died of the SIGTERM at exit): no checkpoint, and no bug of its
     own -- the next attempt runs on every node from the freshest snapshot instead of the run failing."""
-    import contextlib
-    import time
-    from types import SimpleNamespace
-
-    import multinode.app.recover as recover
-
-    attempts = []
-
-    class FakeRun:
-        def __init__(self, state, active, spec, out):
-            attempts.append(spec.nodes)
-            self.run_dir, self.summary, self.started_at, self.resumed = tmp_path / "run", None, None, {}
-            self.run_dir.mkdir(exist_ok=True)
-
-        def execute(self):
-            self.started_at = time.time()
-            if len(attempts) == 1:
-                raise JobFailed(NodeError("node-0", "job", 143, "exit 143"))
-            return "the summary"
-
-    monkeypatch.setattr(recover, "Run", FakeRun)
     rec = _recovery(tmp_path, Provider())
-    notified = iter([True, False])
-    monkeypatch.setattr(rec, "_grow_back",
-                        lambda active, spec: contextlib.nullcontext(SimpleNamespace(notified=next(notified))))
-    assert rec.execute() == "the summary" and attempts == [3, 3] and rec.grown == 1
+    rec.growing = SimpleNamespace(notified=True)  # this attempt's grow-back gave the notice
+    active = SimpleNamespace(inv=rec.cluster.first(2))
+    whole = rec.after(active, *_ended("failed", NodeError("node-0", "job", 143, "exited with code 143")), None, None)
+    assert [n.name for n in whole.nodes] == ["node-0", "node-1", "node-2"] and rec.grown == 1 and rec.label == "grow-1"
+    assert rec.after(SimpleNamespace(inv=whole), *_ended("succeeded"), time.time() + 1, {"step": 12}) is None
     assert [e["event"] for e in rec.timeline.events] == ["no checkpoint", "job started again"]
 
 

@@ -1,9 +1,10 @@
-"""Growing back: a run that went on with fewer nodes asks again for the missing ones, and when they are ready it
-gives the ranks a notice, so they take one coordinated checkpoint and stop (exit 75); the recovery then resumes
-on the whole cluster from that checkpoint (:mod:`multinode.app.recover`). The global batch stays what it was.
+"""Growing back: an attempt that went on with fewer nodes asks again for the missing ones, and when they are ready
+it gives the ranks the backend's notice (:meth:`multinode.backends.base.Backend.notice`), so they take one
+coordinated checkpoint and stop (exit 75); the run's next attempt then resumes on the whole cluster from that
+checkpoint (:mod:`multinode.app.recover`). The global batch stays what it was.
 
-One thread per run on fewer nodes, asking every ``interval`` seconds (RECOVER_WAIT); it never stops the job
-itself except through the notice, and it is stopped when the run ends. Our trainer takes the notice only once it
+One thread per attempt on fewer nodes, asking every ``interval`` seconds (RECOVER_WAIT), over the run's own
+connections; it never stops the job itself except through the notice, and it is stopped when the attempt ends. Our trainer takes the notice only once it
 trains (its watcher starts with the trainer; a SIGTERM while it starts would end it as a failure), so the notice
 waits for a heartbeat the ranks wrote in this attempt (:func:`job_trains`); a user script runs behind
 ``training.guard``, which takes a SIGTERM from its first instant."""
@@ -13,11 +14,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from multinode.core.config import LaunchSpec
+from multinode.backends.base import RunContext
 from multinode.core.errors import MultinodeError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
-from multinode.ssh.runner import RemoteRunner
 
 
 class GrowBack:
@@ -33,6 +33,11 @@ class GrowBack:
         self._refused: set[str] = set()  # nodes whose refusal was told once (the asks go on quietly)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mn-grow-back", daemon=True)
+
+    @classmethod
+    def idle(cls) -> "GrowBack":
+        """Nothing missing: nothing to ask, no notice."""
+        return cls([], lambda name: None, lambda: False, 0.0, lambda message: None)
 
     def __enter__(self) -> "GrowBack":
         if self.missing:
@@ -77,22 +82,12 @@ def fresh_heartbeat(stat_outputs: Iterable[str], since: float) -> bool:
     return any(tok.isdigit() and int(tok) > int(since) for text in stat_outputs for tok in text.split())
 
 
-def job_trains(active: Inventory, spec: LaunchSpec, since: float) -> bool:
+def job_trains(ctx: RunContext, since: float) -> bool:
     """Whether the job can take the notice now: a user script always (behind training.guard); our trainer once a
     rank wrote a heartbeat after ``since`` (a step is a collective, so every rank's watcher runs by then)."""
-    if spec.script is not None:
+    if ctx.spec.script is not None:
         return True
-    commands = {n.name: f"stat -c %Y {node_run_dir(active, n.name, spec.run_id)}/heartbeat-rank* 2>/dev/null; true"
-                for n in active.nodes}
-    with RemoteRunner(active, connect_timeout=5.0) as runner:
-        answers = runner.run_each(commands, timeout=10)
+    commands = {n.name: f"stat -c %Y {node_run_dir(ctx.inv, n.name, ctx.spec.run_id)}/heartbeat-rank* 2>/dev/null; "
+                        f"true" for n in ctx.inv.nodes}
+    answers = ctx.runner.run_each(commands, timeout=10)
     return fresh_heartbeat((res.stdout for res in answers.values() if res.ok), since)
-
-
-def stop_with_grace(active: Inventory, spec: LaunchSpec) -> bool:
-    """The notice of a stop with GRACE (what Ctrl-C gives the ranks, :mod:`multinode.ssh.job`): SIGTERM to the
-    run's processes, the grace for their coordinated checkpoint, then SIGKILL. True when it found the job."""
-    with RemoteRunner(active, connect_timeout=5.0) as runner:
-        runner.use_grace(spec.grace)
-        stopped = runner.stop_all(spec.run_id)
-    return any(res.ok and not res.stdout.startswith("stopped 0") for res in stopped.values())

@@ -21,7 +21,7 @@ from multinode.app.run import Run
 from multinode.checks import iperf
 from multinode.code.project import TRAINING_DIR
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import UserError
+from multinode.core.errors import MultinodeError, UserError
 from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
 from multinode.ssh.runner import RemoteRunner
@@ -68,6 +68,9 @@ def collectives(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
     job = replace(spec, mode="gpu" if gpus else "cpu", script=str(TRAINING_DIR / "allreduce_perf.py"), workdir=None,
                   args=("--backend", backend, "--sizes", ",".join(map(str, SIZES)), "--budget-mb", str(BUDGET_MB)))
     summary = Run(state, inventory, job, out).execute()
+    if summary.exit_code:
+        raise MultinodeError(f"the all_reduce sweep ended {summary.outcome} (see above); logs in {summary.log_dir}",
+                             exit_code=summary.exit_code)
     log = Path(summary.log_dir) / f"{inventory.head.name}.log"
     rows = allreduce_rows(log.read_text())
     if not rows:

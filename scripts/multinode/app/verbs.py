@@ -15,7 +15,6 @@ from dataclasses import replace
 from typing import TextIO
 
 from multinode.app.netcheck import netcheck as measure_network
-from multinode.app.recover import Recovery
 from multinode.app.run import Run
 from multinode.backends.slurm.script import sinfo_command
 from multinode.checks.preflight import probe_ssh
@@ -107,8 +106,9 @@ def _print_sinfo(inventory: Inventory) -> int:
 
 
 def resumable_run(state: ClusterState) -> str:
-    """RESUME=1: the cluster's latest run, if it did not finish (preempted, failed, or the orchestrator itself
-    stopped: no summary); one line naming what there is otherwise."""
+    """RESUME=1: the cluster's latest run, if it did not finish (preempted, failed, interrupted, or the orchestrator
+    itself stopped before its summary); one line naming what there is otherwise. (Summaries written before they
+    named their outcome say it by their failed node or preempted report.)"""
     runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
     if not runs:
         raise UserError(f"RESUME=1 but cluster {state.name!r} has no run to continue; run 'make train' without RESUME")
@@ -117,7 +117,8 @@ def resumable_run(state: ClusterState) -> str:
         summary = json.loads((latest / "summary.json").read_text())
     except (OSError, ValueError):
         return latest.name  # stopped before its summary: it may have snapshots
-    if summary.get("failed_node") or summary.get("preempted"):
+    unfinished = summary.get("failed_node") or summary.get("preempted")
+    if summary.get("outcome", "failed" if unfinished else "succeeded") != "succeeded":
         return latest.name
     raise UserError(f"RESUME=1 but the latest run {latest.name} finished; nothing to continue "
                     f"(make train without RESUME starts a new run)")
@@ -135,8 +136,7 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Se
         print(f"RESUME=1: continuing run {spec.run_id} from its freshest snapshot", file=out or sys.stdout)
     try:
         inventory = state.load_inventory()
-        run = Recovery(state, inventory, spec, out) if spec.recover and not spec.dry_run \
-            else Run(state, inventory, spec, out)
+        run = Run(state, inventory, spec, out)
         if task and not spec.dry_run:
             print(f"task file {task.shown}: {', '.join(k for k in task.values if k not in task.implied)} "
                   f"(flags and make variables win over it; DRY_RUN=1 shows each value's source)", file=run.out)

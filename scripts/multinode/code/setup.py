@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TextIO
 
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import JobFailed, UserError
+from multinode.core.errors import Interrupted, NodeError, UserError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, setup_env_dir
 from multinode.plan.launchers.base import BASE_ENV, NodeCommand
@@ -111,11 +111,12 @@ def run_setup(runner: RemoteRunner, spec: LaunchSpec, manifest: Manifest, cwd_fo
     lines = {name: runtime.wrap(cmd) for name, cmd in commands.items() if names is None or name in names}
     # Its output is streamed; the logs go to a scratch directory: a refused job leaves no run directory.
     with tempfile.TemporaryDirectory(prefix="multinode-setup-") as scratch:
-        try:
-            JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
-                   extra_stop=runtime.stop_line).run()
-        except JobFailed as err:
-            first = err.first
+        outcome = JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
+                         extra_stop=runtime.stop_line).run()
+        if outcome.kind == "interrupted":
+            raise Interrupted(outcome.failure.message, exit_code=outcome.exit_code)
+        if outcome.kind != "succeeded":
+            first = outcome.failure or NodeError(inv.head.name, "setup", None, f"ended {outcome.kind}")
             code = "no exit code" if first.returncode is None else f"exit {first.returncode}"
             last = next((line for line in reversed(first.tail) if line.strip()), "")
             raise UserError(f"SETUP failed on {first.node} ({code}{': ' + last.strip() if last else ''}); "

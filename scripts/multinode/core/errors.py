@@ -5,8 +5,9 @@
 * :class:`NodeError` -- a command on a node failed (SSH lost, non-zero exit, deadline).
   Carries the node, the command, the exit code and the last lines of its log
   (in the spirit of SkyPilot's ``CommandError``).
-* :class:`JobFailed` -- a training run failed; names the first node (and rank) that failed.
 * :class:`CapacityRefused` -- a provider could not give a replacement for a lost node (no capacity).
+* :class:`Interrupted` -- a stop signal outside a job's watch (a job's own ending is an
+  :class:`~multinode.core.outcome.Outcome`, not an error).
 """
 
 from __future__ import annotations
@@ -21,9 +22,15 @@ EXIT_UNAVAILABLE = 69  # sysexits.h EX_UNAVAILABLE: a service (here: capacity fo
 
 
 class MultinodeError(Exception):
-    """Base class: everything the CLI turns into a clean message and an exit code."""
+    """Base class: everything the CLI turns into a clean message and an exit code (the class's, or the one given
+    where the error is made)."""
 
     exit_code = 1
+
+    def __init__(self, *args: object, exit_code: int | None = None) -> None:
+        super().__init__(*args)
+        if exit_code is not None:
+            self.exit_code = exit_code
 
 
 class UserError(MultinodeError, ValueError):
@@ -67,34 +74,6 @@ class NodeError(MultinodeError):
         return "\n".join(lines)
 
 
-class JobFailed(MultinodeError):
-    """A job ended badly; ``first`` is the failure that ended it, ``failures`` every node's failure in the order
-    they ended, ``exit_codes`` how each node ended (None: lost or never finished)."""
-
-    exit_code = EXIT_JOB_FAILED
-
-    def __init__(self, first: NodeError, rank: int | None = None, summary: str = "",
-                 failures: Sequence[NodeError] = (), exit_codes: dict[str, int | None] | None = None) -> None:
-        self.first = first
-        self.rank = rank
-        self.summary = summary
-        self.failures = list(failures)
-        self.exit_codes = dict(exit_codes or {})
-        where = first.node if rank is None else f"{first.node} (rank {rank})"
-        super().__init__(f"job failed first on {where}: {first.message}")
-
-
-class Preempted(MultinodeError):
-    """Every rank stopped at one step on a notice and the snapshot was written: not a failure (exit 75);
-    ``summary`` says where the copies are and how to resume."""
-
-    exit_code = EXIT_PREEMPTED
-
-    def __init__(self, summary: str) -> None:
-        self.summary = summary
-        super().__init__("preempted: every rank stopped at one step and its snapshot was kept")
-
-
 class CapacityRefused(MultinodeError):
     """A provider could not make a replacement for a lost node: EC2 had no capacity (spot or on-demand), or the
     local provider was told to refuse. Nothing was changed; the one line names the node, the reason and what to
@@ -104,6 +83,7 @@ class CapacityRefused(MultinodeError):
 
 
 class Interrupted(MultinodeError):
-    """Ctrl-C: every node was stopped."""
+    """A stop signal to the orchestrator outside a job's watch (SETUP): every node was stopped. Its exit code is
+    the signal's (128 + signal), given where it is made."""
 
     exit_code = EXIT_INTERRUPTED

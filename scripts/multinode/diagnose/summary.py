@@ -45,6 +45,10 @@ class RunSummary:
     links: dict | None = None  # the link check (multinode.checks.links.LinkReport): at pre-flight, or after a
     # failure that read like a broken connection (then ``links["after_failure"]`` is true)
     recovery: dict | None = None  # RECOVER=N: the recoveries' timeline (multinode.app.timeline.Timeline)
+    outcome: str = "succeeded"  # how the job ended (multinode.core.outcome.OUTCOMES)
+    exit_code: int = 0  # what the orchestrator exits with
+    error: str | None = None  # a failed or interrupted job: what ended it, in one line
+    failure: str | None = None  # a failed job: the failure that ended it, with its node's last lines and log
 
 
 class Phases:
@@ -119,7 +123,8 @@ def fetch_metrics(runner, inv: Inventory, spec: LaunchSpec, run_dir: Path) -> st
 
 def describe(summary: RunSummary) -> str:
     """The summary block printed at the end of a run."""
-    status = "FAILED" if summary.failed_node else "PREEMPTED" if summary.preempted else "ok"
+    status = "FAILED" if summary.failed_node else "PREEMPTED" if summary.preempted else \
+        "INTERRUPTED" if summary.outcome == "interrupted" else "ok"
     lines = [f"run {summary.run_id} {status}: MODE={summary.mode}, {summary.nodes} node(s), world size "
              f"{summary.world_size}, wall {summary.wall_seconds:.1f} s"]
     for node, code in summary.exit_codes.items():

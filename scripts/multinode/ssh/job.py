@@ -7,21 +7,24 @@ running job. Contract:
   exported; its output is re-assembled into whole lines (:class:`LineSink`), so lines of different nodes never
   interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console;
 * built on :class:`multinode.ssh.runner.RemoteRunner` (its shells and stop); the runner knows nothing of it;
-* the first node that exits non-zero or loses its SSH session makes the run stop the job on every node
-  (processes whose environment carries the run id: torchrun starts workers in their own session, so a
-  process-tree or process-group kill would miss them) and raise :class:`~multinode.core.errors.JobFailed`. A
-  deadline, a stall (``stalled``) and Ctrl-C/SIGTERM/SIGHUP do the same; before the stop of a failure, deadline
-  or stall, the caller's ``before_stop`` hook may look at the live ranks;
+* the run ends as one :class:`~multinode.core.outcome.Outcome`, never an exception: every node ended 0 or 75
+  (succeeded, or preempted); the first node that exits non-zero (failed) or loses its SSH session (lost), a deadline
+  (failed) or a stall (``stalled``: stalled) stops the job on every node first (processes whose environment carries
+  the run id: torchrun starts workers in their own session, so a process-tree or process-group kill would miss
+  them); before that stop the caller's ``before_stop`` hook may look at the live ranks. Ctrl-C/SIGTERM/SIGHUP to
+  the orchestrator stop it too (interrupted);
+* built on :class:`multinode.ssh.runner.RemoteRunner` (its shells and its stop policy); the runner knows nothing of it;
 * elastic jobs (``rejoin``): a node whose session is lost or whose launcher is killed by a signal is not a
   failure while it has restarts left. The run stops what is left of it on that node, waits for the node to
   answer SSH again (rebooted or replaced), lets the caller prepare it (code sync) and starts its command again;
   torchrun's rendezvous takes it back in. A launcher that exits with its own error code is a failure;
 * parallelism is plain daemon threads joined with deadlines: a node that stops answering can delay the run
   by at most the deadline, never hang it;
-* with ``grace`` (GRACE: SIGTERM is a notice to the ranks), every stop of the run gives its processes that long
-  between SIGTERM and SIGKILL (:meth:`RemoteRunner.use_grace`), and Ctrl-C/SIGTERM/SIGHUP to the orchestrator is
-  a notice: the ranks get SIGTERM, write one coordinated checkpoint and exit 75; when every node ends with 0 or
-  75 the run returns normally (its summary says "preempted", its exit code is 75), otherwise it is interrupted.
+* with GRACE (the runner's :class:`~multinode.ssh.runner.StopPolicy`), every stop gives the processes that long
+  between SIGTERM and SIGKILL, and Ctrl-C/SIGTERM/SIGHUP to the orchestrator is a notice: the ranks get SIGTERM,
+  write one coordinated checkpoint and exit 75; when every node ends with 0 or 75 the job is preempted (its
+  ``stopped_by`` names the signal), otherwise interrupted. :meth:`JobRun.notice` is that notice, for a caller
+  (growing back) that wants the ranks to checkpoint and stop while the job goes on being watched.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from multinode.core.errors import EXIT_PREEMPTED, Interrupted, JobFailed, NodeError
+from multinode.core.errors import EXIT_PREEMPTED, NodeError
+from multinode.core.outcome import Outcome
 from multinode.ssh.connect import describe_ssh_error
 from multinode.ssh.runner import RemoteRunner
 from multinode.ssh.lines import LineSink, Relabel
@@ -87,58 +91,63 @@ class JobRun:
     def __init__(self, runner: RemoteRunner, command_lines: dict[str, str], *, run_id: str, log_dir: Path,
                  deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
                  relabel: Relabel | None = None, rejoin: Rejoin | None = None,
-                 before_stop: Callable[[NodeError], None] | None = None,
-                 stalled: Callable[[], str | None] | None = None, grace: float | None = None):
+                 before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None,
+                 stalled: Callable[[], str | None] | None = None):
         self.runner, self.command_lines, self.run_id, self.log_dir = runner, command_lines, run_id, log_dir
         self.deadline, self.extra_stop, self.relabel, self.rejoin = deadline, extra_stop, relabel, rejoin
-        self.before_stop, self.stalled, self.grace = before_stop, stalled, grace
-        runner.use_grace(grace)  # the gang-stop here and the run's sweep after it
+        self.before_stop, self.stalled = before_stop, stalled
         self.results = {name: NodeResult(name) for name in command_lines}
-        self.stopped_by: str | None = None  # the signal to the orchestrator whose notice ended the job (GRACE)
         self.events: queue.Queue[str] = queue.Queue()
         self.log_files: dict[str, TextIO] = {}
 
-    def run(self) -> dict[str, NodeResult]:
+    def run(self) -> Outcome:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.log_files = {name: open(self.log_dir / f"{name}.log", "a", encoding="utf-8") for name in self.command_lines}
         with StopSignals() as stop:
             for name in self.command_lines:
                 self.start(name)
             try:
-                failure = self._watch(stop)
+                kind, failure = self._watch(stop)
             except StopRequested:
-                if self.grace is not None and self._notice(stop.signum):
-                    self.stopped_by = signal.Signals(stop.signum).name
-                    return self.results  # every node ended 0 or 75: preempted, not interrupted
-                raise self._stopped(stop.signum) from None
+                return self._stopped(stop.signum)
             finally:
                 for fh in self.log_files.values():
                     fh.close()
-        if failure is not None:
-            ended = sorted(self.results.values(), key=lambda r: r.finished or 0)
-            raise JobFailed(failure, failures=[r.error for r in ended if r.error is not None],
-                            exit_codes={name: r.exit_code for name, r in self.results.items()})
-        return self.results
+        if failure is None:
+            return Outcome.ended(self._exit_codes())
+        ended = sorted(self.results.values(), key=lambda r: r.finished or 0)
+        return Outcome(kind, self._exit_codes(), failure=failure,
+                       failures=tuple(r.error for r in ended if r.error is not None), lost=self._lost())
 
-    def _notice(self, signum: int) -> bool:
-        """GRACE: a stop signal to the orchestrator is a notice for the ranks -- SIGTERM, up to the grace for their
-        checkpoint, SIGKILL. True when every node then ended with 0 or 75 and one with 75 (preempted)."""
+    def notice(self) -> bool:
+        """GRACE's notice to every rank: SIGTERM, the grace for their checkpoint, SIGKILL (the runner's stop policy).
+        The job goes on being watched; it ends preempted when every node ends 0 or 75. True if it found the job."""
+        answers = self.runner.stop_all(self.run_id, self.extra_stop)
+        return any(res.ok and not res.stdout.startswith("stopped 0") for res in answers.values())
+
+    def _stopped(self, signum: int) -> Outcome:
+        """Stopped by a signal: with GRACE a notice first (preempted when every node then ended 0 or 75); the job
+        stopped on every node however it ends."""
         name = signal.Signals(signum).name
-        self.runner.say(f"{name}: a notice to every rank (SIGTERM; GRACE={self.grace:g} s to checkpoint, then "
-                        f"SIGKILL)")
-        self._gang_stop(name_failures=False)
-        codes = [result.exit_code for result in self.results.values()]
-        return EXIT_PREEMPTED in codes and all(code in (0, EXIT_PREEMPTED) for code in codes)
-
-    def _stopped(self, signum: int) -> Interrupted:
-        """Stopped by a signal: the job stopped on every node (already, after a notice that did not end in 75)."""
-        what = "interrupted" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
-        if self.grace is None:
+        what = "interrupted" if signum == signal.SIGINT else f"stopped by {name}"
+        grace = self.runner.stop.grace
+        if grace is not None:
+            self.runner.say(f"{name}: a notice to every rank (SIGTERM; GRACE={grace:g} s to checkpoint, then SIGKILL)")
+        else:
             self.runner.say(f"{what}: stopping the job on every node")
-            self._gang_stop(name_failures=False)
-        stopped = Interrupted(f"{what}; run {self.run_id} was stopped on every node")
-        stopped.exit_code = 128 + signum
-        return stopped
+        self._gang_stop(name_failures=False)
+        codes = self._exit_codes()
+        if grace is not None and EXIT_PREEMPTED in codes.values() and \
+                all(code in (0, EXIT_PREEMPTED) for code in codes.values()):
+            return Outcome.ended(codes, stopped_by=name)
+        head = next(iter(self.results))
+        return Outcome.interrupted(signum, f"{what}; run {self.run_id} was stopped on every node", head, codes)
+
+    def _exit_codes(self) -> dict[str, int | None]:
+        return {name: result.exit_code for name, result in self.results.items()}
+
+    def _lost(self) -> tuple[str, ...]:
+        return tuple(name for name, result in self.results.items() if result.lost)
 
     def start(self, name: str) -> None:
         threading.Thread(target=self._node_job, args=(name,), name=f"mn-job-{name}", daemon=True).start()
@@ -161,8 +170,9 @@ class JobRun:
             result.finished = time.monotonic()
             self.events.put(name)
 
-    def _watch(self, stop: StopSignals) -> NodeError | None:
-        """Until every node ended: the first failure (a node's, the deadline's or a stall's), or None."""
+    def _watch(self, stop: StopSignals) -> tuple[str, NodeError | None]:
+        """Until every node ended: (the outcome's kind, the first failure: a node's, the deadline's or a stall's),
+        or ("", None) when none failed."""
         pending = set(self.results)
         head = next(iter(self.results))
         end = None if self.deadline is None else time.monotonic() + self.deadline
@@ -174,10 +184,11 @@ class JobRun:
             except queue.Empty:
                 if end is not None and time.monotonic() > end:
                     why = f"deadline of {self.deadline:.0f} s passed"
-                    return self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why, pending)
+                    return "failed", self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why, pending)
                 why = self.stalled() if self.stalled is not None else None
                 if why is not None:
-                    return self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why, pending)
+                    return "stalled", self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why,
+                                                 pending)
                 continue
             result = self.results[name]
             if result.finished is None:
@@ -193,15 +204,16 @@ class JobRun:
                 continue
             pending.discard(name)
             if result.error is not None:
-                return self._fail(result.error, f"{name} failed ({result.error.message})", pending)
-        return None
+                kind = "lost" if result.lost else "failed"
+                return kind, self._fail(result.error, f"{name} failed ({result.error.message})", pending)
+        return "", None
 
     def _fail(self, failure: NodeError, why: str, pending: set[str]) -> NodeError:
         """Say why, give the caller its look at the live ranks, stop the job everywhere; the failure."""
         self.runner.say(f"{why}: stopping the job on every node")
         if self.before_stop is not None:
             try:
-                self.before_stop(failure)
+                self.before_stop(failure, self._lost())
             except Exception as err:  # a diagnosis that fails must not leave the job running
                 log.warning("before the stop: %s: %s", type(err).__name__, err)
         self._gang_stop(pending)
@@ -253,6 +265,7 @@ class JobRun:
             why = "stopped answering (unreachable: no answer to the stop)" if name in unreachable else \
                 f"did not end within {LOST_GRACE:.0f} s of the stop"
             log.warning("%s: %s; dropping its connection", name, why)
+            result.lost = result.lost or name in unreachable
             if result.error is None and name_failures:
                 result.error = self._node_error(name, why)
                 result.finished = time.monotonic()

@@ -135,6 +135,11 @@ class NodePool:
                 self._known_hosts = paramiko.HostKeys(self.inventory.known_hosts)
             return self._known_hosts
 
+    def forget_host_keys(self) -> None:
+        """Read known_hosts again at the next connection (a replaced node's new key was written there)."""
+        with self._lock:
+            self._known_hosts = None
+
     def drop(self, name: str) -> None:
         """Forget (and close) a node's connection, e.g. after it stopped answering."""
         with self._lock:

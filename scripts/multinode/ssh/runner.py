@@ -7,10 +7,13 @@ Contract:
 * Commands run without a pty: a lost connection does not kill the remote job (it is stopped explicitly, by run
   id), and stdout/stderr stay separate streams.
 * :meth:`RemoteRunner.stop_all` stops every process whose environment carries ``MULTINODE_RUN_ID=<run id>``
-  (torchrun starts workers in their own session: a process-tree or process-group kill would miss them):
-  SIGTERM, up to :attr:`RemoteRunner.stop_grace` seconds for them to end, then SIGKILL. A run with GRACE
-  (:meth:`RemoteRunner.use_grace`) waits GRACE and a little more, so that its ranks, for which SIGTERM is a notice,
-  can write their coordinated checkpoint; its runtime's containers are removed only after that wait.
+  (torchrun starts workers in their own session: a process-tree or process-group kill would miss them) as the
+  runner's :class:`StopPolicy` says, given once when the runner is built and the same for every stop it makes
+  (a job's gang-stop, a notice, the run's sweep): SIGTERM, up to ``kill_after`` seconds for them to end, then
+  SIGKILL. With GRACE that is GRACE and a little more, so that the ranks, for which SIGTERM is a notice, can write
+  their coordinated checkpoint; the runtime's containers are then removed only after that wait.
+* :meth:`RemoteRunner.retarget` moves the runner to the nodes of a later attempt (a node replaced, or gone): the
+  connections of the nodes that did not change are kept.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from multinode.core.errors import NodeError
+from multinode.core.inventory import Inventory
 from multinode.ssh.connect import describe_ssh_error
 from multinode.ssh.pool import NodePool, _parallel
 
@@ -35,6 +39,23 @@ STOP_GRACE = 3.0  # seconds between SIGTERM and SIGKILL on a node
 # enforces the same grace (torchrun's --shutdown-timeout, mpirun's odls_base_sigkill_timeout, training.guard)
 # acts first and reports how its ranks ended.
 GRACE_MARGIN = 2.0
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """How every stop of a runner ends a run's processes: SIGTERM, then SIGKILL ``kill_after`` seconds later.
+    ``grace`` (GRACE): SIGTERM is a notice to the ranks, which get that long for one coordinated checkpoint."""
+
+    grace: float | None = None
+
+    @property
+    def kill_after(self) -> float:
+        return STOP_GRACE if self.grace is None else max(STOP_GRACE, self.grace + GRACE_MARGIN)
+
+    @property
+    def graceful(self) -> bool:
+        """The runtime's containers are removed after the wait, not before (removing one kills what runs in it)."""
+        return self.grace is not None
 
 # Stop every process of one run on this node: match the exact environment entry, restricted to
 # this node's network namespace (simulated nodes share one /proc). TERM, wait, KILL, report.
@@ -79,13 +100,21 @@ class CommandResult:
 class RemoteRunner(NodePool):
     """Commands, files and the stop on the nodes of one inventory (see the module doc)."""
 
-    stop_grace = STOP_GRACE  # seconds between the stop's SIGTERM and its SIGKILL
-    graceful = False  # a run with GRACE: the runtime's containers are removed after the wait, not before
+    def __init__(self, inventory: Inventory, out: TextIO | None = None, connect_timeout: float = 5.0,
+                 stop: StopPolicy = StopPolicy()):
+        super().__init__(inventory, out=out, connect_timeout=connect_timeout)
+        self.stop = stop
 
-    def use_grace(self, grace: float | None) -> None:
-        """Every later stop of this runner gives the processes ``grace`` (+ GRACE_MARGIN) seconds before SIGKILL."""
-        if grace is not None:
-            self.stop_grace, self.graceful = max(STOP_GRACE, grace + GRACE_MARGIN), True
+    def retarget(self, inventory: Inventory) -> None:
+        """The nodes of ``inventory`` from now on (a later attempt's): a node that is gone or was replaced (another
+        address or host key) loses its connection; the others keep theirs."""
+        old = {n.name: n for n in self.inventory.nodes}
+        new = {n.name: n for n in inventory.nodes}
+        self.forget_host_keys()  # a replacement's key was written to known_hosts
+        self.inventory = inventory
+        for name, node in old.items():
+            if new.get(name) != node:
+                self.drop(name)
 
     def say(self, message: str) -> None:
         with self.print_lock:
@@ -155,12 +184,12 @@ class RemoteRunner(NodePool):
         def stop(name: str) -> CommandResult:
             # A short channel-open timeout: a node that cannot open a channel in 3 s is unreachable.
             try:
-                out = self.run_with_input(name, commands[name], timeout=self.stop_grace + 5, open_timeout=3)
+                out = self.run_with_input(name, commands[name], timeout=self.stop.kill_after + 5, open_timeout=3)
             except Exception as err:  # no answer, or the stop itself failed
                 return CommandResult(name, None, error=describe_ssh_error(err))
             return CommandResult(name, 0, out.decode(errors="replace"))
 
-        answers = _parallel(stop, commands, self.stop_grace + 8)
+        answers = _parallel(stop, commands, self.stop.kill_after + 8)
         results = {name: value if done and isinstance(value, CommandResult) else CommandResult(name, None, error=str(value))
                    for name, (done, value) in answers.items()}
         for name, res in results.items():
@@ -173,7 +202,7 @@ class RemoteRunner(NodePool):
     def stop_line(self, run_id: str, extra: str | None = None) -> str:
         """The stop of ``run_id`` on one node, with the runtime's ``extra`` step (its containers): before the
         processes' stop, or with GRACE after it (removing a container kills what runs in it at once)."""
-        line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(self.stop_grace * 10)}"
+        line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(self.stop.kill_after * 10)}"
         if not extra:
             return line
-        return f"{line}; {extra}" if self.graceful else f"{extra}; {line}"
+        return f"{line}; {extra}" if self.stop.graceful else f"{extra}; {line}"

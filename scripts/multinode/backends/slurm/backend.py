@@ -18,15 +18,20 @@ from __future__ import annotations
 import signal
 from dataclasses import replace
 
-from multinode.backends.base import JobEnd
+from multinode.backends.base import RunContext
+from multinode.backends.reach import EveryNode, LoginNodeOnly
 from multinode.backends.slurm import follow
 from multinode.backends.slurm.script import SlurmJob, pick_mpi_plugin, plan_sbatch
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import EXIT_PREEMPTED, Interrupted, JobFailed, NodeError, UserError
+from multinode.core.errors import EXIT_PREEMPTED, NodeError, UserError
 from multinode.core.inventory import Inventory
+from multinode.core.outcome import Outcome
 from multinode.plan.launchers import EntryPoint
 from multinode.plan.launchers.base import nproc_of
 from multinode.plan.launchers.torchrun import root_cause_rank
+
+UNCHECKED = ("the cluster is described by its login node: the software skew check, the stall watchdog and the stack "
+             "capture need SSH to every node of the job and are not run")
 
 
 def preempted(outcome: follow.SlurmOutcome) -> bool:
@@ -39,8 +44,6 @@ def preempted(outcome: follow.SlurmOutcome) -> bool:
 
 class SlurmBackend:
     name = "slurm"
-    unchecked = ("the cluster is described by its login node: the software skew check, the stall watchdog and "
-                 "the stack capture need SSH to every node of the job and are not run")
 
     def __init__(self, inventory: Inventory, spec: LaunchSpec):
         if spec.max_restarts or spec.elastic:
@@ -48,9 +51,10 @@ class SlurmBackend:
                             "instead, or leave them unset")
         self.spec = spec
         self.shared = bool(inventory.extra.get("shared_fs"))  # described by its login node: the scheduler has the nodes
-        self.reaches_every_node = not self.shared
+        self.reach = LoginNodeOnly(UNCHECKED) if self.shared else EveryNode()
         self.partition = inventory.extra.get("slurm_partition")
         self.recorded_plugin = inventory.extra.get("slurm_mpi")  # the PMI plugin `up` recorded (dry run: no I/O)
+        self.job_id: str | None = None  # the batch job while it runs (its notice)
 
     def nodes(self, inventory: Inventory) -> Inventory:
         return inventory if self.shared else inventory.first(self.spec.nodes)
@@ -65,10 +69,10 @@ class SlurmBackend:
                             f"--ntasks-per-node; give NPROC a number")
         return replace(self.spec, nproc=counts.pop())
 
-    def plan(self, run, entry: EntryPoint) -> SlurmJob:
-        return plan_sbatch(run.inv, self._spec(run.inv), entry, self.recorded_plugin, self.partition)
+    def plan(self, ctx: RunContext, entry: EntryPoint) -> SlurmJob:
+        return plan_sbatch(ctx.inv, self._spec(ctx.inv), entry, self.recorded_plugin, self.partition)
 
-    def describe(self, run, job: SlurmJob) -> str:
+    def describe(self, ctx: RunContext, job: SlurmJob) -> str:
         return job.script.rstrip("\n")
 
     def needs_mpi_ssh(self, spec: LaunchSpec) -> bool:
@@ -77,57 +81,76 @@ class SlurmBackend:
     def rendezvous_port(self, spec: LaunchSpec) -> int | None:
         return None if self.shared else spec.rdzv_port  # MPI ranks get it as MASTER_PORT
 
-    def finish_plan(self, run, job: SlurmJob) -> SlurmJob:
+    def finish_plan(self, ctx: RunContext, job: SlurmJob) -> SlurmJob:
         """The PMI plugin the cluster's srun offers now (``srun --mpi=list``; none: mpirun in the allocation)."""
-        if not run.spec.uses_mpi:
+        if not ctx.spec.uses_mpi:
             return job
-        plugin = pick_mpi_plugin(follow.detect_mpi(run.runner))
-        return plan_sbatch(run.inv, self._spec(run.inv), run.code.entry, plugin, self.partition)
+        plugin = pick_mpi_plugin(follow.detect_mpi(ctx.runner))
+        return plan_sbatch(ctx.inv, self._spec(ctx.inv), ctx.code.entry, plugin, self.partition)
 
-    def record(self, run, job: SlurmJob) -> None:
-        (run.run_dir / "job.sbatch").write_text(job.script)
-        how = job.launch
-        print(f"run {run.spec.run_id}: MODE={run.spec.mode} on {run.spec.nodes} node(s) x {job.world_size // job.nodes} "
-              f"process(es) through SLURM ({how}), logs in {run.run_dir}", file=run.out)
+    def record(self, ctx: RunContext, job: SlurmJob) -> None:
+        (ctx.run_dir / "job.sbatch").write_text(job.script)
+        print(f"run {ctx.spec.run_id}: MODE={ctx.spec.mode} on {ctx.spec.nodes} node(s) x "
+              f"{job.world_size // job.nodes} process(es) through SLURM ({job.launch}), logs in {ctx.run_dir}",
+              file=ctx.out)
 
-    def write_files(self, run, job: SlurmJob, names: list[str] | None = None) -> None:
+    def write_files(self, ctx: RunContext, job: SlurmJob, names: list[str] | None = None) -> None:
         pass  # the batch script carries everything; it is written on the login node at submission
 
-    def run(self, run, job: SlurmJob, watchdog) -> JobEnd:
-        outcome = follow.run(run.runner, job, run.out, run.run_dir, stalled=watchdog.stalled if watchdog else None,
-                             before_stop=run.capture, grace=run.spec.grace)
-        print(f"batch job {outcome.job_id}: {outcome.state}, exit code {outcome.exit_code}", file=run.out)
-        failed = {node: code for node, code, _ in outcome.failed_nodes}
-        exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if outcome.exit_code == 0 else None)
-                      for i in range(run.spec.nodes)}
-        if (outcome.state == "COMPLETED" and outcome.exit_code == 0) or preempted(outcome):
-            return JobEnd(exit_codes, lines=outcome.lines, stopped_by=outcome.stopped_by)
-        if outcome.stopped_by:  # GRACE: the notice did not end in a checkpoint; stopped, as without GRACE
-            stopped = Interrupted(f"{outcome.stopped_by}: batch job {outcome.job_id} ended {outcome.state} after the "
-                                  f"notice; run {run.spec.run_id} was stopped on every node")
-            stopped.exit_code = 128 + signal.Signals[outcome.stopped_by].value
-            raise stopped
-        head = run.inv.head.name
-        errors = [NodeError(node, "srun task", code, f"exited with code {code} (batch job {outcome.job_id}, "
-                                                     f"{outcome.state})",
-                            tail=outcome.node_lines(node)[-20:], log_path=str(run.run_dir / f"{node}.log"))
-                  for node, code, _ in outcome.failed_nodes]
-        if outcome.stalled:
-            first = NodeError(head, "job", None, f"{outcome.stalled}; batch job {outcome.job_id} was cancelled")
-        elif errors:
-            first = errors[0]
-        else:
-            first = NodeError(head, "sbatch", outcome.exit_code, f"batch job {outcome.job_id} ended {outcome.state}",
-                              tail=outcome.lines[-20:])
-        raise JobFailed(first, failures=errors or [first], exit_codes=exit_codes)
+    def run(self, ctx: RunContext, job: SlurmJob) -> Outcome:
+        """Submit, follow, and read how the batch job ended (a login node that stops answering, or a job the
+        scheduler holds, is a failure of the head's)."""
+        head = ctx.inv.head.name
+        try:
+            self.job_id = follow.submit(ctx.runner, job)
+            ended = follow.follow(ctx.runner, job, self.job_id, ctx.out, ctx.run_dir,
+                                  stalled=ctx.watchdog.stalled if ctx.watchdog else None, before_stop=ctx.before_stop)
+        except NodeError as err:
+            return Outcome("failed", {n.name: None for n in ctx.inv.nodes}, failure=err, failures=(err,))
+        finally:
+            self.job_id = None
+        print(f"batch job {ended.job_id}: {ended.state}, exit code {ended.exit_code}", file=ctx.out)
+        return self._outcome(ctx, ended)
 
-    def failed_rank(self, run, job: SlurmJob, node: str, lines: list[str]) -> int | None:
+    def _outcome(self, ctx: RunContext, ended: follow.SlurmOutcome) -> Outcome:
+        head, lines = ctx.inv.head.name, tuple(ended.lines)
+        failed = {node: code for node, code, _ in ended.failed_nodes}
+        exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if ended.exit_code == 0 else None)
+                      for i in range(ctx.spec.nodes)}
+        if (ended.state == "COMPLETED" and ended.exit_code == 0 and not ended.cancelled) or preempted(ended):
+            return Outcome.ended(exit_codes, stopped_by=ended.stopped_by, lines=lines)
+        if ended.stopped_by:  # stopped by a signal (with GRACE: the notice did not end in a checkpoint)
+            how = f"cancelled with scancel (state {ended.state})" if ended.cancelled else \
+                f"ended {ended.state} after the notice"
+            return Outcome.interrupted(signal.Signals[ended.stopped_by].value,
+                                       f"{ended.stopped_by}: batch job {ended.job_id} {how}; run {ctx.spec.run_id} "
+                                       f"was stopped on every node", head, exit_codes, lines)
+        errors = tuple(NodeError(node, "srun task", code, f"exited with code {code} (batch job {ended.job_id}, "
+                                                          f"{ended.state})",
+                                 tail=ended.node_lines(node)[-20:], log_path=str(ctx.run_dir / f"{node}.log"))
+                       for node, code, _ in ended.failed_nodes)
+        if ended.stalled:
+            stall = NodeError(head, "job", None, f"{ended.stalled}; batch job {ended.job_id} was cancelled")
+            return Outcome("stalled", exit_codes, failure=stall, failures=errors or (stall,), lines=lines)
+        first = errors[0] if errors else NodeError(head, "sbatch", ended.exit_code,
+                                                   f"batch job {ended.job_id} ended {ended.state}",
+                                                   tail=list(ended.lines[-20:]))
+        return Outcome("failed", exit_codes, failure=first, failures=errors or (first,), lines=lines)
+
+    def notice(self, ctx: RunContext) -> bool:
+        job_id = self.job_id
+        if job_id is None:
+            return False
+        follow.notice(ctx.runner, job_id)
+        return True
+
+    def failed_rank(self, ctx: RunContext, job: SlurmJob, node: str, lines: list[str]) -> int | None:
         """The rank the node's task reported with its exit (srun --mpi), else torchrun's own report."""
         ranks = [int(exited[3]) for exited in map(follow.NODE_EXITED.match, lines)
                  if exited and exited[1] == node and exited[3]]
         if ranks:
             return ranks[-1]
-        if run.spec.uses_mpi:
+        if ctx.spec.uses_mpi:
             return None
         prefix = f"[{node}] "
         return root_cause_rank([line[len(prefix):] if line.startswith(prefix) else line for line in lines])

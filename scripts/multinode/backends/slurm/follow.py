@@ -11,10 +11,11 @@ Contract, in order:
    slurmdbd; ``sacct`` may not exist);
 4. Ctrl-C, SIGTERM or SIGHUP, or any error while following: ``scancel`` the job and wait until the
    scheduler says it ended; then, in every case, the run's processes are swept on every node (by the
-   ``MULTINODE_RUN_ID`` in their environment), so nothing is left. With GRACE a stop signal is a notice
-   first: ``scancel --signal=TERM`` (the signal alone, the job goes on: scancel(1)), the job followed for up to
-   GRACE + 2 s more; a job that ended by itself in that time is the outcome (``stopped_by`` says why), otherwise it
-   is cancelled as above.
+   ``MULTINODE_RUN_ID`` in their environment), so nothing is left. With GRACE (the runner's stop policy) a stop
+   signal is a notice first: :func:`notice`, ``scancel --signal=TERM`` (the signal alone, the job goes on:
+   scancel(1)), the job followed for up to GRACE + 2 s more; a job that ended by itself in that time is the
+   outcome (``stopped_by`` says why), otherwise it is cancelled as above (``cancelled``). Growing back gives the
+   same notice through the backend while the job is followed.
 
 Nothing here decides what runs: that is the planner's job.
 """
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TextIO
 
-from multinode.core.errors import Interrupted, NodeError
+from multinode.core.errors import NodeError
 from multinode.ssh.signals import StopSignals
 from multinode.ssh.runner import RemoteRunner
 from multinode.backends.slurm.script import TERMINAL_STATES, SlurmJob, held_reason, job_state
@@ -50,7 +51,8 @@ class SlurmOutcome:
     lines: list[str] = field(default_factory=list)
     failed_nodes: list[tuple[str, int, int | None]] = field(default_factory=list)  # (node, code, rank), as reported
     stalled: str | None = None  # why the stall watchdog ended the job (it was cancelled), or None
-    stopped_by: str | None = None  # GRACE: the stop signal that was passed to the ranks as a notice, or None
+    stopped_by: str | None = None  # a stop signal to the orchestrator (with GRACE: passed to the ranks as a notice)
+    cancelled: bool = False  # the stop signal cancelled the job (without GRACE, or its notice did not end it)
 
     def node_lines(self, node: str) -> list[str]:
         """The lines of one node, its ``[node-i] `` prefix removed."""
@@ -145,15 +147,17 @@ def notice(runner: RemoteRunner, job_id: str) -> None:
     runner.run_on(runner.inventory.head.name, f"scancel --signal=TERM {job_id}", timeout=15)
 
 
-def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
-        stalled: Callable[[], str | None] | None = None,
-        before_stop: Callable[[NodeError], None] | None = None, grace: float | None = None) -> SlurmOutcome:
-    """Submit ``job``, stream it, return how it ended; cancel it on a stop signal or an error. ``stalled``: the
-    stall watchdog's verdict, asked every poll; when it names a stall, ``before_stop`` looks at the live ranks,
-    then the job is cancelled and the outcome says why. ``grace``: a stop signal is a notice first (module doc)."""
-    job_id = submit(runner, job)
+def follow(runner: RemoteRunner, job: SlurmJob, job_id: str, out: TextIO, log_dir: Path,
+           stalled: Callable[[], str | None] | None = None,
+           before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None) -> SlurmOutcome:
+    """Stream the submitted job ``job_id`` until it ends; how it ended. ``stalled``: the stall watchdog's verdict,
+    asked every poll; when it names a stall, ``before_stop`` looks at the live ranks, then the job is cancelled and
+    the outcome says why. A stop signal cancels it -- with GRACE (the runner's stop policy) after a notice (module
+    doc) -- and the outcome names the signal. The job is cancelled however this ends, and the run's processes are
+    swept on every node."""
     print(f"submitted batch job {job_id} (run {job.run_id}); output {job.output_path(job_id)}", file=out, flush=True)
     follower = _Follower(runner, job, job_id, out, log_dir)
+    grace = runner.stop.grace
     finished = False
     noticed: tuple[str, float] | None = None  # (the signal's name, when the grace is over)
     try:
@@ -172,7 +176,7 @@ def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
                 if why is not None:
                     runner.say(f"{why}: cancelling batch job {job_id}")
                     if before_stop is not None:
-                        before_stop(NodeError(runner.inventory.head.name, "job", None, why))
+                        before_stop(NodeError(runner.inventory.head.name, "job", None, why), ())
                     final = cancel(runner, job_id)
                     finished = True
                     follower.flush()
@@ -183,13 +187,11 @@ def run(runner: RemoteRunner, job: SlurmJob, out: TextIO, log_dir: Path,
                                f"checkpoint, then scancel)")
                     notice(runner, job_id)
                 elif signals.signum is not None and (noticed is None or time.monotonic() > noticed[1]):
-                    name = signal.Signals(signals.signum).name
                     final = cancel(runner, job_id)
                     finished = True
-                    stopped = Interrupted(f"{name}: batch job {job_id} cancelled with scancel (state {final}); "
-                                          f"run {job.run_id} was stopped on every node")
-                    stopped.exit_code = 128 + signals.signum
-                    raise stopped
+                    follower.flush()
+                    return SlurmOutcome(job_id, final or "CANCELLED", 1, follower.lines, follower.failed,
+                                        stopped_by=signal.Signals(signals.signum).name, cancelled=True)
                 time.sleep(POLL)
     finally:
         if not finished:

@@ -1,0 +1,75 @@
+"""How a job ended, as one typed value: what every backend's run returns and every summary is built from.
+
+Six kinds, each with what it needs (torch elastic's ``RunResult``/``WorkerState`` is the model):
+
+* ``succeeded`` -- every node ended 0;
+* ``preempted`` -- the ranks stopped at one step on a notice and kept a snapshot (a node reported 75, none anything
+  but 0 or 75); ``stopped_by`` names the signal to the orchestrator when its own notice (GRACE) did it;
+* ``failed`` -- a node exited non-zero, or the job's deadline passed; ``failure`` is the failure that ended it;
+* ``lost`` -- the failure that ended it was a node whose SSH session died or that stopped answering; ``lost`` names
+  every such node (the run asks them again before it calls them gone);
+* ``stalled`` -- the stall watchdog saw no progress and ended the job; ``failure`` says for how long;
+* ``interrupted`` -- Ctrl-C, SIGTERM or SIGHUP to the orchestrator stopped the job on every node.
+
+Nothing downstream reads a failure's wording to learn which kind it is. The exit code of each kind is here:
+0, 75 (sysexits EX_TEMPFAIL, as the ranks' own), 1, or 128 + the signal.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+from multinode.core.errors import EXIT_JOB_FAILED, EXIT_PREEMPTED, NodeError
+
+OUTCOMES = ("succeeded", "preempted", "failed", "lost", "stalled", "interrupted")
+FAILURES = ("failed", "lost", "stalled")  # the kinds with a root cause to find
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one job ended (see the module doc)."""
+
+    kind: str  # one of OUTCOMES
+    exit_codes: dict[str, int | None]  # every node's exit code (None: lost, or it never finished)
+    failure: NodeError | None = None  # failed / lost / stalled / interrupted: what ended it
+    failures: tuple[NodeError, ...] = ()  # every node's failure, in the order they ended
+    lost: tuple[str, ...] = ()  # the nodes whose SSH session died or that stopped answering
+    stopped_by: str | None = None  # the signal to the orchestrator (interrupted; preempted by its own notice)
+    lines: tuple[str, ...] = ()  # the job's output where the backend holds it (SLURM); else the nodes' logs
+
+    def __post_init__(self) -> None:
+        if self.kind not in OUTCOMES:
+            raise ValueError(f"unknown outcome {self.kind!r}; one of {', '.join(OUTCOMES)}")
+        if self.kind in FAILURES + ("interrupted",) and self.failure is None:
+            raise ValueError(f"a {self.kind} outcome names its failure")
+
+    @classmethod
+    def ended(cls, exit_codes: dict[str, int | None], stopped_by: str | None = None,
+              lines: tuple[str, ...] = ()) -> "Outcome":
+        """Every node ended by itself with 0 or 75: preempted if one said 75, else succeeded."""
+        kind = "preempted" if EXIT_PREEMPTED in exit_codes.values() else "succeeded"
+        return cls(kind, dict(exit_codes), stopped_by=stopped_by, lines=lines)
+
+    @classmethod
+    def interrupted(cls, signum: int, message: str, node: str, exit_codes: dict[str, int | None],
+                    lines: tuple[str, ...] = ()) -> "Outcome":
+        """The orchestrator was stopped by ``signum``: the job was stopped on every node."""
+        name = signal.Signals(signum).name
+        return cls("interrupted", dict(exit_codes), failure=NodeError(node, "job", None, message), stopped_by=name,
+                   lines=lines)
+
+    @property
+    def exit_code(self) -> int:
+        """What the orchestrator exits with."""
+        if self.kind == "succeeded":
+            return 0
+        if self.kind == "preempted":
+            return EXIT_PREEMPTED
+        if self.kind == "interrupted":
+            return 128 + signal.Signals[self.stopped_by].value
+        return EXIT_JOB_FAILED
+
+    @property
+    def is_failure(self) -> bool:
+        return self.kind in FAILURES
