@@ -55,7 +55,8 @@ def diagnose(attempt: Attempt, outcome: Outcome) -> dict:
     failures = list(outcome.failures) or [outcome.failure]
     first = pick_root_cause(failures, outcome.failure)
     rank = attempt.backend.failed_rank(ctx, attempt.plan, first.node, log_lines(first, run_dir))
-    culprit = root_cause(captured.dumps, failures) if captured else None
+    # A stall is the watchdog's stop, no node's failure: the culprit comes from the stacks alone.
+    culprit = root_cause(captured.dumps, [] if outcome.kind == "stalled" else failures) if captured else None
     if culprit is not None:
         log_path = run_dir / f"{culprit.node}.log"
         first = NodeError(culprit.node, "job", None, f"hung: {culprit.describe()}",
