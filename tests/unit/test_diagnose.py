@@ -170,7 +170,7 @@ def test_a_stall_names_the_rank_asleep_outside_a_collective_not_the_head_where_t
 
 def test_ranks_in_different_collectives_name_the_odd_one_out():
     """A real capture: rank 0 waits in all_reduce, ranks 1-2 in broadcast. Every rank waits on its peers, so no
-    verdict clears one; the mismatch names rank 0 -- before a node's own failure (the watchdog's stall)."""
+    verdict clears one; the mismatch names rank 0 (the watchdog's stop among the failures changes nothing)."""
     from multinode.core.errors import NodeError
     from multinode.diagnose.collectives import collective_of, mismatch
     from multinode.diagnose.rank import root_cause
