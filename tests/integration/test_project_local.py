@@ -175,7 +175,10 @@ def test_an_installed_module_runs_though_it_is_not_in_workdir(cluster3: Cluster,
 
 def test_what_is_sent_from_a_plain_directory_and_from_a_git_work_tree(tmp_path: Path):
     """The selection behind every sync (git runs here for real, so this lives with the integration tests)."""
-    from multinode.code.workdir import select_files
+    from multinode.code.workdir import load_project
+
+    def sent(root: Path) -> dict[str, int]:
+        return {rel: entry.size for rel, entry in load_project(str(root)).manifest.files.items()}
 
     def make(root: Path) -> Path:
         for rel in ("train.py", "pkg/m.py", "pkg/__pycache__/m.cpython-311.pyc", ".venv/bin/python", "data/big.bin",
@@ -189,17 +192,15 @@ def test_what_is_sent_from_a_plain_directory_and_from_a_git_work_tree(tmp_path: 
         return root
 
     plain = make(tmp_path / "plain")
-    assert sorted(select_files(plain)) == [".gitignore", ".multinodeignore", "ignored-by-git.log", "link.py",
-                                           "pkg/m.py", "train.py"]
+    assert sorted(sent(plain)) == [".gitignore", ".multinodeignore", "ignored-by-git.log", "link.py", "pkg/m.py",
+                                   "train.py"]
     repo = make(tmp_path / "repo")
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     subprocess.run(["git", "-C", str(repo), "add", "train.py"], check=True)  # the rest is untracked
-    assert sorted(select_files(repo)) == [".gitignore", ".multinodeignore", "link.py", "pkg/m.py", "train.py"]
-    assert select_files(repo)["link.py"] == len("train.py")  # a link to a file travels as its content
+    assert sorted(sent(repo)) == [".gitignore", ".multinodeignore", "link.py", "pkg/m.py", "train.py"]
+    assert sent(repo)["link.py"] == len("train.py")  # a link to a file travels as its content
 
     # A WORKDIR its work tree ignores is a plain directory (an installed package in the project's .venv).
-    from multinode.code.workdir import load_project
-
     (repo / ".gitignore").write_text("*.log\n/vendored/\n")
     for rel in ("vendored/pkg/__init__.py", "vendored/pkg/run.py", "vendored/pkg/notes.log"):
         (repo / rel).parent.mkdir(parents=True, exist_ok=True)

@@ -1,5 +1,5 @@
 """The cluster's claim, pure parts: the head's holder command and the refusal line (the real lock on real sshd nodes
-is tests/integration/test_busy_cluster.py)."""
+is tests/integration/test_claim_local.py)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import shlex
 from multinode.core.config import LaunchSpec
 from conftest import plan_job
 from multinode.providers.local.cgroups import cgroup_mount_commands
-from multinode.plan.runtime import mpi_sshd_shell, runtime_checks, stop_containers, to_shell
+from multinode.plan.runtime import mpi_sshd_shell, runtime_for, to_shell
 
 PODMAN = "podman --root /cache/storage --storage-driver overlay --runtime runc"
 
@@ -30,9 +30,9 @@ def test_container_cli_keeps_its_global_options_and_args_follow_run(make_inv):
     assert "memlock=-1" not in argv
     image_at = argv.index("localhost/multinode-cpu:t")
     assert argv[image_at + 1:image_at + 3] == ["python3", "-m"]
-    assert stop_containers(inv, "r1", "node-1") == (
+    assert runtime_for(inv, "r1").stop_line("node-1") == (
         f"{PODMAN} rm -f mn-r1-node-1 >/dev/null 2>&1; {PODMAN} rm -f mn-r1-node-1-sshd >/dev/null 2>&1; true")
-    (label, check), = runtime_checks(inv)
+    (label, check), = runtime_for(inv).checks()
     assert label == "podman and image localhost/multinode-cpu:t"
     assert check == f"{PODMAN} image inspect localhost/multinode-cpu:t >/dev/null"
 
@@ -45,7 +45,7 @@ def test_gpu_nodes_lift_memlock(make_inv):
 
 
 def test_host_runtime_has_no_container_stop(make_inv):
-    assert stop_containers(make_inv(2), "r1", "node-0") is None
+    assert runtime_for(make_inv(2), "r1").stop_line("node-0") is None
 
 
 MOUNTS_V1 = """\

@@ -1,5 +1,5 @@
 """The node shell's framing, pure: frames as the shell reads them, replies parsed from bytes arriving in any
-chunking (the shell side runs for real in tests/integration/test_nodeshell.py and under every job)."""
+chunking (the shell side runs for real in tests/integration/test_nodeshell_ssh.py and under every job)."""
 
 from __future__ import annotations
 

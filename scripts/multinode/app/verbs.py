@@ -20,7 +20,7 @@ from multinode.backends.slurm.script import sinfo_command
 from multinode.checks.preflight import probe_ssh
 from multinode.core.config import ClusterSpec, LaunchSpec
 from multinode.core.errors import UserError
-from multinode.core.inventory import Inventory
+from multinode.core.inventory import Inventory, node_name
 from multinode.core.sources import Settled
 from multinode.core.state import ClusterState
 from multinode.diagnose.capture import capture
@@ -168,10 +168,7 @@ def preempt(cluster: str, node: str, in_seconds: float = 0.0) -> str:
     if not inventory.extra.get("metadata_endpoint"):
         raise UserError(f"cluster {cluster!r} ({inventory.provider}) serves no metadata endpoint: make preempt arms a "
                         f"notice on local nodes (EC2 sends its own two-minute notices)")
-    name = str(node) if str(node).startswith("node-") else f"node-{node}"
-    if name not in {n.name for n in inventory.nodes}:
-        raise UserError(f"NODE={node}: cluster {cluster!r} has {', '.join(n.name for n in inventory.nodes)}")
-    return local_imds.preempt(cluster, name, in_seconds)
+    return local_imds.preempt(cluster, inventory.node(node).name, in_seconds)
 
 
 # --- stacks -------------------------------------------------------------------------
@@ -212,7 +209,7 @@ def logs(cluster: str, run_id: str | None = None, node: str | None = None) -> No
         raise UserError(f"no run {run_id!r}; runs are: {', '.join(p.name for p in runs[-5:])}")
     files = sorted(run.glob("node-*.log"))
     if node is not None:
-        name = f"node-{node}" if str(node).isdigit() else str(node)
+        name = node_name(node)
         files = [f for f in files if f.stem == name]
         if not files:
             raise UserError(f"run {run.name} has no log for node {node!r}")

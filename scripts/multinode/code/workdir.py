@@ -188,11 +188,6 @@ def selection(root: Path, extra_excludes: Iterable[str] = ()) -> tuple[dict[str,
     return sizes, rule
 
 
-def select_files(root: Path, extra_excludes: Iterable[str] = ()) -> dict[str, int]:
-    """{relative path: size} of the regular files that would be sent (see the module's contract)."""
-    return selection(root, extra_excludes)[0]
-
-
 def build_manifest(root: Path, paths: Iterable[str]) -> Manifest:
     files = {}
     for rel in paths:

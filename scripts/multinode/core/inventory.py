@@ -7,6 +7,10 @@ head first, one record per node).
 
 It is stored as ``.multinode/<cluster>/inventory.json``. Paths inside it (SSH key,
 known_hosts) are absolute so any process on the control machine can use them.
+
+Nodes are named ``node-<i>``, the head ``node-0``. A user names one by its number or its name (``NODE=2``,
+``NODE=node-2``): :func:`node_name` reads either, :func:`node_index` gives a name's number, and
+:meth:`Inventory.node` finds the node -- one parser, one line for a key that names no node.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -22,8 +27,24 @@ from typing import Any
 from multinode.core.errors import UserError
 
 ACCELERATORS = ("none", "nvidia", "amd")
+NODE_NAME = re.compile(r"node-(\d+)")
 RUNTIMES = ("host", "docker")
 SCHEMA_VERSION = 1
+
+
+def node_name(key: str | int) -> str:
+    """The node a user means: ``2``, ``"2"`` and ``"node-2"`` are ``"node-2"``; anything else is a one-line
+    UserError."""
+    text = str(key).strip()
+    found = NODE_NAME.fullmatch(text)
+    if text.isdigit() or found:
+        return f"node-{int(found[1] if found else text)}"
+    raise UserError(f"NODE={key!r} names no node: give its number or its name (NODE=2 or NODE=node-2)")
+
+
+def node_index(key: str | int) -> int:
+    """The number of the node ``key`` names (``"node-2"`` -> 2; see :func:`node_name`)."""
+    return int(node_name(key).rpartition("-")[2])
 
 
 @dataclass(frozen=True)
@@ -126,16 +147,14 @@ class Inventory:
         return replace(self, nodes=kept)
 
     def node(self, key: str | int) -> Node:
-        """Look a node up by index or name."""
-        if isinstance(key, int) or str(key).isdigit():
-            index = int(key)
-            if 0 <= index < len(self.nodes):
-                return self.nodes[index]
-        else:
-            for n in self.nodes:
-                if n.name == key:
-                    return n
-        raise UserError(f"no node {key!r} in cluster {self.cluster!r}; nodes are 0..{len(self.nodes) - 1}")
+        """The node ``key`` names, by number or name (:func:`node_name`: ``2`` is ``node-2``, whatever its place
+        in a shrunk cluster); a one-line UserError naming the cluster's nodes when it has no such node."""
+        name = node_name(key)
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise UserError(f"NODE={key}: cluster {self.cluster!r} has no {name}; its nodes are "
+                        f"{', '.join(n.name for n in self.nodes)}")
 
     # --- serialisation -------------------------------------------------------------
 

@@ -10,11 +10,14 @@ A hung rank does not fail: its peers do, when their collective times out, and th
   culprit: it is waiting for the culprit. None when no live rank qualifies.
 * :func:`own_failure` / :func:`pick_root_cause`: among the nodes that failed (NodeErrors, in the order
   they ended), the first whose log does not read like a reaction to another node's failure
-  (:data:`PEER_FAILURE`).
+  (:data:`PEER_FAILURE`). Only a node's failure counts (:func:`is_node_failure`: it carries the node's exit
+  code or its log); a stop the run made itself -- the stall watchdog's, the deadline's -- names the head but
+  says nothing of any node, and is never "a node that failed on its own".
 * :func:`odd_collective`: when the live ranks wait in different collectives, the odd one out.
 * :func:`root_cause` weighs them: a stopped or uninterruptible rank; else the odd one out of mismatched
   collectives; else none when a node failed on its own (the caller names that node from its log); else a rank
-  stuck outside any collective.
+  stuck outside any collective. A stalled job (no node failed; the run stopped it) is named from the capture
+  alone: ``root_cause(dumps)``.
 """
 
 from __future__ import annotations
@@ -122,10 +125,18 @@ def log_lines(failure, log_dir: Path | None = None) -> list[str]:
     return failure.tail
 
 
+def is_node_failure(failure) -> bool:
+    """Did a node fail (a NodeError with the node's exit code, or its log: it exited, or lost its session), as
+    opposed to the run stopping the job itself (the stall watchdog, the deadline: a NodeError on the head with
+    neither)? Only a node's failure can be the node's own."""
+    return failure.returncode is not None or bool(failure.log_path)
+
+
 def own_failure(failures: list):
-    """The first node (NodeError) that failed on its own: its log does not read like a reaction to another's failure."""
+    """The first node (NodeError) that failed on its own: a node's failure (:func:`is_node_failure`) whose log does
+    not read like a reaction to another's failure."""
     for failure in failures:
-        if not any(PEER_FAILURE.search(line) for line in log_lines(failure)):
+        if is_node_failure(failure) and not any(PEER_FAILURE.search(line) for line in log_lines(failure)):
             return failure
     return None
 
@@ -147,12 +158,17 @@ def odd_collective(dumps: Iterable[RankDump]) -> Culprit | None:
                    frames[0] if frames else None)
 
 
-def root_cause(dumps: Iterable[RankDump], failures: list) -> Culprit | None:
+def root_cause(dumps: Iterable[RankDump], failures: Iterable = ()) -> Culprit | None:
     """The rank to name from the live ranks and the nodes' failures (NodeErrors, in the order they ended):
     a stopped or uninterruptible rank; else the odd one out when the ranks wait in different collectives (every
     rank waits, so the first to time out or the watchdog's stall says nothing of the cause); else none when a
     node failed on its own (the caller names it from its log: a rank busy computing when a peer crashed is not
-    the cause); else a rank stuck outside any collective."""
+    the cause); else a rank stuck outside any collective.
+
+    ``failures`` are the nodes' failures; a stall or deadline has none (``root_cause(dumps)``), and the run's own
+    stop, if it is passed among them, is not one (:func:`is_node_failure`): a rank asleep or blocked outside any
+    collective while its peers wait is then named, not the head where the stop was recorded."""
+    failures = list(failures)
     dumps = list(dumps)
     strong = pick_culprit(dumps, strong_only=True) or odd_collective(dumps)
     if strong is not None or own_failure(failures) is not None:
@@ -160,5 +176,5 @@ def root_cause(dumps: Iterable[RankDump], failures: list) -> Culprit | None:
     return pick_culprit(dumps)
 
 
-__all__ = ["PEER_FAILURE", "Culprit", "odd_collective", "own_failure", "pick_culprit", "pick_root_cause", "root_cause", "verdict",
-           "waiting"]
+__all__ = ["PEER_FAILURE", "Culprit", "is_node_failure", "odd_collective", "own_failure", "pick_culprit", "pick_root_cause",
+           "root_cause", "verdict", "waiting"]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
-from multinode.plan.runtime import container_cli
+from multinode.plan.runtime import container_cli, runtime_for
 
 # The image kind each node's accelerator runs (docker/README.md; providers/aws/settings.DEFAULT_IMAGES).
 KIND_OF_ACCELERATOR = {"none": "cpu", "nvidia": "cuda", "amd": "rocm"}
@@ -38,16 +38,17 @@ def registry_host(image: str) -> str | None:
 def push_target(inventory: Inventory, kind: str) -> str:
     """The reference ``make image IMAGE=<kind> PUSH=1`` pushes to: the one the cluster's nodes run."""
     name, fix = inventory.cluster, f"give the registry: make image IMAGE={kind} PUSH=1 ECR=<registry>"
-    if inventory.runtime != "docker" or not inventory.image:
+    image = runtime_for(inventory).image()  # None: the nodes' own Python (the runtime says, not its name)
+    if not image:
         raise UserError(f"cluster {name!r} runs jobs on the nodes' own Python, not in an image; {fix} "
                         "and 'make up ... IMAGE_REF=<registry>/<repository>:<tag>' to run one")
     kinds = sorted({KIND_OF_ACCELERATOR[node.accelerator] for node in inventory.nodes})
     if kind not in kinds:
-        raise UserError(f"IMAGE={kind} but cluster {name!r} runs {inventory.image} on {'/'.join(kinds)} nodes; "
+        raise UserError(f"IMAGE={kind} but cluster {name!r} runs {image} on {'/'.join(kinds)} nodes; "
                         f"use IMAGE={kinds[0]}")
-    if registry_host(inventory.image) is None:
-        raise UserError(f"cluster {name!r} runs {inventory.image}, a local tag no registry holds; {fix}")
-    return inventory.image
+    if registry_host(image) is None:
+        raise UserError(f"cluster {name!r} runs {image}, a local tag no registry holds; {fix}")
+    return image
 
 
 def pull_lines(inventory: Inventory) -> dict[str, str]:

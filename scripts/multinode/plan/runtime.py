@@ -12,7 +12,7 @@
 MODE=mpi: mpirun runs in the head's container and starts the other ranks over SSH. For those ranks
 to run in the image too, every other node runs the image's own sshd (port 2222, see docker/sshd_config)
 in a container of the run (:func:`mpi_sshd_shell`), with the node's pinned host key and the cluster's
-authorized key mounted; ``stop_containers`` removes it with the run. The paths come from
+authorized key mounted; :meth:`ContainerRuntime.stop_line` removes it with the run. The paths come from
 ``extra["container_sshd"]`` (``host_key`` may hold ``{node}``); defaults suit a cloud node.
 
 Ownership: a job container runs as the node's SSH user (``--user "$(id -u):$(id -g)"``, read by the node's
@@ -199,21 +199,12 @@ def mpi_sshd_shell(inventory: Inventory, node: str, run_id: str) -> str:
 RUNTIMES = Registry("runtime", "runtimes", {"host": f"{__name__}:Runtime", "docker": f"{__name__}:ContainerRuntime"})
 
 
-def runtime_for(inventory: Inventory, run_id: str) -> Runtime:
-    """The inventory's runtime, bound to it and to ``run_id``."""
+def runtime_for(inventory: Inventory, run_id: str = "") -> Runtime:
+    """The inventory's runtime, bound to it and to ``run_id`` (none: the cluster's, outside any run -- its image,
+    its checks)."""
     return RUNTIMES.create(inventory.runtime, inventory, run_id)
 
 
 def to_shell(command: NodeCommand, inventory: Inventory, run_id: str) -> str:
     """The exact line to run on ``command.node`` for this inventory's runtime."""
     return runtime_for(inventory, run_id).wrap(command)
-
-
-def stop_containers(inventory: Inventory, run_id: str, node: str) -> str | None:
-    """Extra stop step of the runtime on ``node`` (None for host)."""
-    return runtime_for(inventory, run_id).stop_line(node)
-
-
-def runtime_checks(inventory: Inventory) -> list[tuple[str, str]]:
-    """Pre-flight shell checks of this inventory's runtime (see :meth:`Runtime.checks`)."""
-    return runtime_for(inventory, "").checks()

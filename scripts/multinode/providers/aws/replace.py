@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import re
 
+from multinode.core.inventory import node_index
+
 # EC2's errors for "no capacity for this request now", from AWS's list of EC2 API error codes,
 # https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html (as quoted in
 # aws/aws-parallelcluster-node PR 673, which classifies the same codes for fast fail-over):
@@ -44,11 +46,8 @@ def capacity_code(text: str) -> str | None:
 
 
 def instance_address(name: str) -> str:
-    """``node-2`` -> ``aws_instance.node[2]`` (infra/ec2/compute.tf)."""
-    index = name.rsplit("-", 1)[-1]
-    if not name.startswith("node-") or not index.isdigit():
-        raise ValueError(f"{name!r} is not a node name (node-<i>)")
-    return f"aws_instance.node[{int(index)}]"
+    """``node-2`` -> ``aws_instance.node[2]`` (infra/ec2/compute.tf); a UserError for a name of no node."""
+    return f"aws_instance.node[{node_index(name)}]"
 
 
 def unexpected_changes(plan: dict, address: str) -> list[str]:

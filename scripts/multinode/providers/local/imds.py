@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from multinode.core.errors import UserError
+from multinode.core.inventory import node_name
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
 from multinode.providers.local.meta import load_meta, net_plan, node_dir, node_index
@@ -191,7 +192,7 @@ def arm_notice(state: ClusterState, node: str, in_seconds: float = 0.0, action: 
 
 def preempt(cluster: str, node: str | int, in_seconds: float = 0.0, home: Path | None = None) -> str:
     """``make preempt NODE=n [IN=s]``: arm a spot interruption notice on node ``n``; the line to print."""
-    name = node if str(node).startswith("node-") else f"node-{node}"
+    name = node_name(node)
     state = ClusterState.for_cluster(cluster, root=home)
     notice = arm_notice(state, name, float(in_seconds))
     return (f"{name}: spot interruption notice at {_utc(notice['visible_at'])} "

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from multinode.core.errors import UserError
+from multinode.core.inventory import node_index  # the one parser of node names; the local modules take it from here
 from multinode.core.state import ClusterState
 from multinode.providers.local.netns import NetPlan
 
@@ -41,10 +42,6 @@ def net_plan(state: ClusterState) -> NetPlan:
 
 def node_dir(state: ClusterState, name: str) -> Path:
     return state.provider_dir / name
-
-
-def node_index(name: str) -> int:
-    return int(name.rsplit("-", 1)[1])
 
 
 def login_user() -> str:

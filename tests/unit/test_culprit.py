@@ -144,9 +144,33 @@ def test_a_node_that_failed_on_its_own_outranks_a_rank_merely_outside_a_collecti
     assert root_cause(stopped, [killed]).rank == 2  # a stopped rank outranks everything
 
 
+def test_a_stall_names_the_rank_asleep_outside_a_collective_not_the_head_where_the_run_stopped_it(tmp_path):
+    """A real capture (sleep.json): rank 1 sleeps in Python while ranks 0 and 2 wait in a barrier; the stall
+    watchdog stopped the job. Its stop is recorded on the head with no exit code and no log: not a node's failure,
+    so it does not hide the sleeping rank (it did: 'first failure: node-0, rank unknown'). A node's failure --
+    with an exit code, or with a log and none (a lost session) -- still outranks a rank merely outside a collective."""
+    from multinode.core.errors import NodeError
+    from multinode.diagnose.rank import is_node_failure, root_cause
+
+    dumps = recorded("sleep")
+    stall = NodeError("node-0", "job", None, "no rank made progress (output or CPU time) for 15 s (STALL_TIMEOUT=15); "
+                      "the job was stopped")
+    assert not is_node_failure(stall)
+    culprit = root_cause(dumps, [stall])
+    assert culprit is not None and culprit.rank == 1
+    assert culprit.why.startswith("is blocked outside any collective or store wait (state S")
+    assert culprit.top.describe().endswith("time.sleep(args.seconds)")
+    assert root_cause(dumps) == culprit  # what the run's stalled outcome asks: the capture alone
+    crashed = node_error("node-2", "worker pid 7 died: Signals.SIGKILL")
+    (tmp_path / "node-2.log").write_text("")  # lost its session: no exit code, a log without a peer's failure
+    lost = NodeError("node-2", "job", None, "lost its SSH session", log_path=str(tmp_path / "node-2.log"))
+    assert is_node_failure(crashed) and is_node_failure(lost)
+    assert root_cause(dumps, [stall, crashed]) is None and root_cause(dumps, [lost]) is None
+
+
 def test_ranks_in_different_collectives_name_the_odd_one_out():
     """A real capture: rank 0 waits in all_reduce, ranks 1-2 in broadcast. Every rank waits on its peers, so no
-    verdict clears one; the mismatch names rank 0 -- before a node's own failure (the watchdog's stall)."""
+    verdict clears one; the mismatch names rank 0 (the watchdog's stop among the failures changes nothing)."""
     from multinode.core.errors import NodeError
     from multinode.diagnose.collectives import collective_of, mismatch
     from multinode.diagnose.rank import root_cause
