@@ -12,6 +12,7 @@ import pytest
 from multinode import cli
 from multinode.core.config import DEFAULT_RECOVER_WAIT, LaunchSpec
 from multinode.core.errors import UserError
+from multinode.core.setting import SECONDS, SWITCH, WHOLE
 from multinode.core.sources import FLAG, TASK, VARIABLE, settle
 from multinode.core.taskfile import KEYS, load_task
 
@@ -39,7 +40,7 @@ def test_bad_values_are_one_line_naming_the_value_and_the_fix(kwargs, message):
 
 def test_each_is_a_task_key_with_its_make_variable():
     assert [(KEYS[n].variable, KEYS[n].kind) for n in NAMES] == [
-        ("GRACE", "number"), ("RESUME", "bool"), ("RECOVER", "int"), ("RECOVER_WAIT", "number")]
+        ("GRACE", SECONDS), ("RESUME", SWITCH), ("RECOVER", WHOLE), ("RECOVER_WAIT", SECONDS)]
 
 
 def test_task_file_values_are_typed(tmp_path):
@@ -58,7 +59,7 @@ def test_resume_variable_forms(text, value):
 
 @pytest.mark.parametrize("environ, message", [
     ({"MULTINODE_GRACE": "soon"}, "GRACE='soon' must be a number of seconds"),
-    ({"MULTINODE_RESUME": "please"}, "RESUME='please' must be 1 or 0 (yes or no)"),
+    ({"MULTINODE_RESUME": "please"}, "RESUME='please' must be 1 or 0 (also yes/no, true/false)"),
     ({"MULTINODE_RECOVER": "two"}, "RECOVER='two' must be a whole number"),
     ({"MULTINODE_RECOVER_WAIT": "x"}, "RECOVER_WAIT='x' must be a number of seconds"),
 ])
