@@ -10,6 +10,9 @@
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [CLUSTER=..|ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > task file > default).
+# Each is declared once in scripts/multinode/core/settings.py (python -m multinode.core.settings --markdown lists
+# them); tests/unit/test_settings.py holds the exports below to it. A switch (DRY_RUN, QUEUE, YES, RESUME, SPOT)
+# takes 1/0, yes/no or true/false and refuses anything else.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -63,6 +66,10 @@ export MULTINODE_MTU := $(MTU)
 export MULTINODE_SCHEDULER := $(SCHEDULER)
 export MULTINODE_NODE := $(NODE)
 export MULTINODE_LAUNCHER := $(LAUNCHER)
+# Per command: DRY_RUN=1 prints the plan, QUEUE=1 waits for a busy cluster, YES=1 answers up's, down's and reap's question.
+export MULTINODE_DRY_RUN := $(call given,DRY_RUN)
+export MULTINODE_QUEUE := $(call given,QUEUE)
+export MULTINODE_YES := $(call given,YES)
 # A task file (docs/configuration.md, "Task file"); default: WORKDIR/multinode.yaml when there is one.
 export MULTINODE_TASK := $(TASK)
 # Your own project (README, "Run your own project"): ENV holds names (values come from your environment) or NAME=value.
@@ -95,6 +102,8 @@ export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
 help: ## show this help
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
 	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK GRACE RESUME RECOVER RECOVER_WAIT QUEUE DRY_RUN"
+	@echo "             WORKDIR_LIMIT_MB RDZV_PORT MTU SCHEDULER YES NODE IN; AWS: CLUSTER_TYPE REGION SSH_CIDR TTL_HOURS SPOT OWNER INSTANCE_TYPE IMAGE_REF"
+	@echo "  each variable: docs/configuration.md, or .venv/bin/python -m multinode.core.settings --markdown"
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 
@@ -120,13 +129,13 @@ demo: setup ## the whole loop on a laptop: up, train across 2 local nodes, down
 	$(MAKE) --no-print-directory down
 
 up: setup ## provision the cluster (PROVIDER=aws: REGION, SSH_CIDR, YES=1 to skip the cost prompt)
-	$(MN) up $(if $(YES),--yes)
+	$(MN) up
 
 train: setup ## run the training job on the cluster
-	$(MN) train $(if $(DRY_RUN),--dry-run) $(if $(QUEUE),--queue)
+	$(MN) train
 
 down: setup ## destroy the cluster and verify nothing is left (PROVIDER=aws YES=1: its ECR repository even with images)
-	$(MN) down $(if $(YES),--yes)
+	$(MN) down
 
 status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM cluster)
 	$(MN) status
@@ -147,7 +156,7 @@ ssh: setup ## open a shell on node NODE (default 0)
 	$(MN) ssh $(or $(NODE),0)
 
 reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
-	$(MN) reap $(if $(YES),--yes)
+	$(MN) reap
 
 bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/reliability.md (QUICK=1: short, into bench/out)
 	$(PY) -m bench $(if $(QUICK),--quick --out-dir bench/out)

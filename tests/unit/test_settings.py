@@ -1,0 +1,148 @@
+"""Each setting declared once (multinode.core.settings): the flags, the task keys, the docs' tables and the
+Makefile's exports follow the declarations; one parser per kind, a switch refusing any word but its own. The
+Makefile and the docs are read, not run. No sockets, no subprocesses."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from multinode import cli
+from multinode.core import settings
+from multinode.core.config import ClusterSpec, LaunchSpec
+from multinode.core.errors import UserError
+from multinode.core.setting import NPROC, SECONDS, SWITCH, WHOLE, Refused
+from multinode.core.sources import typed
+from multinode.core.taskfile import KEYS, load_task
+
+REPO = Path(__file__).resolve().parents[2]
+EXPORT = re.compile(r"^export (MULTINODE_\w+) := (.*)$", re.M)
+
+
+def test_every_spec_field_a_user_gives_is_a_declared_setting():
+    internal = {"preflight_timeout"}  # set by the tests and the benchmarks, never by a user
+    assert {s.name for s in settings.TRAIN} - {"task"} == {f.name for f in fields(LaunchSpec)} - internal
+    assert {s.name for s in settings.UP} - {"scheduler", "yes"} == {f.name for f in fields(ClusterSpec)} - {
+        "name", "options"}  # name: --cluster, every verb's; options: -o key=value and the AWS variables
+    assert all(s.help and s.kind for s in settings.EVERY)
+
+
+def test_the_task_keys_are_the_settings_declared_as_task_keys():
+    assert list(KEYS) == [s.name for s in settings.TRAIN if s.task]
+    assert {"run_id", "dry_run", "queue", "task"}.isdisjoint(KEYS)
+
+
+@pytest.mark.parametrize("verb, declared", [("train", settings.TRAIN), ("up", settings.UP)])
+def test_a_verbs_flags_are_its_settings_and_nothing_else(verb, declared):
+    sub = next(a for a in cli.build_parser()._actions if a.dest == "command").choices[verb]
+    flags = {a.option_strings[-1]: a for a in sub._actions if a.option_strings and a.dest != "help"}
+    expected = {s.option for s in declared if s.flag}
+    assert set(flags) - {"--option"} == expected
+    assert all(flags[s.option].default is None for s in declared if s.flag)  # not given: the next source decides
+    assert all(flags[s.option].nargs == 0 for s in declared if s.kind is SWITCH)  # --queue, --dry-run take no value
+
+
+def test_the_docs_tables_are_the_generated_ones():
+    text = (REPO / "docs/configuration.md").read_text()
+    assert settings.with_tables(text) == text, (
+        "docs/configuration.md differs from the declarations: run "
+        "'.venv/bin/python -m multinode.core.settings --write docs/configuration.md'")
+    for s in settings.EVERY:
+        assert f"| `{s.variable}` |" in text or f"| `{s.environ}` only |" in text, s.name
+
+
+def test_the_makefile_exports_every_setting_make_passes_on_and_no_other():
+    text = (REPO / "Makefile").read_text()
+    exports = dict(EXPORT.findall(text))
+    assert set(exports) == set(settings.make_exports())
+    for environ, variable in settings.make_exports().items():
+        assert re.search(rf"\$\((call given,)?{variable}\)", exports[environ]), (environ, exports[environ])
+    help_lines = " ".join(re.findall(r'^\t@echo "  (?:variables:| ) (.*)"$', text, re.M))
+    listed = set(re.findall(r"\b[A-Z][A-Z_]+\b", help_lines))
+    assert {s.variable for s in settings.EVERY if s.make} <= listed
+    # Switches are read by the CLI, never turned into a flag by make ($(if $(QUEUE),--queue) took QUEUE=0 as on).
+    assert not re.search(r"\$\(if \$\((DRY_RUN|QUEUE|YES)\)", text)
+
+
+def test_the_markdown_command_prints_every_table(capsys):
+    assert settings.main(["--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert all(settings.markdown(name) in out for name in settings.SECTIONS)
+
+
+def test_write_refuses_a_file_without_the_blocks(tmp_path, capsys):
+    path = tmp_path / "doc.md"
+    path.write_text("no tables here\n")
+    assert settings.main(["--write", str(path)]) == 2
+    assert "no '<!-- settings:cluster -->'" in capsys.readouterr().err and path.read_text() == "no tables here\n"
+
+
+@pytest.mark.parametrize("word, on", [("1", True), ("yes", True), ("true", True), ("TRUE", True), (" Yes ", True),
+                                      ("0", False), ("no", False), ("false", False), ("No", False)])
+def test_a_switch_takes_its_words(word, on):
+    assert SWITCH.text(word) is on
+    assert SWITCH.value(word, Path(".")) is on  # the same words in a task file
+
+
+@pytest.mark.parametrize("word", ["", "2", "on", "off", "y", "enable", "please", "1.0"])
+def test_a_switch_refuses_any_other_word_naming_it_and_the_fix(word):
+    with pytest.raises(UserError) as err:
+        typed(settings.TRAIN[[s.name for s in settings.TRAIN].index("queue")], word)
+    assert str(err.value) == f"QUEUE={word!r} must be 1 or 0 (also yes/no, true/false)"
+
+
+def test_a_task_files_switch_is_yamls_bool_or_1_0(tmp_path):
+    path = tmp_path / "multinode.yaml"
+    for text, value in (("true", True), ("false", False), ("1", True), ("0", False), ("yes", True)):
+        path.write_text(f"resume: {text}\n")
+        assert load_task(path).values == {"resume": value}
+    path.write_text("resume: 2\n")
+    with pytest.raises(UserError, match=r": resume: expected true or false, got 2$"):
+        load_task(path)
+
+
+@pytest.mark.parametrize("kind, text, value", [(WHOLE, "3", 3), (SECONDS, "2.5", 2.5), (NPROC, "auto", "auto"),
+                                               (NPROC, "4", 4)])
+def test_one_parser_per_kind(kind, text, value):
+    assert kind.text(text) == value
+    with pytest.raises(Refused):
+        kind.text("x")
+
+
+def _spec(monkeypatch, **environ: str) -> LaunchSpec:
+    for name, value in environ.items():
+        monkeypatch.setenv(f"MULTINODE_{name}", value)
+    return cli._launch_spec(cli.build_parser().parse_args(["train"]))
+
+
+def test_queue_and_dry_run_are_switches_from_make(monkeypatch):
+    assert (_spec(monkeypatch).queue, _spec(monkeypatch).dry_run) == (False, False)
+    assert _spec(monkeypatch, QUEUE="yes", DRY_RUN="true").queue is True
+    assert _spec(monkeypatch, QUEUE="0", DRY_RUN="no").queue is False  # QUEUE=0 used to queue: make saw a word
+    assert _spec(monkeypatch, QUEUE="", DRY_RUN="").queue is False  # make's export of a variable not given
+    args = cli.build_parser().parse_args(["train", "--queue", "--dry-run"])
+    monkeypatch.setenv("MULTINODE_QUEUE", "0")
+    spec = cli._launch_spec(args)
+    assert (spec.queue, spec.dry_run) == (True, True)  # a flag wins over the variable
+
+
+@pytest.mark.parametrize("argv, environ, line", [
+    (["train"], {"MULTINODE_QUEUE": "please"}, "QUEUE='please' must be 1 or 0 (also yes/no, true/false)"),
+    (["train"], {"MULTINODE_DRY_RUN": "maybe"}, "DRY_RUN='maybe' must be 1 or 0 (also yes/no, true/false)"),
+    (["train", "--resume"], {"MULTINODE_QUEUE": "on"}, "QUEUE='on' must be 1 or 0 (also yes/no, true/false)"),
+    (["up"], {"MULTINODE_YES": "sure"}, "YES='sure' must be 1 or 0 (also yes/no, true/false)"),
+    (["down"], {"MULTINODE_YES": "2"}, "YES='2' must be 1 or 0 (also yes/no, true/false)"),
+    (["up", "--nodes", "three"], {}, "NODES='three' must be a whole number"),
+    (["up"], {"MULTINODE_MTU": "big"}, "MTU='big' must be a whole number"),
+])
+def test_a_bad_value_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys, argv, environ, line):
+    home = tmp_path / "home"
+    monkeypatch.setenv("MULTINODE_HOME", str(home))
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == f"multinode: {line}\n"
+    assert not home.exists()
