@@ -30,7 +30,7 @@ from multinode.core.config import DEFAULT_CLUSTER, ClusterSpec, LaunchSpec, env_
 from multinode.core.errors import JobFailed, MultinodeError, Preempted, UserError
 from multinode.core.setting import Setting
 from multinode.core.settings import add_flags
-from multinode.core.sources import Settled, settle, value_of
+from multinode.core.sources import Settled, pick, settle, value_of
 from multinode.core.taskfile import KEYS, find_task
 
 log = logging.getLogger("multinode")
@@ -86,15 +86,13 @@ def _add_stacks(sub: argparse._SubParsersAction) -> None:
 def _add_netcheck(sub: argparse._SubParsersAction) -> None:
     """``netcheck``: the cluster's links and collectives, measured on demand."""
     net = sub.add_parser("netcheck", help="node-to-node bandwidth (iperf3) and an all_reduce sweep, as tables and a plot")
-    net.add_argument("--nodes", type=int, default=env_default("NODES"), help="how many nodes (default: all)")
+    net.add_argument("--nodes", help="how many nodes (default: all)")
 
 
 def _add_preempt(sub: argparse._SubParsersAction) -> None:
     """``preempt``: a spot interruption notice on a local node, as EC2 sends one."""
     pre = sub.add_parser("preempt", help="arm a spot interruption notice on a local node (its metadata endpoint)")
-    pre.add_argument("--node", default=env_default("NODE", "1"), help="node index or name (default 1)")
-    pre.add_argument("--in", dest="in_seconds", type=float, default=env_default("IN", "0"),
-                     help="seconds from now until the notice shows")
+    add_flags(pre, [settings.NODE, settings.IN])
 
 
 def _add_ssh(sub: argparse._SubParsersAction) -> None:
@@ -113,7 +111,7 @@ def _add_reap(sub: argparse._SubParsersAction) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multinode", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cluster", default=env_default("CLUSTER", DEFAULT_CLUSTER),
+    parser.add_argument(settings.CLUSTER.option, default=value_of(settings.CLUSTER, None, os.environ),
                         help=f"{settings.CLUSTER.help} (default %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,9 +169,10 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "stacks":
         return verbs.stacks(args.cluster, run_id=args.run)
     elif args.command == "preempt":
-        print(verbs.preempt(args.cluster, args.node, args.in_seconds))
+        print(verbs.preempt(args.cluster, _value(settings.NODE, args) or "1", _value(settings.IN, args)))
     elif args.command == "netcheck":
-        verbs.netcheck(args.cluster, args.nodes)
+        given = pick(settings.UP[[s.name for s in settings.UP].index("nodes")], args.nodes, os.environ)
+        verbs.netcheck(args.cluster, given[0] if given else None)
     elif args.command == "ssh":
         return verbs.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":

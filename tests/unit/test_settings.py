@@ -54,30 +54,45 @@ def test_the_docs_tables_are_the_generated_ones():
         assert f"| `{s.variable}` |" in text or f"| `{s.environ}` only |" in text, s.name
 
 
-def test_the_makefile_exports_every_setting_make_passes_on_and_no_other():
-    text = (REPO / "Makefile").read_text()
-    exports = dict(EXPORT.findall(text))
-    assert set(exports) == set(settings.make_exports())
-    for environ, variable in settings.make_exports().items():
-        assert re.search(rf"\$\((call given,)?{variable}\)", exports[environ]), (environ, exports[environ])
-    help_lines = " ".join(re.findall(r'^\t@echo "  (?:variables:| ) (.*)"$', text, re.M))
-    listed = set(re.findall(r"\b[A-Z][A-Z_]+\b", help_lines))
-    assert {s.variable for s in settings.EVERY if s.make} <= listed
+def test_the_generated_files_are_committed_as_generated():
+    for path, text in settings.generated(REPO).items():
+        assert path.read_text() == text, (
+            f"{path.relative_to(REPO)} differs from the declarations: run "
+            "'.venv/bin/python -m multinode.core.settings --write'")
+
+
+def test_the_makefile_exports_every_setting_make_passes_on_through_its_include():
+    makefile, include = (REPO / "Makefile").read_text(), (REPO / "settings.mk").read_text()
+    assert "\ninclude settings.mk\n" in makefile and not EXPORT.findall(makefile)  # every export is generated
+    assert makefile.index("\ngiven = ") < makefile.index("\ninclude settings.mk\n")  # settings.mk calls it
+    exports = dict(EXPORT.findall(include))
+    assert set(exports) == {s.environ for s in settings.EVERY if s.make}
+    assert exports["MULTINODE_NODES"] == "$(call given,NODES)"  # never the Makefile's NODES ?= 2
+    assert exports["MULTINODE_IMAGE"] == "$(call given,IMAGE_REF)"
+    assert exports["MULTINODE_ENV"] == "$(if $(filter command line,$(origin ENV)),$(ENV))"  # not a shell's $ENV
+    assert "MULTINODE_RUN_ID" not in exports  # read from the environment only
+    assert re.search(r"^\t@echo .*\$\(SETTINGS\)", makefile, re.M)  # make help lists them
     # Switches are read by the CLI, never turned into a flag by make ($(if $(QUEUE),--queue) took QUEUE=0 as on).
-    assert not re.search(r"\$\(if \$\((DRY_RUN|QUEUE|YES)\)", text)
+    assert not re.search(r"\$\(if \$\((DRY_RUN|QUEUE|YES)\)", makefile)
 
 
 def test_the_markdown_command_prints_every_table(capsys):
     assert settings.main(["--markdown"]) == 0
     out = capsys.readouterr().out
     assert all(settings.markdown(name) in out for name in settings.SECTIONS)
+    assert settings.main(["--make"]) == 0 and capsys.readouterr().out == settings.makefile_include()
 
 
-def test_write_refuses_a_file_without_the_blocks(tmp_path, capsys):
-    path = tmp_path / "doc.md"
-    path.write_text("no tables here\n")
-    assert settings.main(["--write", str(path)]) == 2
-    assert "no '<!-- settings:cluster -->'" in capsys.readouterr().err and path.read_text() == "no tables here\n"
+def test_write_rewrites_the_generated_files_and_refuses_docs_without_the_blocks(tmp_path, capsys):
+    (tmp_path / "docs").mkdir()
+    docs = tmp_path / "docs" / "configuration.md"
+    docs.write_text("intro\n<!-- settings:cluster -->\nold\n<!-- /settings:cluster -->\n")
+    assert settings.main(["--write", str(tmp_path)]) == 2
+    assert "no '<!-- settings:aws -->'" in capsys.readouterr().err and not (tmp_path / "settings.mk").exists()
+    docs.write_text("intro\n" + "".join(f"<!-- settings:{n} -->\n<!-- /settings:{n} -->\n" for n in settings.SECTIONS))
+    assert settings.main(["--write", str(tmp_path)]) == 0
+    assert settings.markdown("train") in docs.read_text() and docs.read_text().startswith("intro\n")
+    assert (tmp_path / "settings.mk").read_text() == settings.makefile_include()
 
 
 @pytest.mark.parametrize("word, on", [("1", True), ("yes", True), ("true", True), ("TRUE", True), (" Yes ", True),
@@ -137,6 +152,8 @@ def test_queue_and_dry_run_are_switches_from_make(monkeypatch):
     (["down"], {"MULTINODE_YES": "2"}, "YES='2' must be 1 or 0 (also yes/no, true/false)"),
     (["up", "--nodes", "three"], {}, "NODES='three' must be a whole number"),
     (["up"], {"MULTINODE_MTU": "big"}, "MTU='big' must be a whole number"),
+    (["preempt"], {"MULTINODE_IN": "soon"}, "IN='soon' must be a number of seconds"),
+    (["netcheck"], {"MULTINODE_NODES": "all"}, "NODES='all' must be a whole number"),
 ])
 def test_a_bad_value_is_one_line_exit_2_and_nothing_written(tmp_path, monkeypatch, capsys, argv, environ, line):
     home = tmp_path / "home"

@@ -18,7 +18,9 @@ from datetime import datetime, timezone
 
 from multinode.core.envvars import EnvVar
 from multinode.core.errors import UserError
-from multinode.core.setting import ARGS, ENV, NPROC, PATH, RANGE, SCRIPT, SECONDS, SWITCH, TEXT, WHOLE, setting
+from multinode.core.setting import (
+    ARGS, COMMAND_LINE, ENV, NPROC, PATH, RANGE, SCRIPT, SECONDS, SWITCH, TEXT, WHOLE, setting,
+)
 from multinode.core.state import check_cluster_name
 
 MODES = ("cpu", "gpu", "mpi", "mpi-gpu")
@@ -118,8 +120,11 @@ class LaunchSpec:
     workdir_limit_mb: int = setting(200, WHOLE, "a WORKDIR larger than this is refused", task=True)
     setup: str | None = setting(None, TEXT, "command run once per node in WORKDIR before the job (again when it or "
                                 "its files change)", task=True, see="[projects.md](projects.md)")
+    # make passes ENV on only from its command line: a shell's own $ENV (its startup file, in some setups) is not
+    # a variable list.
     env: tuple[EnvVar, ...] = setting((), ENV, "variables for every rank: NAME (your environment's value) or "
-                                      "NAME=value; values are never shown", task=True, metavar='"NAME OTHER=value"')
+                                      "NAME=value; values are never shown", task=True, metavar='"NAME OTHER=value"',
+                                      make=COMMAND_LINE)
     launcher: str = setting("auto", TEXT, "torchrun modes: static (no agents), torchrun (agents: elastic, restarts) "
                             "or auto (torchrun only with ELASTIC or MAX_RESTARTS)", task=True,
                             see="[Launchers](#launchers)")
@@ -129,11 +134,11 @@ class LaunchSpec:
                                   task=True, metavar="MIN:MAX")
     rdzv_port: int = setting(29500, WHOLE, "the rendezvous port on node-0", task=True)
     rdzv_timeout: int = setting(60, WHOLE, "seconds the peers' agents hold the rendezvous open for a node that "
-                                "rejoins", task=True, make=False)
+                                "rejoins", task=True, make=None)
     pg_timeout: int = setting(30, WHOLE, "seconds a collective waits for a dead peer (our trainer's process-group "
-                              "timeout)", task=True, make=False)
+                              "timeout)", task=True, make=None)
     deadline: float | None = setting(None, SECONDS, "seconds the job may take (unset: no limit)", task=True,
-                                     make=False)
+                                     make=None)
     stall_timeout: float = setting(DEFAULT_STALL_TIMEOUT, SECONDS, "seconds without progress (step heartbeat, "
                                    "output, CPU) before the job is ended naming the culprit; 0: off", task=True)
     skew: str = setting("refuse", TEXT, f"nodes whose software differs: {' or '.join(SKEW_MODES)} "
@@ -157,7 +162,7 @@ class LaunchSpec:
                                   metavar="SECONDS")
     # Per command, not part of a task:
     run_id: str = setting(None, TEXT, "the run's id (unset: a new one, date-time-random)", default_factory=new_run_id,
-                          make=False)
+                          make=None)
     dry_run: bool = setting(False, SWITCH, "print each node's exact command and environment (or the sbatch "
                             "script), run nothing")
     queue: bool = setting(False, SWITCH, "a cluster with a run in progress: wait for it to end instead of being "

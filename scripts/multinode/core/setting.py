@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 ON, OFF = ("1", "yes", "true"), ("0", "no", "false")
+# How make passes a variable on (Setting.make): when given on its command line or in the environment (never the
+# Makefile's own defaults, which would hide a task file's value), or only when given on make's command line.
+GIVEN, COMMAND_LINE = "given", "command line"
 SWITCH_WORDS = "1 or 0 (also yes/no, true/false)"
 
 
@@ -182,16 +185,17 @@ RANGE = _Elastic("MIN:MAX")  # ELASTIC's node range
 @dataclass(frozen=True)
 class Setting:
     """A setting as declared. ``name`` is the spec's field (and the task key, and ``--name-with-dashes``);
-    ``variable`` the make variable and ``MULTINODE_<variable>`` (None: a flag only); ``make``: the Makefile passes
-    the variable on (False: the CLI reads ``MULTINODE_<variable>`` from the environment only); ``env``: the name
-    after ``MULTINODE_`` when it is not the variable's (IMAGE_REF is MULTINODE_IMAGE)."""
+    ``variable`` the make variable and ``MULTINODE_<variable>`` (None: a flag only); ``make``: how the Makefile
+    passes the variable on, GIVEN or COMMAND_LINE (None: it does not; the CLI reads ``MULTINODE_<variable>`` from
+    the environment only); ``env``: the name after ``MULTINODE_`` when it is not the variable's (IMAGE_REF is
+    MULTINODE_IMAGE)."""
 
     kind: Kind
     help: str
     name: str = ""
     default: Any = None
     variable: str | None = ""  # "": the name in upper case
-    make: bool = True
+    make: str | None = GIVEN
     task: bool = False
     flag: bool = True
     env: str | None = None

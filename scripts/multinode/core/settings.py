@@ -8,11 +8,14 @@ spec (CLUSTER, TASK, SCHEDULER, YES, the AWS ones, NODE, IN). From them, and fro
   None, so that :mod:`multinode.core.sources` knows what was typed and settles flag > environment > task file >
   default;
 * the task file's keys (:data:`TASK_KEYS`, :mod:`multinode.core.taskfile`);
-* the settings tables of ``docs/configuration.md`` (:func:`markdown`): ``python -m multinode.core.settings
-  --markdown`` prints them, ``--write docs/configuration.md`` puts them between the file's
-  ``<!-- settings:NAME -->`` and ``<!-- /settings:NAME -->`` lines; a unit test fails when the file differs;
-* what the Makefile must export (:func:`make_exports`): ``MULTINODE_<VARIABLE>`` for each setting that ``make``
-  passes on; the Makefile is written by hand and a unit test holds it to this.
+* the settings tables of ``docs/configuration.md`` (:func:`markdown`), between its ``<!-- settings:NAME -->``
+  and ``<!-- /settings:NAME -->`` lines;
+* ``settings.mk``, which the Makefile includes (:func:`makefile_include`): ``export MULTINODE_<VARIABLE>`` for
+  each setting that ``make`` passes on, and the list ``make help`` shows.
+
+``python -m multinode.core.settings --write`` rewrites both files (``--markdown``, ``--make`` print them); a unit
+test fails when a committed one differs. Adding a setting is one declaration (a spec field, or a
+:func:`command` here) plus its use, then ``--write``.
 """
 
 from __future__ import annotations
@@ -25,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from multinode.core.config import DEFAULT_CLUSTER, ClusterSpec, LaunchSpec
-from multinode.core.setting import SECONDS, SWITCH, TEXT, WHOLE, Kind, Setting
+from multinode.core.setting import COMMAND_LINE, SECONDS, SWITCH, TEXT, WHOLE, Kind, Setting
+
+REPO = Path(__file__).resolve().parents[3]
+DOCS, INCLUDE = Path("docs/configuration.md"), Path("settings.mk")
 
 
 def _named(declared: Setting, name: str, default: Any) -> Setting:
@@ -64,8 +70,9 @@ AWS = (
 )
 TASK = command("task", None, TEXT, "a task file, or a directory holding multinode.yaml (unset: WORKDIR/multinode.yaml "
                "if there is one)", metavar="PATH", see="[Task file](#task-file-multinodeyaml)")
-NODE = command("node", None, TEXT, "make preempt, make ssh, make logs: which node, by index or name", flag=False)
-IN = command("in", 0, SECONDS, "make preempt: seconds from now until the notice shows", flag=False)
+NODE = command("node", None, TEXT, "which node, by index or name: make preempt's (unset: 1), make ssh's (unset: 0), "
+               "make logs' (unset: every node)")
+IN = command("in", 0, SECONDS, "make preempt: seconds from now until the notice shows")
 
 UP = (*_on_fields(ClusterSpec), SCHEDULER, YES)
 TRAIN = (TASK, *_on_fields(LaunchSpec))
@@ -113,8 +120,28 @@ def shown_default(s: Setting) -> str:
 
 
 def make_exports() -> dict[str, str]:
-    """``MULTINODE_<NAME>`` -> the make variable, for every setting that ``make`` passes on."""
-    return {s.environ: s.variable for s in EVERY if s.variable and s.make}
+    """``MULTINODE_<NAME>`` -> how make sets it, for every setting that ``make`` passes on."""
+    exports = {}
+    for s in EVERY:
+        if s.variable and s.make:
+            given = f"$(if $(filter command line,$(origin {s.variable})),$({s.variable}))" if s.make == COMMAND_LINE \
+                else f"$(call given,{s.variable})"
+            exports[s.environ] = given
+    return exports
+
+
+def makefile_include() -> str:
+    """settings.mk: the exports, and SETTINGS (the variables, for ``make help``)."""
+    variables = " ".join(dict.fromkeys(s.variable for s in EVERY if s.variable and s.make))
+    lines = [f"# {line}" for line in MAKE_HEADER.splitlines()]
+    lines += [f"export {name} := {value}" for name, value in make_exports().items()]
+    return "\n".join([*lines, f"SETTINGS := {variables}", ""])
+
+
+MAKE_HEADER = """\
+Generated from scripts/multinode/core/settings.py by `python -m multinode.core.settings --write`; do not edit.
+Each setting make passes to the CLI as MULTINODE_<NAME>, only when given (on make's command line or in the
+environment): the Makefile's own defaults (NODES ?= 2) never hide a task file's value. `given` is the Makefile's."""
 
 
 def _row(s: Setting) -> str:
@@ -145,20 +172,33 @@ def with_tables(text: str) -> str:
     return "".join(out) + rest
 
 
+def generated(root: Path) -> dict[Path, str]:
+    """The files derived from the declarations, under the repository ``root``, as they should read."""
+    docs = root / DOCS
+    return {docs: with_tables(docs.read_text()), root / INCLUDE: makefile_include()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m multinode.core.settings", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--markdown", action="store_true", help="print the settings tables")
-    parser.add_argument("--write", metavar="FILE", type=Path, help="rewrite the tables in FILE (docs/configuration.md)")
+    parser.add_argument("--markdown", action="store_true", help=f"print the settings tables of {DOCS}")
+    parser.add_argument("--make", action="store_true", help=f"print {INCLUDE}")
+    parser.add_argument("--write", metavar="ROOT", nargs="?", const=REPO, type=Path,
+                        help=f"rewrite {DOCS}'s tables and {INCLUDE} in the repository ROOT (default: this one)")
     args = parser.parse_args(argv)
     if args.write:
         try:
-            args.write.write_text(with_tables(args.write.read_text()))
+            for path, text in generated(args.write).items():
+                path.write_text(text)
         except (OSError, ValueError) as err:
             print(f"{args.write}: {err}", file=sys.stderr)
             return 2
-    if args.markdown or not args.write:
-        for name in SECTIONS:
-            print(f"<!-- settings:{name} -->\n{markdown(name)}", end="")
+    if args.markdown:
+        print("".join(f"<!-- settings:{name} -->\n{markdown(name)}" for name in SECTIONS), end="")
+    if args.make:
+        print(makefile_include(), end="")
+    if not (args.write or args.markdown or args.make):
+        parser.print_usage(sys.stderr)
+        return 2
     return 0
 
 
