@@ -5,6 +5,10 @@ Precedence is CLI flag > environment (the Makefile passes ``NODES=2`` etc. throu
 (:mod:`multinode.core.taskfile`, :mod:`multinode.core.sources`). Each spec is a frozen dataclass that validates itself in
 ``__post_init__`` and raises :class:`UserError` with one actionable line, so nothing downstream
 re-checks user input.
+
+A field a user sets is declared as a setting where it stands (``setting(default, KIND, help, ...)``,
+:mod:`multinode.core.setting`): its kind, default, help, make variable and task key. The flags, the task keys,
+the Makefile's exports and the docs' tables are derived from these declarations (:mod:`multinode.core.settings`).
 """
 
 from __future__ import annotations

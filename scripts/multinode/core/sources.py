@@ -2,8 +2,9 @@
 
 A flag is what was typed after ``multinode train``; a make variable reaches the CLI as ``MULTINODE_<NAME>``
 (the Makefile exports only the variables the user gave, so its own defaults never hide a task file's value);
-the task file is :mod:`multinode.core.taskfile`; the default is LaunchSpec's. Flags and variables are text and
-are typed here with the same one-line errors as the task file's values (``NODES='x' must be a whole number``).
+the task file is :mod:`multinode.core.taskfile`; the default is the declaration's (LaunchSpec's field). Flags and
+variables are text, typed by their setting's kind (:mod:`multinode.core.setting`) with one-line errors naming the
+variable (``NODES='x' must be a whole number``); :func:`value_of` does the same for the settings of other verbs.
 
 :class:`Settled` keeps where each value came from: ``DRY_RUN=1`` with a task file prints it after the plan.
 """
