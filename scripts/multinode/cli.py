@@ -148,8 +148,8 @@ def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> La
 
 
 def _cluster_spec(args: argparse.Namespace) -> ClusterSpec:
-    values = {s.name: _value(s, args) for s in settings.UP}
-    scheduler, _ = values.pop("scheduler"), values.pop("yes")
+    values = {s.name: _value(s, args) for s in settings.UP if s is not settings.YES}  # YES: an answer, not the spec
+    scheduler = values.pop("scheduler")
     options = {**({"scheduler": scheduler} if scheduler else {}), **_options(args.option)}
     return ClusterSpec(name=args.cluster, options=options, **values)
 
