@@ -34,7 +34,6 @@ from multinode.core.sources import Settled, pick, settle, value_of
 from multinode.core.taskfile import KEYS, find_task
 
 log = logging.getLogger("multinode")
-_TRAIN = {s.name: s for s in settings.TRAIN}
 
 
 def _options(pairs: Sequence[str]) -> dict[str, str]:
@@ -142,7 +141,7 @@ def _settled(args: argparse.Namespace) -> Settled:
 
 def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> LaunchSpec:
     settled = settled or _settled(args)
-    run = {name: _value(_TRAIN[name], args) for name in ("run_id", "dry_run", "queue")}
+    run = {name: _value(settings.find(settings.TRAIN, name), args) for name in ("run_id", "dry_run", "queue")}
     run["run_id"] = run["run_id"] or new_run_id()
     return settled.spec(os.environ, **run)
 
@@ -171,7 +170,7 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "preempt":
         print(verbs.preempt(args.cluster, _value(settings.NODE, args) or "1", _value(settings.IN, args)))
     elif args.command == "netcheck":
-        given = pick(settings.UP[[s.name for s in settings.UP].index("nodes")], args.nodes, os.environ)
+        given = pick(settings.find(settings.UP, "nodes"), args.nodes, os.environ)  # unset: every node
         verbs.netcheck(args.cluster, given[0] if given else None)
     elif args.command == "ssh":
         return verbs.ssh(args.cluster, args.node, args.remote_command)

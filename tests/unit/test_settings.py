@@ -105,7 +105,7 @@ def test_a_switch_takes_its_words(word, on):
 @pytest.mark.parametrize("word", ["", "2", "on", "off", "y", "enable", "please", "1.0"])
 def test_a_switch_refuses_any_other_word_naming_it_and_the_fix(word):
     with pytest.raises(UserError) as err:
-        typed(settings.TRAIN[[s.name for s in settings.TRAIN].index("queue")], word)
+        typed(settings.find(settings.TRAIN, "queue"), word)
     assert str(err.value) == f"QUEUE={word!r} must be 1 or 0 (also yes/no, true/false)"
 
 

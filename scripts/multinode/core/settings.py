@@ -79,11 +79,17 @@ TRAIN = (TASK, *_on_fields(LaunchSpec))
 TASK_KEYS: dict[str, Setting] = {s.name: s for s in TRAIN if s.task}
 EVERY = (CLUSTER, *UP, *AWS, *TRAIN, NODE, IN)
 
+
+
+def find(group: Iterable[Setting], name: str) -> Setting:
+    """The setting ``name`` of a group (UP, TRAIN...)."""
+    return next(s for s in group if s.name == name)
+
+
 # The tables of docs/configuration.md, by name.
-_UP = {s.name: s for s in UP}
 SECTIONS: dict[str, tuple[Setting, ...]] = {
-    "cluster": (CLUSTER, _UP["provider"], _UP["nodes"], _UP["mtu"], SCHEDULER, YES),
-    "aws": (_UP["cluster_type"], *AWS),
+    "cluster": (CLUSTER, *(find(UP, name) for name in ("provider", "nodes", "mtu")), SCHEDULER, YES),
+    "aws": (find(UP, "cluster_type"), *AWS),
     "train": TRAIN,
     "verbs": (NODE, IN),
 }
