@@ -133,7 +133,8 @@ class _Args(Kind):
             try:
                 return tuple(shlex.split(value))
             except ValueError as err:
-                raise Refused(None, f"cannot be split like a shell line ({err}); check its quotes or give a list") from None
+                raise Refused(None, f"cannot be split like a shell line ({err}); check its quotes or give a "
+                                    f"list") from None
         raise Refused("a list of arguments or one string")
 
 

@@ -13,8 +13,9 @@ holds the settings of ``make train`` (SkyPilot keeps the same in a task YAML)::
 Contract:
 
 * The keys are :data:`KEYS`: the settings of :class:`multinode.core.config.LaunchSpec` declared as task keys
-  (:mod:`multinode.core.settings`; not the cluster, the run id or the dry run), each typed by its kind's parser. An unknown key, a value of the wrong type or a file that
-  is not YAML is one :class:`UserError` line naming the file and the key (a close match is suggested).
+  (:mod:`multinode.core.settings`; not the cluster, the run id or the dry run), each typed by its kind's parser.
+  An unknown key, a value of the wrong type or a file that is not YAML is one :class:`UserError` line naming the
+  file and the key (a close match is suggested).
 * Paths (``workdir``, a ``script`` path) are relative to the file's directory; ``workdir`` defaults to that
   directory when the file names a script.
 * The values come back typed as LaunchSpec wants them (``args`` a tuple, ``env`` the text of ``ENV``); the
