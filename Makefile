@@ -10,6 +10,8 @@
 #   make down
 #   make image IMAGE=cpu|cuda|rocm [TAG=...] [BUILD_ARGS="--build-arg ..."] [WHEEL_CACHE=dir] [PUSH=1 [CLUSTER=..|ECR=<acct>.dkr.ecr.<region>.amazonaws.com]]
 # Variables become MULTINODE_<NAME> in the environment; the CLI reads them (flag > env > task file > default).
+# Each is declared once (scripts/multinode/core/settings.py); scripts/settings.mk and docs/configuration.md's tables are
+# generated from the declarations. A switch (DRY_RUN, QUEUE, YES, RESUME, SPOT) takes 1/0, yes/no or true/false.
 
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
@@ -48,53 +50,14 @@ WHEELHOUSE_IMAGES := cpu cuda
 # file's `nodes: 3` must win over this file's NODES ?= 2 (docs/configuration.md, "Task file"). The CLI has the
 # same defaults, so without a task file nothing changes.
 given = $(if $(filter command line environment environment override,$(origin $(1))),$($(1)))
-export MULTINODE_PROVIDER := $(PROVIDER)
-export MULTINODE_NODES := $(call given,NODES)
-export MULTINODE_MODE := $(call given,MODE)
-export MULTINODE_CLUSTER := $(CLUSTER)
-export MULTINODE_NPROC := $(NPROC)
-export MULTINODE_SCRIPT := $(SCRIPT)
-export MULTINODE_ARGS := $(ARGS)
-export MULTINODE_CLUSTER_TYPE := $(CLUSTER_TYPE)
-export MULTINODE_MAX_RESTARTS := $(MAX_RESTARTS)
-export MULTINODE_ELASTIC := $(ELASTIC)
-export MULTINODE_RDZV_PORT := $(RDZV_PORT)
-export MULTINODE_MTU := $(MTU)
-export MULTINODE_SCHEDULER := $(SCHEDULER)
-export MULTINODE_NODE := $(NODE)
-export MULTINODE_LAUNCHER := $(LAUNCHER)
-# A task file (docs/configuration.md, "Task file"); default: WORKDIR/multinode.yaml when there is one.
-export MULTINODE_TASK := $(TASK)
-# Your own project (README, "Run your own project"): ENV holds names (values come from your environment) or NAME=value.
-export MULTINODE_WORKDIR := $(WORKDIR)
-export MULTINODE_WORKDIR_LIMIT_MB := $(WORKDIR_LIMIT_MB)
-export MULTINODE_SETUP := $(SETUP)
-# Only ENV given to make: a shell's own $$ENV (its startup file, in some setups) is not a variable list.
-export MULTINODE_ENV := $(if $(filter command line,$(origin ENV)),$(ENV))
-export MULTINODE_STALL_TIMEOUT := $(STALL_TIMEOUT)
-export MULTINODE_SKEW := $(SKEW)
-export MULTINODE_LINKCHECK := $(LINKCHECK)
-export MULTINODE_IN := $(IN)
-# Preemption and recovery (docs/preemption.md): GRACE=seconds makes SIGTERM a notice to the ranks; RESUME=1
-# continues the latest preempted run; RECOVER=N recoveries after lost nodes, RECOVER_WAIT for a replacement.
-export MULTINODE_GRACE := $(GRACE)
-export MULTINODE_RESUME := $(RESUME)
-export MULTINODE_RECOVER := $(RECOVER)
-export MULTINODE_RECOVER_WAIT := $(RECOVER_WAIT)
-# PROVIDER=aws settings (see README, "AWS"): REGION and SSH_CIDR are required there.
-export MULTINODE_REGION := $(REGION)
-export MULTINODE_SSH_CIDR := $(SSH_CIDR)
-export MULTINODE_TTL_HOURS := $(TTL_HOURS)
-export MULTINODE_SPOT := $(SPOT)
-export MULTINODE_OWNER := $(OWNER)
-export MULTINODE_IMAGE := $(IMAGE_REF)
-export MULTINODE_INSTANCE_TYPE := $(INSTANCE_TYPE)
+# Every setting's export (MULTINODE_<NAME>), generated from the declarations: python -m multinode.core.settings --write
+include scripts/settings.mk
 
 .PHONY: help setup demo up train down status logs stacks netcheck preempt ssh test lint bench reap clean image
 
 help: ## show this help
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
-	@echo "  variables: PROVIDER=$(PROVIDER) NODES=$(NODES) MODE=$(MODE) CLUSTER=$(CLUSTER) TASK NPROC SCRIPT ARGS WORKDIR SETUP ENV MAX_RESTARTS ELASTIC LAUNCHER STALL_TIMEOUT SKEW LINKCHECK GRACE RESUME RECOVER RECOVER_WAIT QUEUE DRY_RUN"
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
+	@echo "  variables (docs/configuration.md): $(SETTINGS)" | fold -s -w 118
 
 setup: $(STAMP) ## install system packages and the .venv (idempotent)
 
@@ -120,13 +83,13 @@ demo: setup ## the whole loop on a laptop: up, train across 2 local nodes, down
 	$(MAKE) --no-print-directory down
 
 up: setup ## provision the cluster (PROVIDER=aws: REGION, SSH_CIDR, YES=1 to skip the cost prompt)
-	$(MN) up $(if $(YES),--yes)
+	$(MN) up
 
 train: setup ## run the training job on the cluster
-	$(MN) train $(if $(DRY_RUN),--dry-run) $(if $(QUEUE),--queue)
+	$(MN) train
 
 down: setup ## destroy the cluster and verify nothing is left (PROVIDER=aws YES=1: its ECR repository even with images)
-	$(MN) down $(if $(YES),--yes)
+	$(MN) down
 
 status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM cluster)
 	$(MN) status
@@ -147,7 +110,7 @@ ssh: setup ## open a shell on node NODE (default 0)
 	$(MN) ssh $(or $(NODE),0)
 
 reap: setup ## list leaked tagged instances in REGION (YES=1 terminates them)
-	$(MN) reap $(if $(YES),--yes)
+	$(MN) reap
 
 bench: setup ## benchmarks -> docs/benchmarks.{md,json} + plots; drills -> docs/reliability.md (QUICK=1: short, into bench/out)
 	$(PY) -m bench $(if $(QUICK),--quick --out-dir bench/out)

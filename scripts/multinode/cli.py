@@ -4,11 +4,14 @@
     multinode train  [--task multinode.yaml] [--mode cpu|gpu|mpi|mpi-gpu] [--nodes N] [--nproc P|auto]
                      [--script PATH|"-m pkg.mod"] [--args "..."] [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"]
                      [--launcher auto|torchrun|static] [--grace S] [--resume] [--recover N] [--recover-wait S]
-                     [--dry-run]
+                     [--dry-run] [--queue] ...   (python -m multinode.core.settings --markdown lists them all)
     multinode down | status | logs [--run ID] [--node I] | stacks [--run ID] | ssh NODE [CMD...] | reap --region R [--yes]
 
-Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets from ``NODES=...``) > default;
-for ``train``: flag > environment > task file (``WORKDIR/multinode.yaml`` or ``--task``) > default.
+The flags of ``up`` and ``train`` (and ``--yes``) are their settings, declared once
+(:mod:`multinode.core.settings`). Precedence: flag > environment (``MULTINODE_<NAME>``, which the Makefile sets
+from ``NODES=...``) > default; for ``train``: flag > environment > task file (``WORKDIR/multinode.yaml`` or
+``--task``) > default. A switch (``--dry-run``, ``DRY_RUN=1``) takes 1/0, yes/no or true/false and refuses
+anything else.
 User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
 """
 
@@ -19,23 +22,16 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from multinode.app import verbs
-from multinode.core.config import (
-    CLUSTER_TYPES,
-    DEFAULT_CLUSTER,
-    DEFAULT_MTU,
-    DEFAULT_STALL_TIMEOUT,
-    DEFAULT_TRAIN_ARGS,
-    MODES,
-    ClusterSpec,
-    LaunchSpec,
-    env_default,
-    new_run_id,
-)
+from multinode.core import settings
+from multinode.core.config import DEFAULT_CLUSTER, ClusterSpec, LaunchSpec, env_default, new_run_id
 from multinode.core.errors import MultinodeError, UserError
-from multinode.core.sources import Settled, settle
-from multinode.core.taskfile import KEYS, TASK_FILE, find_task
+from multinode.core.setting import Setting
+from multinode.core.settings import add_flags
+from multinode.core.sources import Settled, pick, settle, value_of
+from multinode.core.taskfile import KEYS, find_task
 
 log = logging.getLogger("multinode")
 
@@ -51,66 +47,26 @@ def _options(pairs: Sequence[str]) -> dict[str, str]:
 
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
-    """``up``: provision the cluster."""
+    """``up``: provision the cluster (its settings: :data:`multinode.core.settings.UP`)."""
     up = sub.add_parser("up", help="provision the cluster")
-    up.add_argument("--provider", default=env_default("PROVIDER", "local"))
-    up.add_argument("--nodes", type=int, default=env_default("NODES", "2"))
-    up.add_argument("--cluster-type", default=env_default("CLUSTER_TYPE", "cpu"), help=f"one of {', '.join(CLUSTER_TYPES)}")
-    up.add_argument("--mtu", type=int, default=env_default("MTU", str(DEFAULT_MTU)), help="local provider: link MTU")
-    up.add_argument("--scheduler", default=env_default("SCHEDULER"), help="local provider: slurm (an embedded SLURM cluster)")
+    add_flags(up, settings.UP)
     up.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                     help="provider option (aws: region, ssh_cidr, owner, ttl_hours, spot, ...)")
-    up.add_argument("--yes", action="store_true", help="do not ask before creating billable resources")
 
 
 def _add_down(sub: argparse._SubParsersAction) -> None:
     """``down``: destroy the cluster and verify nothing is left."""
     down = sub.add_parser("down", help="destroy the cluster and verify nothing is left")
-    down.add_argument("--yes", action="store_true", help="also delete the cluster's image repository when it holds images")
+    add_flags(down, [settings.YES])
     down.add_argument("--provider", default=env_default("PROVIDER"), help="only needed when the inventory is gone")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    """``train``: the job (MODE, nodes, processes, the script and its project, rendezvous, timeouts, launcher).
-    The task's settings default to None here: :func:`multinode.core.sources.settle` picks flag > make variable
-    > task file > default and knows which one it took."""
+    """``train``: the job; its flags are its settings (:data:`multinode.core.settings.TRAIN`), each None when not
+    typed: :func:`multinode.core.sources.settle` picks flag > make variable > task file > default and knows which
+    one it took."""
     train = sub.add_parser("train", help="run the training job on the cluster")
-    train.add_argument("--task", default=env_default("TASK"), metavar="PATH",
-                       help=f"task file with the settings below (default: WORKDIR/{TASK_FILE} if there is one)")
-    train.add_argument("--mode", help=f"one of {', '.join(MODES)} (default cpu)")
-    train.add_argument("--nodes", help="nodes taking part (default 2)")
-    train.add_argument("--nproc", help="processes per node, or auto (one per GPU on GPU nodes, 1 on CPU nodes)")
-    train.add_argument("--script", help="run this script (a path in WORKDIR) or '-m package.module' instead of our trainer")
-    train.add_argument("--workdir", help="project directory synced to every node (default: SCRIPT's directory; '.' for -m)")
-    train.add_argument("--workdir-limit-mb", help="refuse a WORKDIR larger than this (default 200)")
-    train.add_argument("--setup", help="command run once per node in WORKDIR before the job, again when it or its files change")
-    train.add_argument("--env", metavar='"NAME OTHER=value"',
-                       help="variables for every rank; NAME alone takes your environment's value; values are never shown")
-    train.add_argument("--args", help=f"arguments for the script, one string (default: {' '.join(DEFAULT_TRAIN_ARGS)})")
-    train.add_argument("--rdzv-port", help="rendezvous port on node-0 (default 29500)")
-    train.add_argument("--max-restarts", help="torchrun restarts per node (default 0)")
-    train.add_argument("--elastic", metavar="MIN:MAX", help="elastic node range")
-    train.add_argument("--rdzv-timeout", help="seconds a rendezvous waits for the nodes (default 60)")
-    train.add_argument("--pg-timeout", help="seconds a collective waits for a dead peer (default 30)")
-    train.add_argument("--deadline", help="seconds the job may take")
-    train.add_argument("--stall-timeout", help="seconds without progress (step heartbeat, output, CPU) before the job "
-                                               f"is ended naming the culprit; 0: off (default {DEFAULT_STALL_TIMEOUT})")
-    train.add_argument("--skew", help="nodes whose Python/torch/NCCL/MPI or synced code differ: refuse (default) or warn")
-    train.add_argument("--linkcheck", help="a node whose link is far slower than the others': refuse (default), warn, "
-                                           "or off (docs/network.md)")
-    train.add_argument("--grace", metavar="SECONDS", help="SIGTERM is a notice to the ranks (MULTINODE_GRACE): they "
-                                                          "get this long to checkpoint before SIGKILL (docs/preemption.md)")
-    train.add_argument("--resume", action="store_const", const="1",
-                       help="continue the cluster's latest preempted or interrupted run (make train RESUME=1)")
-    train.add_argument("--recover", metavar="N", help="recoveries allowed after losing nodes (default 0: off)")
-    train.add_argument("--recover-wait", metavar="SECONDS",
-                       help="seconds to wait for a replacement node before going on with fewer (default 120)")
-    train.add_argument("--run-id", default=env_default("RUN_ID"))
-    train.add_argument("--dry-run", action="store_true", help="print each node's command and environment, run nothing")
-    train.add_argument("--queue", action="store_true", help="a cluster with a run in progress: wait for it to end "
-                                                           "instead of being refused (make train QUEUE=1)")
-    train.add_argument("--launcher", help="torchrun modes: static (no agents: faster start), torchrun (agents: elastic, "
-                                          "restarts), or auto (default: torchrun only with ELASTIC or MAX_RESTARTS)")
+    add_flags(train, settings.TRAIN)
 
 
 def _add_logs(sub: argparse._SubParsersAction) -> None:
@@ -129,15 +85,13 @@ def _add_stacks(sub: argparse._SubParsersAction) -> None:
 def _add_netcheck(sub: argparse._SubParsersAction) -> None:
     """``netcheck``: the cluster's links and collectives, measured on demand."""
     net = sub.add_parser("netcheck", help="node-to-node bandwidth (iperf3) and an all_reduce sweep, as tables and a plot")
-    net.add_argument("--nodes", type=int, default=env_default("NODES"), help="how many nodes (default: all)")
+    net.add_argument("--nodes", help="how many nodes (default: all)")
 
 
 def _add_preempt(sub: argparse._SubParsersAction) -> None:
     """``preempt``: a spot interruption notice on a local node, as EC2 sends one."""
     pre = sub.add_parser("preempt", help="arm a spot interruption notice on a local node (its metadata endpoint)")
-    pre.add_argument("--node", default=env_default("NODE", "1"), help="node index or name (default 1)")
-    pre.add_argument("--in", dest="in_seconds", type=float, default=env_default("IN", "0"),
-                     help="seconds from now until the notice shows")
+    add_flags(pre, [settings.NODE, settings.IN])
 
 
 def _add_ssh(sub: argparse._SubParsersAction) -> None:
@@ -151,12 +105,13 @@ def _add_reap(sub: argparse._SubParsersAction) -> None:
     """``reap``: leaked instances tagged by multinode."""
     reap = sub.add_parser("reap", help="find (and with --yes terminate) leaked instances tagged by multinode")
     reap.add_argument("--region", default=env_default("REGION"))
-    reap.add_argument("--yes", action="store_true")
+    add_flags(reap, [settings.YES])
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="multinode", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cluster", default=env_default("CLUSTER", DEFAULT_CLUSTER), help="cluster name (default %(default)s)")
+    parser.add_argument(settings.CLUSTER.option, default=value_of(settings.CLUSTER, None, os.environ),
+                        help=f"{settings.CLUSTER.help} (default %(default)s)")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_up(sub)
@@ -172,28 +127,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _value(setting: Setting, args: argparse.Namespace) -> Any:
+    """flag > MULTINODE_<VARIABLE> > default, typed (a bad value: one line naming the variable)."""
+    return value_of(setting, getattr(args, setting.name), os.environ)
+
+
 def _settled(args: argparse.Namespace) -> Settled:
     """The train settings from their sources (flag > make variable > task file > default)."""
     flags = {name: getattr(args, name) for name in KEYS}
     workdir = flags["workdir"] if flags["workdir"] is not None else env_default("WORKDIR")
-    return settle(flags, os.environ, find_task(args.task, workdir))
+    return settle(flags, os.environ, find_task(_value(settings.TASK, args), workdir))
 
 
 def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> LaunchSpec:
     settled = settled or _settled(args)
-    return settled.spec(os.environ, run_id=args.run_id or new_run_id(), dry_run=args.dry_run, queue=args.queue)
+    run = {name: _value(settings.find(settings.TRAIN, name), args) for name in ("run_id", "dry_run", "queue")}
+    run["run_id"] = run["run_id"] or new_run_id()
+    return settled.spec(os.environ, **run)
+
+
+def _cluster_spec(args: argparse.Namespace) -> ClusterSpec:
+    values = {s.name: _value(s, args) for s in settings.UP if s is not settings.YES}  # YES: an answer, not the spec
+    scheduler = values.pop("scheduler")
+    options = {**({"scheduler": scheduler} if scheduler else {}), **_options(args.option)}
+    return ClusterSpec(name=args.cluster, options=options, **values)
 
 
 def dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
-        spec = ClusterSpec(
-            name=args.cluster, provider=args.provider, nodes=args.nodes,
-            cluster_type=args.cluster_type, mtu=args.mtu,
-            options={**({"scheduler": args.scheduler} if args.scheduler else {}), **_options(args.option)},
-        )
-        verbs.up(spec, assume_yes=args.yes)
+        verbs.up(_cluster_spec(args), assume_yes=_value(settings.YES, args))
     elif args.command == "down":
-        verbs.down(args.cluster, provider=args.provider, yes=args.yes)
+        verbs.down(args.cluster, provider=args.provider, yes=_value(settings.YES, args))
     elif args.command == "status":
         return verbs.status(args.cluster)
     elif args.command == "train":
@@ -205,15 +169,17 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "stacks":
         return verbs.stacks(args.cluster, run_id=args.run)
     elif args.command == "preempt":
-        print(verbs.preempt(args.cluster, args.node, args.in_seconds))
+        print(verbs.preempt(args.cluster, _value(settings.NODE, args) or "1", _value(settings.IN, args)))
     elif args.command == "netcheck":
-        verbs.netcheck(args.cluster, args.nodes)
+        given = pick(settings.find(settings.UP, "nodes"), args.nodes, os.environ)  # unset: every node
+        verbs.netcheck(args.cluster, given[0] if given else None)
     elif args.command == "ssh":
         return verbs.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":
         if not args.region:
             raise UserError("reap needs a region: make reap REGION=us-east-1 (add YES=1 to terminate what it finds)")
-        verbs.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None, yes=args.yes)
+        verbs.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None,
+                   yes=_value(settings.YES, args))
     return 0
 
 

@@ -122,6 +122,17 @@ def test_a_bad_task_file_is_one_line_and_nothing_happens(home: Path, tmp_path: P
     assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
 
 
+def test_make_passes_switches_as_words_and_a_bad_one_is_refused(home: Path):
+    """DRY_RUN/QUEUE reach the CLI as MULTINODE_<NAME> (scripts/settings.mk), typed there: yes is on; a word that is not
+    a switch's is one line, exit 2, nothing done (make used to turn any word, 0 included, into --queue)."""
+    assert plan_of(make_train(home)) == plan_of(make_train(home, "DRY_RUN=yes", "QUEUE=true"))
+    before = sorted(p.relative_to(home) for p in home.rglob("*"))
+    res = make_train(home, "QUEUE=please")
+    assert res.returncode == 2 and res.stdout == "" and "Traceback" not in res.stderr
+    assert res.stderr.splitlines()[0] == "multinode: QUEUE='please' must be 1 or 0 (also yes/no, true/false)"
+    assert sorted(p.relative_to(home) for p in home.rglob("*")) == before
+
+
 ALLREDUCE = """\
 import os, sys
 import torch

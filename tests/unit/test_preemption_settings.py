@@ -12,6 +12,7 @@ import pytest
 from multinode import cli
 from multinode.core.config import DEFAULT_RECOVER_WAIT, LaunchSpec
 from multinode.core.errors import UserError
+from multinode.core.setting import SECONDS, SWITCH, WHOLE
 from multinode.core.sources import FLAG, TASK, VARIABLE, settle
 from multinode.core.taskfile import KEYS, load_task
 
@@ -39,7 +40,7 @@ def test_bad_values_are_one_line_naming_the_value_and_the_fix(kwargs, message):
 
 def test_each_is_a_task_key_with_its_make_variable():
     assert [(KEYS[n].variable, KEYS[n].kind) for n in NAMES] == [
-        ("GRACE", "number"), ("RESUME", "bool"), ("RECOVER", "int"), ("RECOVER_WAIT", "number")]
+        ("GRACE", SECONDS), ("RESUME", SWITCH), ("RECOVER", WHOLE), ("RECOVER_WAIT", SECONDS)]
 
 
 def test_task_file_values_are_typed(tmp_path):
@@ -58,7 +59,7 @@ def test_resume_variable_forms(text, value):
 
 @pytest.mark.parametrize("environ, message", [
     ({"MULTINODE_GRACE": "soon"}, "GRACE='soon' must be a number of seconds"),
-    ({"MULTINODE_RESUME": "please"}, "RESUME='please' must be 1 or 0 (yes or no)"),
+    ({"MULTINODE_RESUME": "please"}, "RESUME='please' must be 1 or 0 (also yes/no, true/false)"),
     ({"MULTINODE_RECOVER": "two"}, "RECOVER='two' must be a whole number"),
     ({"MULTINODE_RECOVER_WAIT": "x"}, "RECOVER_WAIT='x' must be a number of seconds"),
 ])
@@ -93,9 +94,9 @@ def test_a_bad_grace_from_the_task_file_names_the_file_and_the_key(tmp_path):
     assert str(err.value).startswith(f"{path}: grace: GRACE=0 must be a positive number of seconds")
 
 
-def test_the_makefile_exports_each_only_when_given_and_lists_it_in_help():
-    text = (REPO / "Makefile").read_text()
+def test_make_exports_each_only_when_given_and_lists_it_in_help():
+    text = (REPO / "scripts" / "settings.mk").read_text()  # generated from the declarations (tests/unit/test_settings.py)
     for name in ("GRACE", "RESUME", "RECOVER", "RECOVER_WAIT"):
-        assert f"export MULTINODE_{name} := $({name})\n" in text  # empty (not given) counts as unset in the CLI
-        assert re.search(rf"^\s*@echo \"  variables: .*\b{name}\b", text, re.M), name
-        assert not re.search(rf"^{name} \?=", text, re.M)  # no default of make's that would hide a task file's
+        assert f"export MULTINODE_{name} := $(call given,{name})\n" in text  # never a default of make's
+        assert re.search(rf"^SETTINGS := .*\b{name}\b", text, re.M), name
+        assert not re.search(rf"^{name} \?=", (REPO / "Makefile").read_text(), re.M)

@@ -5,6 +5,10 @@ Precedence is CLI flag > environment (the Makefile passes ``NODES=2`` etc. throu
 (:mod:`multinode.core.taskfile`, :mod:`multinode.core.sources`). Each spec is a frozen dataclass that validates itself in
 ``__post_init__`` and raises :class:`UserError` with one actionable line, so nothing downstream
 re-checks user input.
+
+A field a user sets is declared as a setting where it stands (``setting(default, KIND, help, ...)``,
+:mod:`multinode.core.setting`): its kind, default, help, make variable and task key. The flags, the task keys,
+the Makefile's exports and the docs' tables are derived from these declarations (:mod:`multinode.core.settings`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from datetime import datetime, timezone
 
 from multinode.core.envvars import EnvVar
 from multinode.core.errors import UserError
+from multinode.core.setting import (
+    ARGS, COMMAND_LINE, ENV, NPROC, PATH, RANGE, SCRIPT, SECONDS, SWITCH, TEXT, WHOLE, setting,
+)
 from multinode.core.state import check_cluster_name
 
 MODES = ("cpu", "gpu", "mpi", "mpi-gpu")
@@ -61,11 +68,12 @@ def _positive(name: str, value: int, hint: str) -> None:
 class ClusterSpec:
     """What `up` provisions."""
 
-    name: str = DEFAULT_CLUSTER
-    provider: str = "local"
-    nodes: int = 2
-    cluster_type: str = "cpu"  # cpu | g4dn | g4ad (the AWS kinds; local is always cpu)
-    mtu: int = DEFAULT_MTU  # local provider: veth MTU
+    name: str = DEFAULT_CLUSTER  # the setting CLUSTER (every verb's --cluster): multinode.core.settings
+    provider: str = setting("local", TEXT, "local (simulated nodes on this machine), aws (EC2) or hosts (an existing "
+                            "cluster by its login node)", see="[aws.md](aws.md), [slurm.md](slurm.md)")
+    nodes: int = setting(2, WHOLE, "number of nodes")
+    cluster_type: str = setting("cpu", TEXT, f"AWS: {', '.join(CLUSTER_TYPES)} (NVIDIA T4, AMD Radeon Pro V520)")
+    mtu: int = setting(DEFAULT_MTU, WHOLE, "local provider: the links' MTU (1500 tries Ethernet-sized packets)")
     options: dict[str, str] = field(default_factory=dict)  # provider-specific (region, ssh_cidr, ...)
 
     def __post_init__(self) -> None:
@@ -103,35 +111,68 @@ def _check_preemption(spec: "LaunchSpec") -> None:
 class LaunchSpec:
     """What `train` runs. ``nodes`` is how many of the cluster's nodes take part (head first)."""
 
-    mode: str = "cpu"
-    nodes: int = 2
-    nproc: int | str = 1  # processes per node, or "auto": one per GPU on GPU nodes, 1 on CPU nodes
-    script: str | None = None  # None: our trainer (training/train.py); a path in WORKDIR, or "-m pkg.module [args]"
-    args: tuple[str, ...] = DEFAULT_TRAIN_ARGS
-    rdzv_port: int = 29500
-    max_restarts: int = 0
-    elastic: str | None = None  # "MIN:MAX" nodes; None = static (MIN = MAX = nodes)
-    rdzv_timeout: int = 60  # seconds to wait for every node to join the rendezvous
-    pg_timeout: int = 30  # seconds a collective may wait for a dead peer before the job fails
-    deadline: float | None = None  # seconds the whole job may take; None = no limit
-    preflight_timeout: float = 15.0  # seconds for every node to answer SSH and pass its checks (retries included)
-    run_id: str = field(default_factory=new_run_id)
-    dry_run: bool = False
-    queue: bool = False  # a cluster with a run in progress: wait for it (QUEUE=1) instead of being refused
-    launcher: str = "auto"  # torchrun modes: one of TORCH_LAUNCHERS
-    workdir: str | None = None  # the project directory synced to every node (default: SCRIPT's directory)
-    workdir_limit_mb: int = 200  # a WORKDIR larger than this is refused
-    setup: str | None = None  # shell command run once per node in WORKDIR before the job (e.g. pip install -r ...)
-    env: tuple[EnvVar, ...] = ()  # variables for every rank (values never shown)
-    stall_timeout: float = DEFAULT_STALL_TIMEOUT  # seconds without progress before the job is ended; 0 = off
-    skew: str = "refuse"  # one of SKEW_MODES (multinode.checks.software)
-    linkcheck: str = "refuse"  # one of LINKCHECK_MODES (multinode.checks.links)
+    nodes: int = setting(2, WHOLE, "nodes taking part (head first)", task=True)
+    mode: str = setting("cpu", TEXT, f"one of {', '.join(MODES)}", task=True)
+    nproc: int | str = setting(1, NPROC, "processes per node, or auto (one per GPU on GPU nodes, 1 on CPU nodes)",
+                               task=True)
+    script: str | None = setting(None, SCRIPT, "a script (a path in WORKDIR) or '-m package.module [args]'; unset: "
+                                 "our trainer", task=True, see="[trainer.md](trainer.md)")
+    args: tuple[str, ...] = setting(DEFAULT_TRAIN_ARGS, ARGS, "arguments for the script, one string (with a SCRIPT: "
+                                    "none by default)", task=True)
+    workdir: str | None = setting(None, PATH, "the project directory synced to every node (unset: SCRIPT's "
+                                  "directory; '.' for -m)", task=True, see="[projects.md](projects.md)")
+    workdir_limit_mb: int = setting(200, WHOLE, "a WORKDIR larger than this is refused", task=True)
+    setup: str | None = setting(None, TEXT, "command run once per node in WORKDIR before the job (again when it or "
+                                "its files change)", task=True, see="[projects.md](projects.md)")
+    # make passes ENV on only from its command line: a shell's own $ENV (its startup file, in some setups) is not
+    # a variable list.
+    env: tuple[EnvVar, ...] = setting((), ENV, "variables for every rank: NAME (your environment's value) or "
+                                      "NAME=value; values are never shown", task=True, metavar='"NAME OTHER=value"',
+                                      make=COMMAND_LINE)
+    launcher: str = setting("auto", TEXT, "torchrun modes: static (no agents), torchrun (agents: elastic, restarts) "
+                            "or auto (torchrun only with ELASTIC or MAX_RESTARTS)", task=True,
+                            see="[Launchers](#launchers)")
+    max_restarts: int = setting(0, WHOLE, "torchrun restarts per node; a node that comes back rejoins", task=True,
+                                see="[failures.md](failures.md#elastic-runs-max_restarts)")
+    elastic: str | None = setting(None, RANGE, "MIN:MAX elastic node range, passed to torchrun (unset: static)",
+                                  task=True, metavar="MIN:MAX")
+    rdzv_port: int = setting(29500, WHOLE, "the rendezvous port on node-0", task=True)
+    rdzv_timeout: int = setting(60, WHOLE, "seconds the peers' agents hold the rendezvous open for a node that "
+                                "rejoins", task=True, make=None)
+    pg_timeout: int = setting(30, WHOLE, "seconds a collective waits for a dead peer (our trainer's process-group "
+                              "timeout)", task=True, make=None)
+    deadline: float | None = setting(None, SECONDS, "seconds the job may take (unset: no limit)", task=True,
+                                     make=None)
+    stall_timeout: float = setting(DEFAULT_STALL_TIMEOUT, SECONDS, "seconds without progress (step heartbeat, "
+                                   "output, CPU) before the job is ended naming the culprit; 0: off", task=True)
+    skew: str = setting("refuse", TEXT, f"nodes whose software differs: {' or '.join(SKEW_MODES)} "
+                        "(multinode.checks.software)", task=True, see="[failures.md](failures.md#software-skew)")
+    linkcheck: str = setting("refuse", TEXT, "a node whose link is far slower than the others' at pre-flight: "
+                             f"{', '.join(LINKCHECK_MODES)}", task=True,
+                             see="[network.md](network.md#the-link-check-pre-flight)")
     # Preemption and recovery (docs/preemption.md, docs/recovery.md):
-    grace: float | None = None  # GRACE: SIGTERM is a notice to the ranks (MULTINODE_GRACE), killed that long after
-    resume: bool = False  # RESUME=1: continue the cluster's latest preempted or interrupted run
-    recover: int = 0  # RECOVER=N: recoveries allowed after losing nodes (0: off)
-    recover_wait: float = DEFAULT_RECOVER_WAIT  # seconds to wait for a replacement before going on with fewer nodes
-
+    grace: float | None = setting(None, SECONDS, "seconds: SIGTERM to a rank is a notice (one coordinated "
+                                  "checkpoint, exit 75; the ranks get it as MULTINODE_GRACE) and every stop waits "
+                                  "that long before SIGKILL", task=True, metavar="SECONDS",
+                                  see="[preemption.md](preemption.md)")
+    resume: bool = setting(False, SWITCH, "continue the cluster's latest run that did not finish (preempted, "
+                           "failed or stopped), under its run id, from its freshest snapshot", task=True,
+                           see="[recovery.md](recovery.md)")
+    recover: int = setting(0, WHOLE, "recoveries allowed after a preemption or a lost node (0: off): replace that "
+                           "node, or go on with fewer at the same global batch, and resume", task=True, metavar="N",
+                           see="[recovery.md](recovery.md)")
+    recover_wait: float = setting(DEFAULT_RECOVER_WAIT, SECONDS, "seconds to wait for a replacement node before "
+                                  "going on without it; also how often a run on fewer nodes asks again", task=True,
+                                  metavar="SECONDS")
+    # Per command, not part of a task:
+    run_id: str = setting(None, TEXT, "the run's id (unset: a new one, date-time-random)", default_factory=new_run_id,
+                          make=None)
+    dry_run: bool = setting(False, SWITCH, "print each node's exact command and environment (or the sbatch "
+                            "script), run nothing")
+    queue: bool = setting(False, SWITCH, "a cluster with a run in progress: wait for it to end instead of being "
+                          "refused")
+    # Not a setting (tests and benchmarks set it): seconds for every node to answer SSH and pass its checks.
+    preflight_timeout: float = 15.0
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise UserError(f"unknown MODE {self.mode!r}; valid modes: {', '.join(MODES)}")

@@ -2,8 +2,9 @@
 
 A flag is what was typed after ``multinode train``; a make variable reaches the CLI as ``MULTINODE_<NAME>``
 (the Makefile exports only the variables the user gave, so its own defaults never hide a task file's value);
-the task file is :mod:`multinode.core.taskfile`; the default is LaunchSpec's. Flags and variables are text and
-are typed here with the same one-line errors as the task file's values (``NODES='x' must be a whole number``).
+the task file is :mod:`multinode.core.taskfile`; the default is the declaration's (LaunchSpec's field). Flags and
+variables are text, typed by their setting's kind (:mod:`multinode.core.setting`) with one-line errors naming the
+variable (``NODES='x' must be a whole number``); :func:`value_of` does the same for the settings of other verbs.
 
 :class:`Settled` keeps where each value came from: ``DRY_RUN=1`` with a task file prints it after the plan.
 """
@@ -19,11 +20,10 @@ from typing import Any
 from multinode.core.config import DEFAULT_TRAIN_ARGS, LaunchSpec
 from multinode.core.envvars import parse_env
 from multinode.core.errors import UserError
-from multinode.core.taskfile import KEYS, Key, TaskFile
+from multinode.core.setting import Refused, Setting
+from multinode.core.taskfile import KEYS, TaskFile
 
 FLAG, VARIABLE, TASK, DEFAULT = "flag", "make variable", "task file", "default"
-NPROC_FORMS = "a number or auto (one process per GPU, 1 on CPU nodes)"
-BOOLS = {"1": True, "yes": True, "true": True, "0": False, "no": False, "false": False}
 
 
 @dataclass(frozen=True)
@@ -60,18 +60,18 @@ class Settled:
             lines.append(f"  {key.name:17} {_shown(key, spec):24} [{self._origin(key)}]")
         return "\n".join(lines)
 
-    def _origin(self, key: Key) -> str:
+    def _origin(self, key: Setting) -> str:
         origin = self.origins.get(key.name, DEFAULT)
         if origin == FLAG:
-            return f"flag --{key.name.replace('_', '-')}"
+            return f"flag {key.option}"
         if origin == VARIABLE:
-            return f"make variable {key.variable} (MULTINODE_{key.variable})"
+            return f"make variable {key.variable} ({key.environ})"
         if origin == TASK and key.name in self.task.implied:
             return "task file (its directory, as it names a script)"
         return origin
 
 
-def _shown(key: Key, spec: LaunchSpec) -> str:
+def _shown(key: Setting, spec: LaunchSpec) -> str:
     value = getattr(spec, key.name)
     if key.name == "env":
         return " ".join(var.shown for var in value) or "-"
@@ -89,33 +89,35 @@ def settle(flags: Mapping[str, str | None], environ: Mapping[str, str], task: Ta
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for key in KEYS.values():
-        flag, variable = flags.get(key.name), environ.get(f"MULTINODE_{key.variable}") or None
-        if flag is not None:
-            values[key.name], origins[key.name] = typed(key, flag), FLAG
-        elif variable is not None:
-            values[key.name], origins[key.name] = typed(key, variable), VARIABLE
+        given = pick(key, flags.get(key.name), environ)
+        if given is not None:
+            values[key.name], origins[key.name] = given
         elif task is not None and key.name in task.values:
             values[key.name], origins[key.name] = task.values[key.name], TASK
     return Settled(values, origins, task)
 
 
-def typed(key: Key, text: str) -> Any:
-    """A flag's or a variable's text as the setting's type; errors name the make variable, as LaunchSpec's do."""
-    source = key.variable
-    if key.kind in ("int", "number") or (key.kind == "nproc" and text != "auto"):
-        try:
-            return int(text) if key.kind != "number" else float(text)
-        except ValueError:
-            what = {"number": "a number of seconds", "int": "a whole number"}.get(key.kind, NPROC_FORMS)
-            raise UserError(f"{source}={text!r} must be {what}") from None
-    if key.kind == "bool":
-        if text.strip().lower() not in BOOLS:
-            raise UserError(f"{source}={text!r} must be 1 or 0 (yes or no)")
-        return BOOLS[text.strip().lower()]
-    if key.kind == "args":
-        try:
-            return tuple(shlex.split(text))
-        except ValueError as err:
-            raise UserError(f"{source}={text!r} cannot be split like a shell line ({err}); check its quotes") from None
-    return text
+def pick(setting: Setting, flag: str | None, environ: Mapping[str, str]) -> tuple[Any, str] | None:
+    """(the typed value, FLAG or VARIABLE) from the flag as typed or ``MULTINODE_<VARIABLE>`` (empty: not given);
+    None when neither gave it."""
+    if flag is not None:
+        return typed(setting, flag), FLAG
+    variable = environ.get(setting.environ) if setting.environ else None
+    if variable:
+        return typed(setting, variable), VARIABLE
+    return None
 
+
+def value_of(setting: Setting, flag: str | None, environ: Mapping[str, str]) -> Any:
+    """flag > ``MULTINODE_<VARIABLE>`` > the setting's default, typed."""
+    given = pick(setting, flag, environ)
+    return setting.default if given is None else given[0]
+
+
+def typed(key: Setting, text: str) -> Any:
+    """A flag's or a variable's text as the setting's type (its kind's parser); errors name the make variable, as
+    LaunchSpec's do: ``NODES='x' must be a whole number``."""
+    try:
+        return key.kind.text(text)
+    except Refused as err:
+        raise UserError(f"{key.variable}={text!r} {err.message or f'must be {err.expected}'}") from None

@@ -12,9 +12,10 @@ holds the settings of ``make train`` (SkyPilot keeps the same in a task YAML)::
 
 Contract:
 
-* The keys are :data:`KEYS`, one per setting of :class:`multinode.core.config.LaunchSpec` that describes the
-  task (not the cluster, the run id or the dry run). An unknown key, a value of the wrong type or a file that
-  is not YAML is one :class:`UserError` line naming the file and the key (a close match is suggested).
+* The keys are :data:`KEYS`: the settings of :class:`multinode.core.config.LaunchSpec` declared as task keys
+  (:mod:`multinode.core.settings`; not the cluster, the run id or the dry run), each typed by its kind's parser.
+  An unknown key, a value of the wrong type or a file that is not YAML is one :class:`UserError` line naming the
+  file and the key (a close match is suggested).
 * Paths (``workdir``, a ``script`` path) are relative to the file's directory; ``workdir`` defaults to that
   directory when the file names a script.
 * The values come back typed as LaunchSpec wants them (``args`` a tuple, ``env`` the text of ``ENV``); the
@@ -25,8 +26,7 @@ Contract:
 from __future__ import annotations
 
 import difflib
-import shlex
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,44 +34,13 @@ from typing import Any
 import yaml
 
 from multinode.core.errors import UserError
+from multinode.core.setting import Refused, Setting
+from multinode.core.settings import TASK_KEYS
 
 TASK_FILE = "multinode.yaml"
 
 
-@dataclass(frozen=True)
-class Key:
-    """One setting: its name in the task file (= the LaunchSpec field), its make variable, its kind."""
-
-    name: str
-    variable: str  # the make variable, read by the CLI as MULTINODE_<variable>
-    kind: str  # int | number | bool | text | nproc | args | env | script | path | elastic
-
-
-KEYS: dict[str, Key] = {key.name: key for key in (
-    Key("nodes", "NODES", "int"),
-    Key("mode", "MODE", "text"),
-    Key("nproc", "NPROC", "nproc"),
-    Key("script", "SCRIPT", "script"),
-    Key("args", "ARGS", "args"),
-    Key("workdir", "WORKDIR", "path"),
-    Key("workdir_limit_mb", "WORKDIR_LIMIT_MB", "int"),
-    Key("setup", "SETUP", "text"),
-    Key("env", "ENV", "env"),
-    Key("launcher", "LAUNCHER", "text"),
-    Key("max_restarts", "MAX_RESTARTS", "int"),
-    Key("elastic", "ELASTIC", "elastic"),
-    Key("rdzv_port", "RDZV_PORT", "int"),
-    Key("rdzv_timeout", "RDZV_TIMEOUT", "int"),
-    Key("pg_timeout", "PG_TIMEOUT", "int"),
-    Key("deadline", "DEADLINE", "number"),
-    Key("stall_timeout", "STALL_TIMEOUT", "number"),
-    Key("skew", "SKEW", "text"),
-    Key("linkcheck", "LINKCHECK", "text"),
-    Key("grace", "GRACE", "number"),
-    Key("resume", "RESUME", "bool"),
-    Key("recover", "RECOVER", "int"),
-    Key("recover_wait", "RECOVER_WAIT", "number"),
-)}
+KEYS = TASK_KEYS  # name -> its Setting, in LaunchSpec's order
 # Keys a task file may be expected to have but that belong to the command line: where to give them instead.
 ELSEWHERE = {
     "cluster": "the cluster is chosen per command: CLUSTER=name (make) or --cluster",
@@ -138,7 +107,10 @@ def load_task(path: Path) -> TaskFile:
         key = _key(path, name)
         if value is None:
             raise UserError(f"{path}: {key.name} has no value; give one or remove the line")
-        values[key.name] = PARSE[key.kind](value, _Context(path, key))
+        try:
+            values[key.name] = key.kind.value(value, path.parent)
+        except Refused as err:
+            raise _wrong(path, key, value, err) from None
     implied = frozenset({"workdir"}) if "script" in values and "workdir" not in values else frozenset()
     if implied:
         values["workdir"] = str(path.parent)
@@ -163,7 +135,7 @@ class _StrictLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def _key(path: Path, name: object) -> Key:
+def _key(path: Path, name: object) -> Setting:
     if isinstance(name, str) and name in KEYS:
         return KEYS[name]
     if isinstance(name, str) and name in ELSEWHERE:
@@ -173,95 +145,8 @@ def _key(path: Path, name: object) -> Key:
     raise UserError(f"{path}: unknown key {name!r}; {hint}")
 
 
-@dataclass(frozen=True)
-class _Context:
-    path: Path
-    key: Key
-
-    def wrong(self, value: object, expected: str) -> UserError:
-        return UserError(f"{self.path}: {self.key.name}: expected {expected}, got {value!r}")
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)  # YAML's true is an int to Python
-
-
-def _int(value: object, ctx: _Context) -> int:
-    if not _is_int(value):
-        raise ctx.wrong(value, "a whole number")
-    return value
-
-
-def _number(value: object, ctx: _Context) -> float:
-    if not (_is_int(value) or isinstance(value, float)):
-        raise ctx.wrong(value, "a number of seconds")
-    return float(value)
-
-
-def _bool(value: object, ctx: _Context) -> bool:
-    if isinstance(value, bool):
-        return value
-    if _is_int(value) and value in (0, 1):
-        return bool(value)
-    raise ctx.wrong(value, "true or false")
-
-
-def _text(value: object, ctx: _Context) -> str:
-    if not isinstance(value, str):
-        raise ctx.wrong(value, "a string")
-    return value
-
-
-def _nproc(value: object, ctx: _Context) -> int | str:
-    if _is_int(value) or value == "auto":
-        return value
-    raise ctx.wrong(value, "a number of processes per node or auto")
-
-
-def _elastic(value: object, ctx: _Context) -> str:
-    if not isinstance(value, str):  # YAML 1.1 reads 1:3 as a base-60 number
-        raise ctx.wrong(value, 'MIN:MAX in quotes, e.g. elastic: "1:3" (unquoted, YAML reads 1:3 as a number)')
-    return value
-
-
-def _scalar(value: object) -> bool:
-    return isinstance(value, (str, float)) or _is_int(value)
-
-
-def _args(value: object, ctx: _Context) -> tuple[str, ...]:
-    if isinstance(value, list) and all(_scalar(item) for item in value):
-        return tuple(str(item) for item in value)
-    if isinstance(value, str):
-        try:
-            return tuple(shlex.split(value))
-        except ValueError as err:
-            raise UserError(f"{ctx.path}: args {value!r} cannot be split like a shell line ({err}); "
-                            f"check its quotes or give a list") from None
-    raise ctx.wrong(value, "a list of arguments or one string")
-
-
-def _env(value: object, ctx: _Context) -> str:
-    """A list of NAME / NAME=value, or a mapping NAME: value (empty: from your environment) -> ENV's text."""
-    if isinstance(value, list) and all(isinstance(item, str) for item in value):
-        return shlex.join(value)
-    if isinstance(value, dict) and all(isinstance(k, str) and (v is None or _scalar(v)) for k, v in value.items()):
-        return shlex.join(k if v is None else f"{k}={v}" for k, v in value.items())
-    # No value in the message: env may hold secrets.
-    raise UserError(f"{ctx.path}: env: expected a list of NAME or NAME=value, or a mapping NAME: value")
-
-
-def _script(value: object, ctx: _Context) -> str:
-    text = _text(value, ctx)
-    if text.lstrip().startswith("-m") or Path(text).expanduser().is_absolute():
-        return text
-    return str(ctx.path.parent / text)
-
-
-def _path(value: object, ctx: _Context) -> str:
-    return str((ctx.path.parent / Path(_text(value, ctx)).expanduser()).resolve())
-
-
-PARSE: dict[str, Callable[[Any, _Context], Any]] = {
-    "int": _int, "number": _number, "bool": _bool, "text": _text, "nproc": _nproc, "elastic": _elastic,
-    "args": _args, "env": _env, "script": _script, "path": _path,
-}
+def _wrong(path: Path, key: Setting, value: object, err: Refused) -> UserError:
+    if err.expected is None:
+        return UserError(f"{path}: {key.name} {value!r} {err.message}")
+    got = f", got {value!r}" if err.shown else ""  # never ENV's value: it may hold secrets
+    return UserError(f"{path}: {key.name}: expected {err.expected}{got}")
