@@ -1,4 +1,4 @@
-"""A cluster runs one job at a time (multinode.checks.claim), on a real 2-node local cluster: of two trains started
+"""A cluster runs one job at a time (multinode.backends.claim), on a real 2-node local cluster: of two trains started
 together one is refused in one line naming the other, which finishes; an orchestrator killed mid-run gives the
 cluster back, and the next run stops what it left; a queued claim waits for the cluster and then takes it."""
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 
 def lock_text(cluster: Cluster) -> str:
-    from multinode.checks.claim import lock_path
+    from multinode.backends.claim import lock_path
 
     return Path(lock_path(cluster.inventory())).read_text()
 
@@ -75,7 +75,7 @@ def test_a_killed_orchestrator_gives_the_cluster_back_and_the_next_run_stops_wha
 
 
 def test_a_queued_claim_waits_for_the_cluster_and_then_takes_it(cluster2: Cluster):
-    from multinode.checks.claim import Claim
+    from multinode.backends.claim import Claim
     from multinode.ssh.runner import RemoteRunner
 
     out = open(os.devnull, "w")

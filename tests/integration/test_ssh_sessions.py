@@ -1,6 +1,6 @@
 """One SSH connection per node for a whole `train` and one session on it (the node's shell), the head included:
 the run's claim of the cluster is a command in the head's shell, whose lock a process it leaves holds for as long
-as the connection lasts (multinode.checks.claim; it had a session of its own). Counted by each node's own sshd: its
+as the connection lasts (multinode.backends.claim; it had a session of its own). Counted by each node's own sshd: its
 log at LogLevel VERBOSE has a line per accepted connection ("Accepted publickey") and per session started on one
 ("Starting session:"), whatever the orchestrator believes it opened.
 

@@ -3,7 +3,7 @@ is tests/integration/test_claim_local.py)."""
 
 from __future__ import annotations
 
-from multinode.checks.claim import (BUSY_EXIT, busy_message, holder_command, lock_path, owner_line, parse_owner,
+from multinode.backends.claim import (BUSY_EXIT, busy_message, holder_command, lock_path, owner_line, parse_owner,
                                     release_command)
 
 

@@ -10,7 +10,7 @@ and run id (:mod:`multinode.plan.runtime`).
 
 1. **plan** (pure; ``--dry-run`` stops here and prints it): the job against the cluster (NODES, GPUs), the entry
    point (our trainer or the user's project) and the backend's plan;
-2. **claim**: the cluster is this run's until the run ends, every attempt included (:mod:`multinode.checks.claim`):
+2. **claim**: the cluster is this run's until the run ends, every attempt included (:mod:`multinode.backends.claim`):
    a run in progress refuses this one in one line (or, queued, this one waits); the connections to the nodes are
    opened once, with the run's stop policy (GRACE), and held as long;
 3. per attempt -- **pre-flight**, every node in parallel: SSH, the runtime's checks, the MPI SSH mesh, the

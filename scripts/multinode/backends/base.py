@@ -51,7 +51,7 @@ class JobPlan(Protocol):
 
 
 class Claim(Protocol):
-    """The run's hold on the cluster (:class:`multinode.checks.claim.Claim`), taken again after its head is replaced."""
+    """The run's hold on the cluster (:class:`multinode.backends.claim.Claim`), taken again after its head is replaced."""
 
     def take(self) -> None: ...
 

@@ -1,7 +1,7 @@
 """What the run sees of the job's nodes (:class:`~multinode.backends.base.Reach`), in two kinds:
 
 * :class:`EveryNode` -- the run holds an SSH connection to every node of the job (the SSH backend; SLURM on nodes
-  the run made or was given): it claims the cluster on its head (:mod:`multinode.checks.claim`), compares the
+  the run made or was given): it claims the cluster on its head (:mod:`multinode.backends.claim`), compares the
   nodes' software (:mod:`multinode.checks.software`), checks the links (:mod:`multinode.checks.links`), runs the
   stall watchdog, captures the live ranks' stacks before a failed job is stopped, and fetches rank 0's metrics;
 * :class:`LoginNodeOnly` -- the run reaches only a scheduler's login node (``PROVIDER=hosts`` with a shared
@@ -13,7 +13,7 @@ The run's template asks its backend's reach; it never tests which kind it has.
 from __future__ import annotations
 
 from multinode.backends.base import RunContext
-from multinode.checks.claim import Claim
+from multinode.backends.claim import Claim
 from multinode.checks.links import link_check
 from multinode.checks.software import check_versions, probe_cache, versions_probe
 from multinode.core.errors import NodeError

@@ -14,9 +14,10 @@ refusal line; a clean release empties it. An owner still written there when the 
 cluster back: its processes may still run on the nodes (ranks outlive a lost SSH session) and would hold the
 rendezvous port, so :meth:`Claim.take` stops them first, and says so in one line.
 
-The run takes no claim where its backend does not reach every node (a SLURM site described by its login node: the
-site's scheduler queues jobs, and the login node is shared by its users); the embedded SLURM cluster is claimed like
-any local one.
+A run holds its claim for all its attempts (RECOVER); where the head itself is replaced between two, the run takes
+the claim again on the new head. The claim is the backend's reach's (:mod:`multinode.backends.reach`): none where
+the run reaches only a SLURM site's login node (the site's scheduler queues jobs, and the login node is shared by
+its users); the embedded SLURM cluster is claimed like any local one.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from multinode.core.inventory import Inventory
 from multinode.ssh.runner import CommandResult, RemoteRunner
 
 LOCK = "busy.lock"
-BUSY_EXIT = 75  # EX_TEMPFAIL: the cluster is busy
+BUSY_EXIT = 3  # the head's answer when another run holds the lock (between us and the head only)
 POLL = 2.0  # seconds between a queued run's attempts
 
 
@@ -154,8 +155,8 @@ class Claim:
     def release(self) -> None:
         """Give the cluster back: the lock file emptied, the holder ended (waited for, so nothing of it is left)."""
         holder, self.holder = self.holder, None
-        if holder is None:
-            return
+        if holder is None or self.runner.inventory.nodes[0].name != self.inv.head.name:
+            return  # never taken, or its head is gone (lost, and the run went on without it): so is the holder
         # Where the connection is gone, so is the holder, and the next run stops what is left of this one.
         self.runner.run_on(self.inv.head.name, release_command(lock_path(self.inv), self.run_id, holder),
                            timeout=self.timeout)
