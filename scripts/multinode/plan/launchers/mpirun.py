@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
@@ -55,12 +56,14 @@ from multinode.plan.launchers.base import (
     entry_dir,
     grace_env,
     guard_argv,
+    guard_script,
     iface_for_subnet,
     node_python,
     nproc_of,
     project_env,
     trainer_args,
 )
+from multinode.plan.launchers.words import Sh, assignments
 
 # Environment forwarded to every rank (mpirun does not forward the environment by itself).
 FORWARDED = ("MULTINODE_RUN_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME")
@@ -86,8 +89,37 @@ TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
 # and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node where it has
 # `ip` (the images in docker/ have none: there the rank gets it from mpirun's -x, at MPI_Init).
 # $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
-RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
-            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+@dataclass(frozen=True)
+class RankPlace:
+    """A rank's place in the job as its MPI launcher gives it: shell text read in the rank's environment
+    (:class:`~multinode.plan.launchers.words.Sh`), or a literal where the launcher names no variable."""
+
+    rank: str
+    local_rank: str
+    world_size: str
+    local_world_size: str
+
+    def env(self) -> dict[str, str]:
+        return {"RANK": self.rank, "LOCAL_RANK": self.local_rank, "WORLD_SIZE": self.world_size,
+                "LOCAL_WORLD_SIZE": self.local_world_size}
+
+
+# Open MPI's own variables, "defined on every MPI process" that mpirun starts (the module doc).
+OPEN_MPI = RankPlace(Sh("$OMPI_COMM_WORLD_RANK"), Sh("$OMPI_COMM_WORLD_LOCAL_RANK"), Sh("$OMPI_COMM_WORLD_SIZE"),
+                     Sh("$OMPI_COMM_WORLD_LOCAL_SIZE"))
+
+
+def env_contract(place: RankPlace, group_rank: str, master_addr: str, master_port: int) -> dict[str, str]:
+    """torch's env:// variables for one MPI rank: its place, its node's index, the rendezvous address."""
+    return {**place.env(), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "GROUP_RANK": group_rank}
+
+
+def fixed(env: dict[str, str]) -> dict[str, str]:
+    """The literal values of ``env`` (what a plan can write down; the rest is read in the rank's environment)."""
+    return {name: value for name, value in env.items() if not isinstance(value, Sh)}
+
+
+RANK_ENV = (f"export {assignments(OPEN_MPI.env())}; "
             'if command -v ip >/dev/null; then '
             'export GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk "NR==1{print \\$2}")"; fi; shift; '
             '[ "$0" = - ] || export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"')
@@ -169,9 +201,11 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         # capture find ranks by it (/proc/<pid>/environ); so do BASE_ENV and the env:// variables, which torch and
         # accelerate read before any MPI call.
         "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()),
-        f"MASTER_ADDR={inv.head.private_ip}", f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
+        # The env:// contract: the values known here as words, the ones Open MPI gives read by RANK_ENV's shell.
+        *(f"{k}={v}" for k, v in fixed(env_contract(OPEN_MPI, str(group_rank), inv.head.private_ip,
+                                                     spec.rdzv_port)).items()),
         "sh", "-c", RANK_ENV, project, inv.subnet,
-        *guard_argv(inv, spec, entry, node.name), node_python(inv, spec, node.name), *entry.program(),
+        *guard_argv(inv, spec, entry, guard_script(inv, node.name)), node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
 
