@@ -25,13 +25,20 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import (BASE_ENV, EntryPoint, entry_dir, grace_env, iface_for_subnet, node_python,
-                                           trainer_args)
-from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
+from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, entry_dir, grace_env, guard_argv,
+                                           iface_for_subnet, node_python, trainer_args)
+from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
+from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
 from multinode.backends.slurm import grace
 
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
 RUNDIR = "@RUNDIR@"  # stands for the task's "$rundir" in the trainer's arguments
+# What only the task knows, given to the launchers as shell values: the allocation's first host, the task's run
+# directory and synced guard (set per node by the task), the trainer's arguments (the task's "$@").
+HEAD = Sh("$MULTINODE_HEAD")
+RUN_DIR = Sh("$rundir")
+GUARD = Sh("$guard")
+PROGRAM_ARGS = (Sh("$@"),)
 SRUN_MPI_PLUGINS = ("pmix", "pmix_v4", "pmix_v3", "pmi2")
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -70,7 +77,7 @@ class SlurmJob:
 
 
 def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str,
-               torchrun: bool) -> str:
+               mark: str | None) -> str:
     """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report.
 
     Nodes without a shared filesystem (the local provider) each have their own code and run directory,
@@ -97,7 +104,7 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         ]
     # A user's project (WORKDIR) is the ranks' cwd and on their PYTHONPATH, as under the other launchers.
     project = ['export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"'] if entry.subdir else []
-    first, before, after = grace.task_lines(spec, torchrun)
+    first, before, after = grace.task_lines(spec, mark)
     body = [
         *first,
         *where,
@@ -125,7 +132,7 @@ def _node_setup(inv: Inventory, spec: LaunchSpec, node: str) -> str:
 
 def _python(inv: Inventory, spec: LaunchSpec) -> str:
     """The ranks' interpreter: with SETUP, each node's own environment (``$py``, set per node in the task)."""
-    return '"$py"' if spec.setup else shlex.quote(inv.interpreter)
+    return Sh("$py") if spec.setup else inv.interpreter
 
 
 @dataclass(frozen=True)
@@ -136,6 +143,7 @@ class _Launch:
     tasks: str  # the command that starts the tasks, before ``bash -c "$MULTINODE_TASK"``
     per_task: str  # the script's header: what one task is
     env_lines: tuple[str, ...]  # exported in the batch script, before the tasks start
+    mark: str | None = None  # where the launcher's guards note a preemption (torchrun with GRACE), in the task
     who: str = ""  # appended to a failed task's "exited with code" line
     launch: str = "srun + torchrun"  # in words, for the run's first line
 
@@ -163,7 +171,7 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
         steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
     # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
     program = (f'{_env_contract(spec, "SLURM_PROCID" if mpi_plugin else "OMPI_COMM_WORLD_RANK")} '
-               f'{grace.guard_words(inv, spec, entry)}{py} -u {shlex.join(entry.program())} "$@"')
+               + shell_join((*guard_argv(inv, spec, entry, GUARD), py, "-u", *entry.program(), *PROGRAM_ARGS)))
     launch_line = (f'{grace.catching(spec, program)} 2>&1 | '
                    f'sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"')
     return _Launch(
@@ -178,24 +186,22 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
 
 
 def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _Launch:
-    """MODE=cpu/gpu: one task per node runs torchrun, its c10d endpoint on the allocation's first host."""
-    py = _python(inv, spec)
-    rdzv_conf = (f"join_timeout={spec.rdzv_timeout},read_timeout={min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)},"
-                 'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
-    guard = grace.guard_words(inv, spec, entry, every=True)
-    workers = f"--no-python {guard}{py} -u " if guard else ""
-    launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
-                   f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
-                   f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
-                   f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
-                   f'{workers}{shlex.join(entry.program())} "$@"')
+    """MODE=cpu/gpu: one task per node runs the torchrun launcher's agent, its c10d endpoint on the allocation's
+    first host, the job id as rendezvous id, the task's own directories."""
+    agent = Agent(python=_python(inv, spec), nproc=int(spec.nproc), host=HEAD, rdzv_id=Sh("$SLURM_JOB_ID"),
+                  is_host=Sh('$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)'),
+                  run_directory=RUN_DIR, guard_script=GUARD)
+    env = agent_env(spec, agent)
     return _Launch(
-        line=grace.catching(spec, launch_line),
+        line=grace.catching(spec, shell_join(agent_argv(inv, spec, entry, agent, PROGRAM_ARGS))),
         # --mpi=none: no PMI for torchrun's agents (a cluster's MpiDefault=pmix would give them PMIX_RANK, and the
         # agent would pass for a rank in the stall watchdog and the stack capture).
         tasks=f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --mpi=none",
         per_task="one task per node running torchrun",
-        env_lines=("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '", *grace.torchrun_env(spec)),
+        # The agent's environment: literal values for every task, the note's path (in the task's run directory)
+        # exported by the task itself.
+        env_lines=tuple(f"export {assignments({k: v})}" for k, v in fixed(env).items()),
+        mark=env.get(PREEMPT_MARK_ENV),
     )
 
 
@@ -240,7 +246,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
     inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
     head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
     launch = _mpi_launch(inv, spec, entry, mpi_plugin) if spec.uses_mpi else _torchrun_launch(inv, spec, entry)
-    body = _task_body(inv, spec, entry, launch.line, launch.who, torchrun=not spec.uses_mpi)
+    body = _task_body(inv, spec, entry, launch.line, launch.who, launch.mark)
     return SlurmJob(run_id=spec.run_id, script=_sbatch_script(spec, head_dir, partition, launch, body),
                     script_path=f"{head_dir}/job.sbatch", job_dir=head_dir, nodes=spec.nodes,
                     world_size=spec.nodes * spec.nproc, node_names={n.hostname: n.name for n in inv.nodes},

@@ -63,7 +63,7 @@ from multinode.plan.launchers.base import (
     project_env,
     trainer_args,
 )
-from multinode.plan.launchers.words import Sh, assignments
+from multinode.plan.launchers.words import Sh, assignments, fixed
 
 # Environment forwarded to every rank (mpirun does not forward the environment by itself).
 FORWARDED = ("MULTINODE_RUN_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME")
@@ -112,11 +112,6 @@ OPEN_MPI = RankPlace(Sh("$OMPI_COMM_WORLD_RANK"), Sh("$OMPI_COMM_WORLD_LOCAL_RAN
 def env_contract(place: RankPlace, group_rank: str, master_addr: str, master_port: int) -> dict[str, str]:
     """torch's env:// variables for one MPI rank: its place, its node's index, the rendezvous address."""
     return {**place.env(), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "GROUP_RANK": group_rank}
-
-
-def fixed(env: dict[str, str]) -> dict[str, str]:
-    """The literal values of ``env`` (what a plan can write down; the rest is read in the rank's environment)."""
-    return {name: value for name, value in env.items() if not isinstance(value, Sh)}
 
 
 RANK_ENV = (f"export {assignments(OPEN_MPI.env())}; "

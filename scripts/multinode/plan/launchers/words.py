@@ -50,3 +50,8 @@ def shell_join(argv: Iterable[str]) -> str:
 def assignments(env: Mapping[str, str]) -> str:
     """``K=V`` words for ``env`` (before a command, or after ``export``)."""
     return " ".join(f"{name}={shell_word(value)}" for name, value in env.items())
+
+
+def fixed(env: Mapping[str, str]) -> dict[str, str]:
+    """The literal values of ``env``: what can be written down before the command runs."""
+    return {name: value for name, value in env.items() if not isinstance(value, Sh)}
