@@ -75,6 +75,20 @@ def test_mpi_script_uses_srun_pmi_when_offered_else_mpirun(inventory):
     assert "mpirun -np 6 --map-by ppr:2:node --bind-to none" in mpirun and "srun --mpi" not in mpirun
 
 
+def test_every_mpi_rank_gets_the_mpirun_launchers_env_contract_from_its_own_launcher(inventory):
+    """The launchers' one contract (multinode.plan.launchers.mpirun.env_contract): each value read from what the
+    rank's launcher gives it, not computed from the global rank (that assumed srun's block distribution)."""
+    spec = LaunchSpec(mode="mpi", nodes=3, nproc=2, run_id="r1")
+    srun = plan_sbatch(inventory, spec, ENTRY, "pmix").script
+    assert ('RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE=6 LOCAL_WORLD_SIZE=2 '
+            'MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT=29500 GROUP_RANK="$SLURM_NODEID" ') in srun
+    mpirun = plan_sbatch(inventory, spec, ENTRY, None).script
+    assert ('RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
+            'LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT=29500 '
+            'GROUP_RANK="$(($OMPI_COMM_WORLD_RANK / 2))" ') in mpirun
+    assert "% 2" not in srun + mpirun
+
+
 def test_pick_mpi_plugin_reads_srun_mpi_list():
     listing = "MPI plugin types are...\n\tpmix\n\tnone\n\tcray_shasta\n\tpmi2\nspecific pmix plugin versions available: pmix_v4\n"
     assert pick_mpi_plugin(listing) == "pmix"

@@ -27,6 +27,7 @@ from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
 from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, entry_dir, grace_env, guard_argv,
                                            iface_for_subnet, node_python, trainer_args)
+from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, env_contract
 from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
 from multinode.backends.slurm import grace
@@ -148,30 +149,30 @@ class _Launch:
     launch: str = "srun + torchrun"  # in words, for the run's first line
 
 
-def _env_contract(spec: LaunchSpec, rank_var: str) -> str:
-    """torch's env:// variables for one MPI rank, as the SSH path's mpirun gives them: the rank from the variable
-    its launcher sets (srun: ``SLURM_PROCID``; Open MPI: ``OMPI_COMM_WORLD_RANK``), the rest from the job's shape
-    (``spec.nproc`` ranks per node, placed node by node: srun's default block distribution, mpirun's
-    ``--map-by ppr:N:node``), the head from ``$MULTINODE_HEAD`` and the run's rendezvous port."""
-    rank = f"${rank_var}"
-    return (f'RANK="{rank}" LOCAL_RANK=$(({rank} % {spec.nproc})) WORLD_SIZE={spec.nodes * spec.nproc} '
-            f'LOCAL_WORLD_SIZE={spec.nproc} GROUP_RANK=$(({rank} / {spec.nproc})) '
-            f'MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT={spec.rdzv_port}')
+def srun_place(world: int, nproc: int) -> RankPlace:
+    """A rank's place as srun gives it: its task's global and node-local ids (``SLURM_PROCID``, ``SLURM_LOCALID``:
+    srun(1), "OUTPUT ENVIRONMENT VARIABLES"); the sizes are the job's shape, one count per node (SLURM asks one
+    ``--ntasks-per-node``)."""
+    return RankPlace(Sh("$SLURM_PROCID"), Sh("$SLURM_LOCALID"), str(world), str(nproc))
 
 
 def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None) -> _Launch:
-    """MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank, or (no plugin) mpirun in the allocation."""
-    py = _python(inv, spec)
-    world = spec.nodes * spec.nproc
+    """MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank, or (no plugin) mpirun in the allocation. Each
+    rank gets the launchers' env:// contract: from srun's task variables, or from Open MPI's as over SSH; with
+    mpirun the node's index is the rank's block (``--map-by ppr:N:node``: Open MPI names no node index)."""
+    world = spec.nodes * int(spec.nproc)
     if mpi_plugin:
         launcher = f"srun --mpi={mpi_plugin}"
         steps = f"--nodes={spec.nodes} --ntasks={world} --ntasks-per-node={spec.nproc}"
+        place, group = srun_place(world, int(spec.nproc)), Sh("$SLURM_NODEID")
     else:
         launcher = "mpirun"
         steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
+        place, group = OPEN_MPI, Sh(f"$(($OMPI_COMM_WORLD_RANK / {spec.nproc}))")
     # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
-    program = (f'{_env_contract(spec, "SLURM_PROCID" if mpi_plugin else "OMPI_COMM_WORLD_RANK")} '
-               + shell_join((*guard_argv(inv, spec, entry, GUARD), py, "-u", *entry.program(), *PROGRAM_ARGS)))
+    program = (f"{assignments(env_contract(place, group, HEAD, spec.rdzv_port))} "
+               + shell_join((*guard_argv(inv, spec, entry, GUARD), _python(inv, spec), "-u", *entry.program(),
+                             *PROGRAM_ARGS)))
     launch_line = (f'{grace.catching(spec, program)} 2>&1 | '
                    f'sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"')
     return _Launch(
