@@ -11,6 +11,14 @@ login node runs the same job a user would get from ``make train``. Inside the al
   MPI launch, MPI is the gradient data plane) when the cluster's srun has such a plugin; otherwise
   ``mpirun`` inside the allocation (Open MPI reads the allocation from SLURM).
 
+What runs is the launchers' plan, materialised (torchx's ``SlurmBatchRequest.materialize`` is the model): the
+torchrun agent's flags and environment (:func:`multinode.plan.launchers.torchrun.agent_argv`, ``agent_env``), an MPI
+rank's env:// contract (:func:`multinode.plan.launchers.mpirun.env_contract`, from srun's ``SLURM_PROCID``,
+``SLURM_LOCALID``, ``SLURM_NODEID`` or Open MPI's ``OMPI_COMM_WORLD_*``), the notice guard and the exit-75 rule
+(:mod:`multinode.plan.launchers.base`). This module gives them what only the task knows, as shell text
+(:class:`~multinode.plan.launchers.words.Sh`), and lays out the script around them; GRACE's place in the task is
+:mod:`.grace`.
+
 Every task prefixes its lines ``[node-i]`` (ranks add ``[rankN]``), prints
 ``multinode: node-i exited with code C`` when it fails, and ``--kill-on-bad-exit=1`` makes SLURM end
 the other tasks. All output lands in one file on the shared (here: common) filesystem,

@@ -14,7 +14,9 @@ literal per app context; ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD
 ``OMPI_COMM_WORLD_*`` variables Open MPI defines on every MPI process (docs.open-mpi.org, "Environment
 variables set for MPI applications"; the integration test checks all four under Debian 12's 4.1.4)
 by a one-line ``sh -c`` (:data:`RANK_ENV`) that then execs the program -- mpirun's ``-x`` carries fixed
-values only. DeepSpeed maps the same variables the same way (deepspeedai/DeepSpeed@edaa722,
+values only. The contract is written once (:func:`env_contract` over a :class:`RankPlace`, where a rank learns
+its place from its launcher): a batch script gives each rank the same one from srun's task variables
+(:mod:`multinode.backends.slurm.script`). DeepSpeed maps the same variables the same way (deepspeedai/DeepSpeed@edaa722,
 ``deepspeed/comm/comm.py`` ``patch_aws_sm_env_for_torch_nccl_backend``: ``RANK=OMPI_COMM_WORLD_RANK``,
 ``LOCAL_RANK=OMPI_COMM_WORLD_LOCAL_RANK``, ``WORLD_SIZE=OMPI_COMM_WORLD_SIZE``; its ``mpi_discovery`` sets
 ``MASTER_ADDR`` to rank 0's address and ``MASTER_PORT`` to a fixed port, 29500 by default). MPI stays the
@@ -200,7 +202,8 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         *(f"{k}={v}" for k, v in fixed(env_contract(OPEN_MPI, str(group_rank), inv.head.private_ip,
                                                      spec.rdzv_port)).items()),
         "sh", "-c", RANK_ENV, project, inv.subnet,
-        *guard_argv(inv, spec, entry, guard_script(inv, node.name)), node_python(inv, spec, node.name), *entry.program(),
+        *guard_argv(inv, spec, entry, guard_script(inv, node.name)),
+        node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
 

@@ -5,6 +5,11 @@ rendezvous store (set explicitly, so nothing depends on the node's hostname reso
 node advertises its cluster address, and gloo/NCCL are pinned to the interface that carries the
 cluster subnet. ``--rdzv-id`` is the run id, so two runs never join each other.
 
+One node's command is :func:`agent_argv` and :func:`agent_env` over an :class:`Agent`, the node's own values.
+Over SSH they are literal; a SLURM batch script materialises the same command in every task with the values
+only the task knows, as shell text (:mod:`multinode.backends.slurm.script`: the allocation's first host as
+endpoint, the job id as rendezvous id, ``is_host`` computed in the task, no ``--local-addr``).
+
 GRACE (docs/preemption.md), read in torch 2.13's own source (torch/distributed/run.py,
 torch/distributed/elastic/agent/server/api.py):
 
@@ -20,7 +25,9 @@ torch/distributed/elastic/agent/server/api.py):
   command ended preempted, notes it in the node's run directory and sends SIGTERM to its agent (the agent then
   takes the shutdown path above instead of a restart);
 * torchrun itself then exits 1 (the ``SignalException`` propagates), so the node's command is a small ``sh``
-  that runs torchrun in the foreground, outlives a SIGTERM to itself, and exits 75 when the note is there.
+  that runs torchrun in the foreground, outlives a SIGTERM to itself, and exits 75 when the note is there
+  (:data:`PREEMPTED_EXIT`; a batch script's task applies the same rule to its own status,
+  :func:`multinode.plan.launchers.base.preempted_status`).
 """
 
 from __future__ import annotations
