@@ -65,6 +65,16 @@ def test_cpu_script_runs_one_torchrun_per_node_with_c10d_on_the_first_host(inven
     assert job.world_size == 6 and job.node_names == {f"dev-node-{i}": f"node-{i}" for i in range(3)}
 
 
+def test_gpu_script_pins_nccl_to_the_cluster_interface_as_over_ssh(inventory):
+    """MODE=gpu: every task pins gloo and NCCL to the interface holding the cluster subnet (the launchers'
+    collective_env); MODE=mpi-gpu pins gloo, as the SSH path's mpirun ranks do."""
+    iface = "$(ip -o -4 addr show to 10.200.7.0/24 | awk 'NR==1{print $2}')"
+    gpu = plan_sbatch(inventory, LaunchSpec(mode="gpu", nodes=2, nproc=1, run_id="r1"), ENTRY).script
+    assert f'export GLOO_SOCKET_IFNAME="{iface}"\nexport NCCL_SOCKET_IFNAME="={iface}"\n' in gpu
+    mpi = plan_sbatch(inventory, LaunchSpec(mode="mpi-gpu", nodes=2, nproc=1, run_id="r1"), ENTRY, "pmix").script
+    assert f'export GLOO_SOCKET_IFNAME="{iface}"\n' in mpi and "NCCL_SOCKET_IFNAME" not in mpi
+
+
 def test_mpi_script_uses_srun_pmi_when_offered_else_mpirun(inventory):
     spec = LaunchSpec(mode="mpi", nodes=3, nproc=2, run_id="r1")
     srun = plan_sbatch(inventory, spec, ENTRY, "pmix").script

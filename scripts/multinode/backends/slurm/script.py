@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, entry_dir, grace_env, guard_argv,
-                                           iface_for_subnet, node_python, trainer_args)
+from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, collective_env, entry_dir,
+                                           grace_env, guard_argv, iface_for_subnet, node_python, trainer_args)
 from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, env_contract
 from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
@@ -85,9 +85,8 @@ class SlurmJob:
         return f"{self.job_dir}/slurm-{job_id}.out"
 
 
-def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str,
-               mark: str | None) -> str:
-    """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report.
+def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch: _Launch) -> str:
+    """What each task runs: go to its node's code, pin the collectives to the cluster network, run, prefix, report.
 
     Nodes without a shared filesystem (the local provider) each have their own code and run directory,
     chosen by ``$SLURMD_NODENAME``; on a shared filesystem every node runs the one synced copy and
@@ -113,19 +112,19 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         ]
     # A user's project (WORKDIR) is the ranks' cwd and on their PYTHONPATH, as under the other launchers.
     project = ['export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"'] if entry.subdir else []
-    first, before, after = grace.task_lines(spec, mark)
+    first, before, after = grace.task_lines(spec, launch.mark)
     body = [
         *first,
         *where,
         *project,
         'mkdir -p "$rundir"',
         f"set -- {args}",
-        f'export GLOO_SOCKET_IFNAME="{iface_for_subnet(inv.subnet)}"',
+        *(f'export {name}="{expr}"' for name, expr in launch.network.items()),
         *before,
-        f"{launch_line} 2>&1 | sed -u \"s/^/[$node] /\"",
+        f"{launch.line} 2>&1 | sed -u \"s/^/[$node] /\"",
         "rc=${PIPESTATUS[0]}",
         *after,
-        f'[ "$rc" = 0 ] || echo "[$node] multinode: $node exited with code $rc{who}"',
+        f'[ "$rc" = 0 ] || echo "[$node] multinode: $node exited with code $rc{launch.who}"',
         'exit "$rc"',
     ]
     return "\n".join(body)
@@ -152,6 +151,7 @@ class _Launch:
     tasks: str  # the command that starts the tasks, before ``bash -c "$MULTINODE_TASK"``
     per_task: str  # the script's header: what one task is
     env_lines: tuple[str, ...]  # exported in the batch script, before the tasks start
+    network: dict[str, str]  # the task's interface pinning: name -> shell expression evaluated on its node
     mark: str | None = None  # where the launcher's guards note a preemption (torchrun with GRACE), in the task
     who: str = ""  # appended to a failed task's "exited with code" line
     launch: str = "srun + torchrun"  # in words, for the run's first line
@@ -189,6 +189,7 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
         per_task="one task per rank" if mpi_plugin else "mpirun in the allocation",
         env_lines=(f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
                    f"OMPI_MCA_oob_tcp_if_include={inv.subnet}",),
+        network={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},  # as the SSH path's ranks (RANK_ENV)
         who=" (rank $SLURM_PROCID)" if mpi_plugin else "",
         launch=launcher,
     )
@@ -210,6 +211,7 @@ def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _La
         # The agent's environment: literal values for every task, the note's path (in the task's run directory)
         # exported by the task itself.
         env_lines=tuple(f"export {assignments({k: v})}" for k, v in fixed(env).items()),
+        network=collective_env(inv, spec)[1],  # gloo, and NCCL in MODE=gpu, on the cluster's interface
         mark=env.get(PREEMPT_MARK_ENV),
     )
 
@@ -255,7 +257,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
     inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
     head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
     launch = _mpi_launch(inv, spec, entry, mpi_plugin) if spec.uses_mpi else _torchrun_launch(inv, spec, entry)
-    body = _task_body(inv, spec, entry, launch.line, launch.who, launch.mark)
+    body = _task_body(inv, spec, entry, launch)
     return SlurmJob(run_id=spec.run_id, script=_sbatch_script(spec, head_dir, partition, launch, body),
                     script_path=f"{head_dir}/job.sbatch", job_dir=head_dir, nodes=spec.nodes,
                     world_size=spec.nodes * spec.nproc, node_names={n.hostname: n.name for n in inv.nodes},
