@@ -40,14 +40,17 @@ from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
 from multinode.backends.slurm import grace
 
-# srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
-RUNDIR = "@RUNDIR@"  # stands for the task's "$rundir" in the trainer's arguments
-# What only the task knows, given to the launchers as shell values: the allocation's first host, the task's run
-# directory and synced guard (set per node by the task), the trainer's arguments (the task's "$@").
+# What only the task knows, given to the launchers as shell values: the allocation's first host (and whether the
+# task runs on it), the job id, the task's run directory and synced guard (set per node by the task), the
+# trainer's arguments (the task's "$@", set from the trainer's arguments with RUNDIR standing for "$rundir").
 HEAD = Sh("$MULTINODE_HEAD")
+ON_HEAD = Sh('$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
+JOB_ID = Sh("$SLURM_JOB_ID")
 RUN_DIR = Sh("$rundir")
 GUARD = Sh("$guard")
 PROGRAM_ARGS = (Sh("$@"),)
+RUNDIR = "@RUNDIR@"
+# srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
 SRUN_MPI_PLUGINS = ("pmix", "pmix_v4", "pmix_v3", "pmi2")
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -198,8 +201,7 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
 def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _Launch:
     """MODE=cpu/gpu: one task per node runs the torchrun launcher's agent, its c10d endpoint on the allocation's
     first host, the job id as rendezvous id, the task's own directories."""
-    agent = Agent(python=_python(inv, spec), nproc=int(spec.nproc), host=HEAD, rdzv_id=Sh("$SLURM_JOB_ID"),
-                  is_host=Sh('$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)'),
+    agent = Agent(python=_python(inv, spec), nproc=int(spec.nproc), host=HEAD, rdzv_id=JOB_ID, is_host=ON_HEAD,
                   run_directory=RUN_DIR, guard_script=GUARD)
     env = agent_env(spec, agent)
     return _Launch(
