@@ -83,6 +83,11 @@ def test_mpi_script_uses_srun_pmi_when_offered_else_mpirun(inventory):
     assert "OMPI_MCA_btl_tcp_if_include=10.200.7.0/24" in srun and "(rank $SLURM_PROCID)" in srun
     mpirun = plan_sbatch(inventory, spec, ENTRY, None).script
     assert "mpirun -np 6 --map-by ppr:2:node --bind-to none" in mpirun and "srun --mpi" not in mpirun
+    # mpirun's ranks are labelled by Open MPI's rank (each also inherits the batch step's SLURM_PROCID=0), and mpirun
+    # runs as the job's user root as over SSH; srun's tasks need neither
+    assert 'sed -u "s/^/[rank$OMPI_COMM_WORLD_RANK] /"' in mpirun and "SLURM_PROCID" not in mpirun
+    assert "export OMPI_ALLOW_RUN_AS_ROOT=1\nexport OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n" in mpirun
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in srun
 
 
 def test_every_mpi_rank_gets_the_mpirun_launchers_env_contract_from_its_own_launcher(inventory):

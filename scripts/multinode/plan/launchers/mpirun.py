@@ -208,15 +208,17 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
     ]
 
 
+def as_user(user: str) -> dict[str, str]:
+    """What mpirun needs to run as ``user``: without these Open MPI refuses to run as root -- and still exits 0."""
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if user == "root" else {}
+
+
 def head_command(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, argv: list[str],
                  counts: tuple[int, ...]) -> NodeCommand:
     """The one command, on the head: mpirun with the hostfile it reads, as root when the head logs in as root."""
     head = inv.head
     hostfile = f"{inv.workdir_for(head.name)}/runs/{spec.run_id}/hostfile"
-    env = dict(BASE_ENV)
-    if head.ssh_user == "root":
-        # Without these Open MPI refuses to run as root -- and still exits 0.
-        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    env = {**BASE_ENV, **as_user(head.ssh_user)}
     content = "".join(f"{n.private_ip} slots={c}\n" for n, c in zip(inv.nodes, counts))
     return NodeCommand(
         node=head.name,
