@@ -136,3 +136,15 @@ def test_root_cause_skips_peer_reactions():
     cause = NodeError("node-1", "torchrun", 1, "exit", tail=["exitcode  : -9 (pid: 12)"])
     assert pick_root_cause([peer, cause], peer) is cause
     assert pick_root_cause([peer], peer) is peer
+
+
+def test_a_plan_word_is_literal_unless_it_holds_shell_text_evaluated_on_the_node():
+    from multinode.plan.launchers.words import Sh, assignments, cat, shell_join
+
+    assert cat("--log-dir=", "/runs/r 1", "/torchrun") == "--log-dir=/runs/r 1/torchrun"  # literal: plain str
+    word = cat("--log-dir=", Sh("$rundir"), '/a "b" $HOME')
+    assert isinstance(word, Sh) and word == '--log-dir=$rundir/a \\"b\\" \\$HOME'  # the literal part stays literal
+    assert shell_join(["python", "a b", "$HOME", word, Sh("$@")]) == (
+        "python 'a b' '$HOME' --log-dir=\"$rundir/a \\\"b\\\" \\$HOME\" \"$@\"")
+    assert assignments({"RANK": Sh("$SLURM_PROCID"), "WORLD_SIZE": "4", "X": "a b"}) == (
+        "RANK=\"$SLURM_PROCID\" WORLD_SIZE=4 X='a b'")

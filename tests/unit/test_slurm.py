@@ -65,6 +65,16 @@ def test_cpu_script_runs_one_torchrun_per_node_with_c10d_on_the_first_host(inven
     assert job.world_size == 6 and job.node_names == {f"dev-node-{i}": f"node-{i}" for i in range(3)}
 
 
+def test_gpu_script_pins_nccl_to_the_cluster_interface_as_over_ssh(inventory):
+    """MODE=gpu: every task pins gloo and NCCL to the interface holding the cluster subnet (the launchers'
+    collective_env); MODE=mpi-gpu pins gloo, as the SSH path's mpirun ranks do."""
+    iface = "$(ip -o -4 addr show to 10.200.7.0/24 | awk 'NR==1{print $2}')"
+    gpu = plan_sbatch(inventory, LaunchSpec(mode="gpu", nodes=2, nproc=1, run_id="r1"), ENTRY).script
+    assert f'export GLOO_SOCKET_IFNAME="{iface}"\nexport NCCL_SOCKET_IFNAME="={iface}"\n' in gpu
+    mpi = plan_sbatch(inventory, LaunchSpec(mode="mpi-gpu", nodes=2, nproc=1, run_id="r1"), ENTRY, "pmix").script
+    assert f'export GLOO_SOCKET_IFNAME="{iface}"\n' in mpi and "NCCL_SOCKET_IFNAME" not in mpi
+
+
 def test_mpi_script_uses_srun_pmi_when_offered_else_mpirun(inventory):
     spec = LaunchSpec(mode="mpi", nodes=3, nproc=2, run_id="r1")
     srun = plan_sbatch(inventory, spec, ENTRY, "pmix").script
@@ -73,6 +83,25 @@ def test_mpi_script_uses_srun_pmi_when_offered_else_mpirun(inventory):
     assert "OMPI_MCA_btl_tcp_if_include=10.200.7.0/24" in srun and "(rank $SLURM_PROCID)" in srun
     mpirun = plan_sbatch(inventory, spec, ENTRY, None).script
     assert "mpirun -np 6 --map-by ppr:2:node --bind-to none" in mpirun and "srun --mpi" not in mpirun
+    # mpirun's ranks are labelled by Open MPI's rank (each also inherits the batch step's SLURM_PROCID=0), and mpirun
+    # runs as the job's user root as over SSH; srun's tasks need neither
+    assert 'sed -u "s/^/[rank$OMPI_COMM_WORLD_RANK] /"' in mpirun and "SLURM_PROCID" not in mpirun
+    assert "export OMPI_ALLOW_RUN_AS_ROOT=1\nexport OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n" in mpirun
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in srun
+
+
+def test_every_mpi_rank_gets_the_mpirun_launchers_env_contract_from_its_own_launcher(inventory):
+    """The launchers' one contract (multinode.plan.launchers.mpirun.env_contract): each value read from what the
+    rank's launcher gives it, not computed from the global rank (that assumed srun's block distribution)."""
+    spec = LaunchSpec(mode="mpi", nodes=3, nproc=2, run_id="r1")
+    srun = plan_sbatch(inventory, spec, ENTRY, "pmix").script
+    assert ('RANK="$SLURM_PROCID" LOCAL_RANK="$SLURM_LOCALID" WORLD_SIZE=6 LOCAL_WORLD_SIZE=2 '
+            'MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT=29500 GROUP_RANK="$SLURM_NODEID" ') in srun
+    mpirun = plan_sbatch(inventory, spec, ENTRY, None).script
+    assert ('RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" '
+            'LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE" MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT=29500 '
+            'GROUP_RANK="$(($OMPI_COMM_WORLD_RANK / 2))" ') in mpirun
+    assert "% 2" not in srun + mpirun
 
 
 def test_pick_mpi_plugin_reads_srun_mpi_list():

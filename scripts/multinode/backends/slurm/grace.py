@@ -24,7 +24,9 @@ In every task, as in the static starter (:mod:`multinode.plan.launchers.static`)
 that prefixes the lines ignore SIGTERM (an ignored signal stays ignored in the programs they start), the program
 itself runs in a group that catches it (a caught signal is the default again in what it starts), so the rank gets
 SIGTERM and its own handler (training/preempt.py, training/guard.py) while the pipeline outlives it and the task
-still reports its exit code. A task whose ranks ended preempted (75) exits 0 after saying so: SLURM's
+still reports its exit code. The guard in front of the ranks, the agent's environment and the exit-75 rule of a
+torchrun node are the launchers' (:mod:`multinode.plan.launchers.base`, :mod:`~multinode.plan.launchers.torchrun`);
+here is only where they go in the task. A task whose ranks ended preempted (75) exits 0 after saying so: SLURM's
 ``--kill-on-bad-exit`` would otherwise kill the other nodes' tasks while rank 0 still writes the snapshot; the
 orchestrator reads the 75 from the line (:data:`multinode.backends.slurm.follow.NODE_EXITED`).
 """
@@ -37,9 +39,8 @@ import shlex
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import EXIT_PREEMPTED
 from multinode.core.inventory import Inventory
-from multinode.plan.launchers.base import GUARD_ENV, PREEMPT_MARK_ENV, EntryPoint, guard_script
-
-IGNORE_TERM = "trap '' TERM"
+from multinode.plan.launchers.base import CATCH_TERM, IGNORE_TERM, PREEMPT_MARK_ENV, guard_script, preempted_status
+from multinode.plan.launchers.words import shell_word
 
 
 def signal_header(spec: LaunchSpec) -> list[str]:
@@ -49,35 +50,24 @@ def signal_header(spec: LaunchSpec) -> list[str]:
 
 def catching(spec: LaunchSpec, command: str) -> str:
     """``command`` in a group that catches SIGTERM (with GRACE), so the program it starts gets the default."""
-    return f"{{ trap : TERM; {command}; }}" if spec.grace is not None else command
-
-
-def guard_words(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, every: bool = False) -> str:
-    """The guard in front of a user's program (every worker under torchrun: ``every``), run by path from the node's
-    synced copy, ``$guard`` (set per node by the task); empty without GRACE or for our trainer."""
-    if spec.grace is None or (entry.ours and not every):
-        return ""
-    return (f"env {GUARD_ENV}=1 {shlex.quote(inv.interpreter)} -I \"$guard\" --grace {spec.grace:g} -- ")
+    return f"{{ {CATCH_TERM}; {command}; }}" if spec.grace is not None else command
 
 
 def guard_path(inv: Inventory, spec: LaunchSpec, node: str) -> str:
-    """``; guard=<path>`` for the task's per-node setup (nothing without GRACE)."""
+    """``; guard=<path>`` for the task's per-node setup (nothing without GRACE): the ``$guard`` the launchers' guard
+    runs from."""
     return f"; guard={shlex.quote(guard_script(inv, node))}" if spec.grace is not None else ""
 
 
-def task_lines(spec: LaunchSpec, torchrun: bool) -> tuple[list[str], list[str], list[str]]:
-    """(first lines of the task, lines before its launch, lines after ``rc``): with GRACE the task ignores SIGTERM,
-    torchrun's guards note a preemption in the run directory (torchrun itself exits 1: see
-    :mod:`multinode.plan.launchers.torchrun`), and a preempted task says 75 and exits 0."""
+def task_lines(spec: LaunchSpec, mark: str | None) -> tuple[list[str], list[str], list[str]]:
+    """(first lines of the task, lines before its launch, lines after ``rc``): with GRACE the task ignores SIGTERM;
+    where the launcher's guards note a preemption (torchrun: ``mark``, the agent's ``MULTINODE_PREEMPT_MARK``) the
+    task clears the note first and its status becomes 75 by the launcher's rule; a preempted task says 75 and
+    exits 0."""
     if spec.grace is None:
         return [], [], []
-    before = [f'export {PREEMPT_MARK_ENV}="$rundir/preempted"', f'rm -f "${PREEMPT_MARK_ENV}"'] if torchrun else []
-    after = [f'if [ "$rc" != 0 ] && [ -e "${PREEMPT_MARK_ENV}" ]; then rc={EXIT_PREEMPTED}; fi'] if torchrun else []
+    before = [f"export {PREEMPT_MARK_ENV}={shell_word(mark)}", f'rm -f "${PREEMPT_MARK_ENV}"'] if mark else []
+    after = [preempted_status("rc", f"${PREEMPT_MARK_ENV}")] if mark else []
     after.append(f'if [ "$rc" = {EXIT_PREEMPTED} ]; then echo "[$node] multinode: $node exited with code '
                  f'{EXIT_PREEMPTED} (preempted)"; exit 0; fi')
     return [IGNORE_TERM], before, after
-
-
-def torchrun_env(spec: LaunchSpec) -> tuple[str, ...]:
-    """The agent's SIGTERM-to-SIGKILL wait for its workers: GRACE, whole seconds (as over SSH)."""
-    return (f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={math.ceil(spec.grace)}",) if spec.grace is not None else ()

@@ -11,6 +11,14 @@ login node runs the same job a user would get from ``make train``. Inside the al
   MPI launch, MPI is the gradient data plane) when the cluster's srun has such a plugin; otherwise
   ``mpirun`` inside the allocation (Open MPI reads the allocation from SLURM).
 
+What runs is the launchers' plan, materialised (torchx's ``SlurmBatchRequest.materialize`` is the model): the
+torchrun agent's flags and environment (:func:`multinode.plan.launchers.torchrun.agent_argv`, ``agent_env``), an MPI
+rank's env:// contract (:func:`multinode.plan.launchers.mpirun.env_contract`, from srun's ``SLURM_PROCID``,
+``SLURM_LOCALID``, ``SLURM_NODEID`` or Open MPI's ``OMPI_COMM_WORLD_*``), the notice guard and the exit-75 rule
+(:mod:`multinode.plan.launchers.base`). This module gives them what only the task knows, as shell text
+(:class:`~multinode.plan.launchers.words.Sh`), and lays out the script around them; GRACE's place in the task is
+:mod:`.grace`.
+
 Every task prefixes its lines ``[node-i]`` (ranks add ``[rankN]``), prints
 ``multinode: node-i exited with code C`` when it fails, and ``--kill-on-bad-exit=1`` makes SLURM end
 the other tasks. All output lands in one file on the shared (here: common) filesystem,
@@ -25,13 +33,24 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import (BASE_ENV, EntryPoint, entry_dir, grace_env, iface_for_subnet, node_python,
-                                           trainer_args)
-from multinode.plan.launchers.torchrun import RDZV_READ_TIMEOUT
+from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, collective_env, entry_dir,
+                                           grace_env, guard_argv, iface_for_subnet, node_python, trainer_args)
+from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, as_user, env_contract
+from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
+from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
 from multinode.backends.slurm import grace
 
+# What only the task knows, given to the launchers as shell values: the allocation's first host (and whether the
+# task runs on it), the job id, the task's run directory and synced guard (set per node by the task), the
+# trainer's arguments (the task's "$@", set from the trainer's arguments with RUNDIR standing for "$rundir").
+HEAD = Sh("$MULTINODE_HEAD")
+ON_HEAD = Sh('$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
+JOB_ID = Sh("$SLURM_JOB_ID")
+RUN_DIR = Sh("$rundir")
+GUARD = Sh("$guard")
+PROGRAM_ARGS = (Sh("$@"),)
+RUNDIR = "@RUNDIR@"
 # srun --mpi=list names these when MPI ranks can be started by srun itself (best first).
-RUNDIR = "@RUNDIR@"  # stands for the task's "$rundir" in the trainer's arguments
 SRUN_MPI_PLUGINS = ("pmix", "pmix_v4", "pmix_v3", "pmi2")
 TERMINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
                    "DEADLINE", "PREEMPTED"}
@@ -69,9 +88,8 @@ class SlurmJob:
         return f"{self.job_dir}/slurm-{job_id}.out"
 
 
-def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line: str, who: str,
-               torchrun: bool) -> str:
-    """What each task runs: go to its node's code, pin gloo to the cluster network, run, prefix, report.
+def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch: _Launch) -> str:
+    """What each task runs: go to its node's code, pin the collectives to the cluster network, run, prefix, report.
 
     Nodes without a shared filesystem (the local provider) each have their own code and run directory,
     chosen by ``$SLURMD_NODENAME``; on a shared filesystem every node runs the one synced copy and
@@ -97,19 +115,19 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch_line:
         ]
     # A user's project (WORKDIR) is the ranks' cwd and on their PYTHONPATH, as under the other launchers.
     project = ['export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"'] if entry.subdir else []
-    first, before, after = grace.task_lines(spec, torchrun)
+    first, before, after = grace.task_lines(spec, launch.mark)
     body = [
         *first,
         *where,
         *project,
         'mkdir -p "$rundir"',
         f"set -- {args}",
-        f'export GLOO_SOCKET_IFNAME="{iface_for_subnet(inv.subnet)}"',
+        *(f'export {name}="{expr}"' for name, expr in launch.network.items()),
         *before,
-        f"{launch_line} 2>&1 | sed -u \"s/^/[$node] /\"",
+        f"{launch.line} 2>&1 | sed -u \"s/^/[$node] /\"",
         "rc=${PIPESTATUS[0]}",
         *after,
-        f'[ "$rc" = 0 ] || echo "[$node] multinode: $node exited with code $rc{who}"',
+        f'[ "$rc" = 0 ] || echo "[$node] multinode: $node exited with code $rc{launch.who}"',
         'exit "$rc"',
     ]
     return "\n".join(body)
@@ -125,7 +143,7 @@ def _node_setup(inv: Inventory, spec: LaunchSpec, node: str) -> str:
 
 def _python(inv: Inventory, spec: LaunchSpec) -> str:
     """The ranks' interpreter: with SETUP, each node's own environment (``$py``, set per node in the task)."""
-    return '"$py"' if spec.setup else shlex.quote(inv.interpreter)
+    return Sh("$py") if spec.setup else inv.interpreter
 
 
 @dataclass(frozen=True)
@@ -136,66 +154,72 @@ class _Launch:
     tasks: str  # the command that starts the tasks, before ``bash -c "$MULTINODE_TASK"``
     per_task: str  # the script's header: what one task is
     env_lines: tuple[str, ...]  # exported in the batch script, before the tasks start
+    network: dict[str, str]  # the task's interface pinning: name -> shell expression evaluated on its node
+    mark: str | None = None  # where the launcher's guards note a preemption (torchrun with GRACE), in the task
     who: str = ""  # appended to a failed task's "exited with code" line
     launch: str = "srun + torchrun"  # in words, for the run's first line
 
 
-def _env_contract(spec: LaunchSpec, rank_var: str) -> str:
-    """torch's env:// variables for one MPI rank, as the SSH path's mpirun gives them: the rank from the variable
-    its launcher sets (srun: ``SLURM_PROCID``; Open MPI: ``OMPI_COMM_WORLD_RANK``), the rest from the job's shape
-    (``spec.nproc`` ranks per node, placed node by node: srun's default block distribution, mpirun's
-    ``--map-by ppr:N:node``), the head from ``$MULTINODE_HEAD`` and the run's rendezvous port."""
-    rank = f"${rank_var}"
-    return (f'RANK="{rank}" LOCAL_RANK=$(({rank} % {spec.nproc})) WORLD_SIZE={spec.nodes * spec.nproc} '
-            f'LOCAL_WORLD_SIZE={spec.nproc} GROUP_RANK=$(({rank} / {spec.nproc})) '
-            f'MASTER_ADDR="$MULTINODE_HEAD" MASTER_PORT={spec.rdzv_port}')
+def srun_place(world: int, nproc: int) -> RankPlace:
+    """A rank's place as srun gives it: its task's global and node-local ids (``SLURM_PROCID``, ``SLURM_LOCALID``:
+    srun(1), "OUTPUT ENVIRONMENT VARIABLES"); the sizes are the job's shape, one count per node (SLURM asks one
+    ``--ntasks-per-node``)."""
+    return RankPlace(Sh("$SLURM_PROCID"), Sh("$SLURM_LOCALID"), str(world), str(nproc))
 
 
 def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin: str | None) -> _Launch:
-    """MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank, or (no plugin) mpirun in the allocation."""
-    py = _python(inv, spec)
-    world = spec.nodes * spec.nproc
+    """MODE=mpi/mpi-gpu: ``srun --mpi=<plugin>`` starts every rank, or (no plugin) mpirun in the allocation. Each
+    rank gets the launchers' env:// contract: from srun's task variables, or from Open MPI's as over SSH; with
+    mpirun the node's index is the rank's block (``--map-by ppr:N:node``: Open MPI names no node index)."""
+    world = spec.nodes * int(spec.nproc)
     if mpi_plugin:
         launcher = f"srun --mpi={mpi_plugin}"
         steps = f"--nodes={spec.nodes} --ntasks={world} --ntasks-per-node={spec.nproc}"
+        place, group = srun_place(world, int(spec.nproc)), Sh("$SLURM_NODEID")
     else:
         launcher = "mpirun"
         steps = f"-np {world} --map-by ppr:{spec.nproc}:node --bind-to none"
+        place, group = OPEN_MPI, Sh(f"$(($OMPI_COMM_WORLD_RANK / {spec.nproc}))")
     # Each task is one rank and prefixes its own lines: the launcher gives it its rank before Python starts.
-    program = (f'{_env_contract(spec, "SLURM_PROCID" if mpi_plugin else "OMPI_COMM_WORLD_RANK")} '
-               f'{grace.guard_words(inv, spec, entry)}{py} -u {shlex.join(entry.program())} "$@"')
-    launch_line = (f'{grace.catching(spec, program)} 2>&1 | '
-                   f'sed -u "s/^/[rank${{SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}}] /"')
+    program = (f"{assignments(env_contract(place, group, HEAD, spec.rdzv_port))} "
+               + shell_join((*guard_argv(inv, spec, entry, GUARD), _python(inv, spec), "-u", *entry.program(),
+                             *PROGRAM_ARGS)))
+    # mpirun, as the SSH path's: allowed to run as root when the job's user is root (the login node's).
+    mpirun_env = {} if mpi_plugin else as_user(inv.head.ssh_user)
+    # The line prefix: srun's task id; a rank of mpirun inherits the batch step's SLURM_PROCID (0), so Open MPI's.
+    label = "${SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}" if mpi_plugin else "$OMPI_COMM_WORLD_RANK"
+    launch_line = f'{grace.catching(spec, program)} 2>&1 | sed -u "s/^/[rank{label}] /"'
+
     return _Launch(
         line=launch_line,
         tasks=f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}",
         per_task="one task per rank" if mpi_plugin else "mpirun in the allocation",
         env_lines=(f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
-                   f"OMPI_MCA_oob_tcp_if_include={inv.subnet}",),
+                   f"OMPI_MCA_oob_tcp_if_include={inv.subnet}",
+                   *(f"export {assignments({k: v})}" for k, v in mpirun_env.items())),
+        network={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},  # as the SSH path's ranks (RANK_ENV)
         who=" (rank $SLURM_PROCID)" if mpi_plugin else "",
         launch=launcher,
     )
 
 
 def _torchrun_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint) -> _Launch:
-    """MODE=cpu/gpu: one task per node runs torchrun, its c10d endpoint on the allocation's first host."""
-    py = _python(inv, spec)
-    rdzv_conf = (f"join_timeout={spec.rdzv_timeout},read_timeout={min(spec.rdzv_timeout, RDZV_READ_TIMEOUT)},"
-                 'is_host=$([ "$SLURMD_NODENAME" = "$MULTINODE_HEAD" ] && echo 1 || echo 0)')
-    guard = grace.guard_words(inv, spec, entry, every=True)
-    workers = f"--no-python {guard}{py} -u " if guard else ""
-    launch_line = (f"{py} -m torch.distributed.run --nnodes={spec.nodes} --nproc-per-node={spec.nproc} "
-                   f'--rdzv-backend=c10d --rdzv-endpoint="$MULTINODE_HEAD:{spec.rdzv_port}" '
-                   f'--rdzv-id="$SLURM_JOB_ID" --rdzv-conf="{rdzv_conf}" --max-restarts={spec.max_restarts} '
-                   f'--monitor-interval=0.5 --tee=3 --log-dir="$rundir/torchrun" '
-                   f'{workers}{shlex.join(entry.program())} "$@"')
+    """MODE=cpu/gpu: one task per node runs the torchrun launcher's agent, its c10d endpoint on the allocation's
+    first host, the job id as rendezvous id, the task's own directories."""
+    agent = Agent(python=_python(inv, spec), nproc=int(spec.nproc), host=HEAD, rdzv_id=JOB_ID, is_host=ON_HEAD,
+                  run_directory=RUN_DIR, guard_script=GUARD)
+    env = agent_env(spec, agent)
     return _Launch(
-        line=grace.catching(spec, launch_line),
+        line=grace.catching(spec, shell_join(agent_argv(inv, spec, entry, agent, PROGRAM_ARGS))),
         # --mpi=none: no PMI for torchrun's agents (a cluster's MpiDefault=pmix would give them PMIX_RANK, and the
         # agent would pass for a rank in the stall watchdog and the stack capture).
         tasks=f"srun --nodes={spec.nodes} --ntasks={spec.nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 --mpi=none",
         per_task="one task per node running torchrun",
-        env_lines=("export TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE='[rank${rank}]: '", *grace.torchrun_env(spec)),
+        # The agent's environment: literal values for every task, the note's path (in the task's run directory)
+        # exported by the task itself.
+        env_lines=tuple(f"export {assignments({k: v})}" for k, v in fixed(env).items()),
+        network=collective_env(inv, spec)[1],  # gloo, and NCCL in MODE=gpu, on the cluster's interface
+        mark=env.get(PREEMPT_MARK_ENV),
     )
 
 
@@ -240,7 +264,7 @@ def plan_sbatch(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_p
     inv = inventory if inventory.extra.get("shared_fs") else inventory.first(spec.nodes)
     head_dir = f"{inv.workdir_for(inv.head.name)}/runs/{spec.run_id}"
     launch = _mpi_launch(inv, spec, entry, mpi_plugin) if spec.uses_mpi else _torchrun_launch(inv, spec, entry)
-    body = _task_body(inv, spec, entry, launch.line, launch.who, torchrun=not spec.uses_mpi)
+    body = _task_body(inv, spec, entry, launch)
     return SlurmJob(run_id=spec.run_id, script=_sbatch_script(spec, head_dir, partition, launch, body),
                     script_path=f"{head_dir}/job.sbatch", job_dir=head_dir, nodes=spec.nodes,
                     world_size=spec.nodes * spec.nproc, node_names={n.hostname: n.name for n in inv.nodes},

@@ -24,7 +24,8 @@ from multinode.core.config import LaunchSpec
 from multinode.core.envvars import MASK
 from multinode.core.errors import EXIT_PREEMPTED
 from multinode.core.inventory import Inventory, Node
-from multinode.core.nodepaths import code_dir, env_file, run_dir, setup_env_dir
+from multinode.core.nodepaths import code_dir, env_file, setup_env_dir
+from multinode.plan.launchers.words import cat, shell_join
 
 # GRACE (docs/preemption.md): every rank gets it as MULTINODE_GRACE, which training/preempt.py reads -- SIGTERM is
 # then a notice (one coordinated checkpoint, exit 75) and the rank has that long before SIGKILL.
@@ -77,7 +78,7 @@ class NodeCommand:
         parts = [f"cd {shlex.quote(self.cwd)}", *self.sourced()]
         parts += [f"export {k}={shlex.quote(v)}" for k, v in self.env.items()]
         parts += [f'export {k}="{expr}"' for k, expr in self.node_env.items()]
-        parts.append("exec " + shlex.join(self.argv))
+        parts.append("exec " + shell_join(self.argv))
         return " && ".join(parts)
 
 
@@ -91,12 +92,6 @@ class LaunchPlan:
     participants: tuple[str, ...]
     world_size: int
     procs: tuple[int, ...] = ()  # processes per participant (NPROC, or NPROC=auto's count per node)
-
-    def command_for(self, node: str) -> NodeCommand:
-        for cmd in self.commands:
-            if cmd.node == node:
-                return cmd
-        raise KeyError(node)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -115,7 +110,7 @@ class LaunchPlan:
                 lines.append(f"[{cmd.node}] env: {k}={MASK}")
             for path in cmd.files:
                 lines.append(f"[{cmd.node}] file: {path}")
-            lines.append(f"[{cmd.node}] argv: {shlex.join(cmd.argv)}")
+            lines.append(f"[{cmd.node}] argv: {shell_join(cmd.argv)}")
         return "\n".join(lines)
 
 
@@ -156,9 +151,22 @@ def grace_env(spec: LaunchSpec) -> dict[str, str]:
     return {GRACE_ENV: f"{spec.grace:g}"} if spec.grace is not None else {}
 
 
-def preempt_mark(inventory: Inventory, node_name: str, run_id: str) -> str:
-    """The file training.guard writes on ``node_name`` when its command ended preempted."""
-    return f"{run_dir(inventory, node_name, run_id)}/preempted"
+def preempt_mark(run_directory: str) -> str:
+    """The file training.guard writes in the node's run directory when its command ended preempted."""
+    return cat(run_directory, "/preempted")
+
+
+# How a plan's shells treat SIGTERM with GRACE: a shell that must outlive the notice ignores it (an ignored signal
+# stays ignored in what it starts); a shell in front of a rank or an agent catches it (a caught signal is the
+# default again in what it starts, so the program gets SIGTERM and installs its own handler).
+IGNORE_TERM = "trap '' TERM"
+CATCH_TERM = "trap : TERM"
+
+
+def preempted_status(code: str, mark: str) -> str:
+    """Shell: the exit status in ``$code``, when not 0, becomes 75 if a guard left its note at ``mark`` (torchrun
+    itself exits 1 after a preempted worker: see :mod:`multinode.plan.launchers.torchrun`)."""
+    return f'if [ "${code}" != 0 ] && [ -e "{mark}" ]; then {code}={EXIT_PREEMPTED}; fi'
 
 
 # training.guard and what it imports (standard library only), synced by the orchestrator to every node's code
@@ -173,19 +181,18 @@ def guard_script(inventory: Inventory, node_name: str) -> str:
     return f"{code_dir(inventory, node_name)}/{GUARD_SUBDIR}/guard.py"
 
 
-def guard_argv(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, node_name: str,
+def guard_argv(inventory: Inventory, spec: LaunchSpec, entry: EntryPoint, script: str,
                every: bool = False) -> tuple[str, ...]:
     """``python -I <code dir>/guard/guard.py --grace G --`` to put before a user script's command when GRACE is set:
     a script that does nothing about notices still gets SIGTERM, the grace and SIGKILL, and exits 75
     (training/guard.py). Our trainer handles notices itself and gets nothing here unless ``every`` (torchrun: the
-    guard also keeps the agent from restarting a preempted worker). The file is the node's synced copy (see
-    :data:`GUARD_FILES`); ``-I``: neither the project's directory nor PYTHONPATH is on the guard's path, and the guard
+    guard also keeps the agent from restarting a preempted worker). ``script`` is the node's synced copy
+    (:func:`guard_script`; in a batch script, the task's ``$guard``); ``-I``: neither the project's directory nor PYTHONPATH is on the guard's path, and the guard
     loads its siblings by its own location."""
     if spec.grace is None or (entry.ours and not every):
         return ()
     # MULTINODE_GUARD=1 marks the guard itself (not its command) for whoever looks for ranks among the processes.
-    return ("env", f"{GUARD_ENV}=1", inventory.interpreter, "-I", guard_script(inventory, node_name),
-            "--grace", f"{spec.grace:g}", "--")
+    return ("env", f"{GUARD_ENV}=1", inventory.interpreter, "-I", script, "--grace", f"{spec.grace:g}", "--")
 
 
 def project_env(inventory: Inventory, node_name: str, entry: EntryPoint) -> dict[str, str]:

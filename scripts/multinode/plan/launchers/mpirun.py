@@ -14,7 +14,9 @@ literal per app context; ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD
 ``OMPI_COMM_WORLD_*`` variables Open MPI defines on every MPI process (docs.open-mpi.org, "Environment
 variables set for MPI applications"; the integration test checks all four under Debian 12's 4.1.4)
 by a one-line ``sh -c`` (:data:`RANK_ENV`) that then execs the program -- mpirun's ``-x`` carries fixed
-values only. DeepSpeed maps the same variables the same way (deepspeedai/DeepSpeed@edaa722,
+values only. The contract is written once (:func:`env_contract` over a :class:`RankPlace`, where a rank learns
+its place from its launcher): a batch script gives each rank the same one from srun's task variables
+(:mod:`multinode.backends.slurm.script`). DeepSpeed maps the same variables the same way (deepspeedai/DeepSpeed@edaa722,
 ``deepspeed/comm/comm.py`` ``patch_aws_sm_env_for_torch_nccl_backend``: ``RANK=OMPI_COMM_WORLD_RANK``,
 ``LOCAL_RANK=OMPI_COMM_WORLD_LOCAL_RANK``, ``WORLD_SIZE=OMPI_COMM_WORLD_SIZE``; its ``mpi_discovery`` sets
 ``MASTER_ADDR`` to rank 0's address and ``MASTER_PORT`` to a fixed port, 29500 by default). MPI stays the
@@ -42,6 +44,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
@@ -55,12 +58,14 @@ from multinode.plan.launchers.base import (
     entry_dir,
     grace_env,
     guard_argv,
+    guard_script,
     iface_for_subnet,
     node_python,
     nproc_of,
     project_env,
     trainer_args,
 )
+from multinode.plan.launchers.words import Sh, assignments, fixed
 
 # Environment forwarded to every rank (mpirun does not forward the environment by itself).
 FORWARDED = ("MULTINODE_RUN_ID", "OMP_NUM_THREADS", "PYTHONUNBUFFERED", "GLOO_SOCKET_IFNAME")
@@ -86,8 +91,32 @@ TAG = re.compile(r"\[\d+,(\d+)\]<(std(?:out|err|diag))>:")
 # and gloo pinned to the interface holding the cluster subnet ($1), found on the rank's node where it has
 # `ip` (the images in docker/ have none: there the rank gets it from mpirun's -x, at MPI_Init).
 # $0 is the project directory to put first on PYTHONPATH, or "-" for none; the program follows $1.
-RANK_ENV = ('export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK" '
-            'WORLD_SIZE="$OMPI_COMM_WORLD_SIZE" LOCAL_WORLD_SIZE="$OMPI_COMM_WORLD_LOCAL_SIZE"; '
+@dataclass(frozen=True)
+class RankPlace:
+    """A rank's place in the job as its MPI launcher gives it: shell text read in the rank's environment
+    (:class:`~multinode.plan.launchers.words.Sh`), or a literal where the launcher names no variable."""
+
+    rank: str
+    local_rank: str
+    world_size: str
+    local_world_size: str
+
+    def env(self) -> dict[str, str]:
+        return {"RANK": self.rank, "LOCAL_RANK": self.local_rank, "WORLD_SIZE": self.world_size,
+                "LOCAL_WORLD_SIZE": self.local_world_size}
+
+
+# Open MPI's own variables, "defined on every MPI process" that mpirun starts (the module doc).
+OPEN_MPI = RankPlace(Sh("$OMPI_COMM_WORLD_RANK"), Sh("$OMPI_COMM_WORLD_LOCAL_RANK"), Sh("$OMPI_COMM_WORLD_SIZE"),
+                     Sh("$OMPI_COMM_WORLD_LOCAL_SIZE"))
+
+
+def env_contract(place: RankPlace, group_rank: str, master_addr: str, master_port: int) -> dict[str, str]:
+    """torch's env:// variables for one MPI rank: its place, its node's index, the rendezvous address."""
+    return {**place.env(), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "GROUP_RANK": group_rank}
+
+
+RANK_ENV = (f"export {assignments(OPEN_MPI.env())}; "
             'if command -v ip >/dev/null; then '
             'export GLOO_SOCKET_IFNAME="$(ip -o -4 addr show to "$1" | awk "NR==1{print \\$2}")"; fi; shift; '
             '[ "$0" = - ] || export PYTHONPATH="$0${PYTHONPATH:+:$PYTHONPATH}"; exec "$@"')
@@ -169,11 +198,19 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         # capture find ranks by it (/proc/<pid>/environ); so do BASE_ENV and the env:// variables, which torch and
         # accelerate read before any MPI call.
         "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()),
-        f"MASTER_ADDR={inv.head.private_ip}", f"MASTER_PORT={spec.rdzv_port}", f"GROUP_RANK={group_rank}",
+        # The env:// contract: the values known here as words, the ones Open MPI gives read by RANK_ENV's shell.
+        *(f"{k}={v}" for k, v in fixed(env_contract(OPEN_MPI, str(group_rank), inv.head.private_ip,
+                                                     spec.rdzv_port)).items()),
         "sh", "-c", RANK_ENV, project, inv.subnet,
-        *guard_argv(inv, spec, entry, node.name), node_python(inv, spec, node.name), *entry.program(),
+        *guard_argv(inv, spec, entry, guard_script(inv, node.name)),
+        node_python(inv, spec, node.name), *entry.program(),
         *trainer_args(entry, run_dir(inv, node.name, spec.run_id), spec),
     ]
+
+
+def as_user(user: str) -> dict[str, str]:
+    """What mpirun needs to run as ``user``: without these Open MPI refuses to run as root -- and still exits 0."""
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"} if user == "root" else {}
 
 
 def head_command(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, argv: list[str],
@@ -181,10 +218,7 @@ def head_command(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, argv: list
     """The one command, on the head: mpirun with the hostfile it reads, as root when the head logs in as root."""
     head = inv.head
     hostfile = f"{inv.workdir_for(head.name)}/runs/{spec.run_id}/hostfile"
-    env = dict(BASE_ENV)
-    if head.ssh_user == "root":
-        # Without these Open MPI refuses to run as root -- and still exits 0.
-        env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"})
+    env = {**BASE_ENV, **as_user(head.ssh_user)}
     content = "".join(f"{n.private_ip} slots={c}\n" for n, c in zip(inv.nodes, counts))
     return NodeCommand(
         node=head.name,

@@ -28,9 +28,12 @@ from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
 from multinode.core.nodepaths import run_dir
 from multinode.plan.launchers.base import (
+    CATCH_TERM,
+    IGNORE_TERM,
     EntryPoint,
     LaunchPlan,
     guard_argv,
+    guard_script,
     node_python,
     nproc_of,
     per_node_plan,
@@ -68,15 +71,11 @@ STARTER = " ".join(part.strip() for part in [
 # too); each rank's subshell catches it instead (a caught signal is reset to the default in the programs it
 # starts), so the rank itself gets SIGTERM's default or installs its own handler (training/preempt.py), and the
 # subshell, which waits for the rank in the foreground, still writes its exit code. SIGKILL ends them all.
-IGNORE_TERM = "trap '' TERM;"
-RANK_CATCHES_TERM = "{ trap : TERM; RANK=$rank"
-
-
 def starter(grace: bool) -> str:
     """The node's starter: :data:`STARTER`, or with GRACE the one that outlives a SIGTERM."""
     if not grace:
         return STARTER
-    return f"{IGNORE_TERM} " + STARTER.replace("{ RANK=$rank", RANK_CATCHES_TERM, 1)
+    return f"{IGNORE_TERM}; " + STARTER.replace("{ RANK=$rank", f"{{ {CATCH_TERM}; RANK=$rank", 1)
 
 
 class StaticLauncher:
@@ -90,7 +89,8 @@ class StaticLauncher:
             directory = run_dir(inv, node.name, spec.run_id)
             argv = (
                 "sh", "-c", starter(spec.grace is not None), "multinode-static", str(sum(counts[:node_rank])),
-                str(counts[node_rank]), f"{directory}/ranks", *guard_argv(inv, spec, entry, node.name),
+                str(counts[node_rank]), f"{directory}/ranks",
+                *guard_argv(inv, spec, entry, guard_script(inv, node.name)),
                 node_python(inv, spec, node.name), *entry.program(),
                 *trainer_args(entry, directory, spec),
             )
