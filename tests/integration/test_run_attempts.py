@@ -48,12 +48,12 @@ def test_a_queued_run_waits_while_a_recovering_run_is_between_attempts(cluster3)
     text, queued_text = "".join(out.lines), "".join(qout.lines)
     assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
     assert "[recover] recovery 1/1" in text and "going on with 2 node(s)" in text, text[-4000:]
-    summary = json.loads((cluster3.state.run_dir("20261125-000000-recover") / "summary.json").read_text())
-    assert summary["outcome"] == "succeeded" and summary["world_size"] == 2 and summary["recovery"]["recoveries"] == 1
-    assert queued_code == 0, queued_text[-3000:] + "".join(qerr.lines)[-3000:]
     # The queued run starts (its first line once it holds the claim) only after the recovering run's last attempt
     # has trained to its end (rank 0's RESULT line): not between its attempts.
     finished = out.first(r"\[rank0\]: RESULT \{")
     started = qout.first(r"^run 20261125-000000-queued: MODE=cpu")
     assert finished is not None and started is not None and started[0] > finished[0], queued_text[-3000:]
+    assert queued_code == 0, queued_text[-3000:] + "".join(qerr.lines)[-3000:]
+    summary = json.loads((cluster3.state.run_dir("20261125-000000-recover") / "summary.json").read_text())
+    assert summary["outcome"] == "succeeded" and summary["world_size"] == 2 and summary["recovery"]["recoveries"] == 1
     assert not any(cluster3.job_processes().values())
