@@ -13,6 +13,8 @@ from localcluster import Cluster
 
 pytestmark = pytest.mark.integration
 
+SHORT = "--args=--workload digits --steps-per-epoch 5 2 1"  # 2 epochs of 5 steps, a snapshot after each: no accuracy asserted
+
 
 def _ip(ns: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["ip", "-n", ns, *args], capture_output=True, text=True, timeout=30)
@@ -85,7 +87,7 @@ def test_nodes_name_each_other_and_no_rank_prints_a_resolver_warning(shared_clus
                                        capture_output=True, text=True, timeout=30)
                 assert found.stdout.split()[1:2] == [node.hostname], (ns, address, found)
     for launcher in ("static", "torchrun"):
-        res = shared_cluster3.cli("train", "--nodes", "2", "--launcher", launcher)
+        res = shared_cluster3.cli("train", "--nodes", "2", "--launcher", launcher, SHORT)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr
         assert "cannot look up the name" not in res.stdout
         logs = sorted(Path(shared_cluster3.runs()[-1]).glob("node-*.log"))  # rank 0 speaks; the others only warn
