@@ -3,12 +3,21 @@ the real CLI in a subprocess, exactly as `make` does (see localcluster.py).
 
 Every cluster is brought down at teardown and the teardown asserts that nothing of it is left
 (namespaces, links, sshd, python), so a leak fails the test that caused it.
+
+Which cluster fixture a test takes:
+
+* ``shared_cluster3``: one 3-node cluster for the whole session, for the modules that only run jobs on it. After
+  each test that uses it, the test must have left nothing (no process of its runs on any node or outside them, the
+  claim given back) and the cluster as it found it (inventory, host keys, namespaces, sshd): see
+  ``localcluster.assert_left_as_found``; the session's end brings it down with the full leak check.
+* ``cluster3`` / ``cluster2``: a cluster of the module's own, for modules that reshape it (replace, stop or restart
+  a node or its sshd, cut a link, edit its inventory) or depend on what earlier runs left on the nodes.
 """
 
 from __future__ import annotations
 
 import pytest
-from localcluster import bring_up, tear_down
+from localcluster import ModuleView, assert_left_as_found, bring_up, shape, tear_down
 
 
 def shared_cluster(tmp_path_factory, nodes: int):
@@ -17,6 +26,31 @@ def shared_cluster(tmp_path_factory, nodes: int):
         yield cluster
     finally:
         tear_down(cluster)
+
+
+@pytest.fixture(scope="session")
+def session_cluster3(tmp_path_factory):
+    """The 3-node cluster behind ``shared_cluster3``; brought down (with the full leak check) when the session ends."""
+    yield from shared_cluster(tmp_path_factory, 3)
+
+
+@pytest.fixture(scope="module")
+def shared_cluster3(session_cluster3):
+    """The session's 3-node cluster, seen by one module: its ``runs()`` are the module's own."""
+    return ModuleView(session_cluster3.name, session_cluster3.home,
+                      earlier=frozenset(run.name for run in session_cluster3.runs()))
+
+
+@pytest.fixture(autouse=True)
+def _shared_cluster_left_as_found(request):
+    """For every test on ``shared_cluster3``: it left nothing and did not reshape the cluster."""
+    if "shared_cluster3" not in request.fixturenames:
+        yield
+        return
+    cluster = request.getfixturevalue("shared_cluster3")
+    before = shape(cluster)
+    yield
+    assert_left_as_found(cluster, before)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,73 @@ class Cluster:
     def runs(self) -> list[Path]:
         runs = self.state.runs_dir
         return sorted(runs.iterdir()) if runs.exists() else []
+
+
+@dataclass
+class ModuleView(Cluster):
+    """One test module's view of a cluster that several modules share (conftest.py's ``shared_cluster3``): its
+    :meth:`runs` are the runs made since the module began, as on a cluster of the module's own."""
+
+    earlier: frozenset[str] = frozenset()
+
+    def runs(self) -> list[Path]:
+        return [run for run in super().runs() if run.name not in self.earlier]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a test that only trains on a cluster must leave as it found it: the inventory and the pinned host keys,
+    the nodes' namespaces (by inode) and each node's sshd (by pid)."""
+
+    inventory: bytes
+    known_hosts: bytes
+    namespaces: tuple[tuple[str, int], ...]
+    sshd: tuple[tuple[str, tuple[int, ...]], ...]
+
+
+def shape(cluster: Cluster) -> Shape:
+    from multinode.providers.local.faults import node_pids
+
+    inv = cluster.inventory()
+    sshd = []
+    for node in inv.nodes:
+        pids = {pid for pid in node_pids(cluster.state, node.name) if _comm(pid) == "sshd"}
+        listeners = [pid for pid in pids if _ppid(pid) not in pids]  # not the per-connection children
+        sshd.append((node.name, tuple(sorted(listeners))))
+    return Shape(cluster.state.inventory_path.read_bytes(), Path(inv.known_hosts).read_bytes(),
+                 tuple(sorted(leakcheck.namespace_inodes(cluster.name).items())), tuple(sshd))
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def assert_left_as_found(cluster: Cluster, before: Shape, timeout: float = 10.0) -> None:
+    """After a test on a shared cluster: no process of its runs on any node or outside them (found by leakcheck.py;
+    ``timeout`` for one that was just killed to be reaped), the claim given back, and the cluster's shape as
+    before the test (no node replaced, restarted or re-keyed), so the next test finds the cluster it expects."""
+    from multinode.checks.claim import lock_path
+
+    deadline = time.monotonic() + timeout
+    while any((left := cluster.job_processes()).values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == {node.name: [] for node in cluster.inventory().nodes}, f"the test left processes: {left}"
+    lock = Path(lock_path(cluster.inventory()))
+    assert not lock.exists() or lock.read_text() == "", f"the test left the claim taken: {lock.read_text()!r}"
+    after = shape(cluster)
+    changed = [field for field in Shape.__dataclass_fields__ if getattr(after, field) != getattr(before, field)]
+    assert not changed, (f"the test reshaped the shared cluster {cluster.name} ({', '.join(changed)}): "
+                         "it needs a cluster of its own (conftest.py's cluster3)")
 
 
 def new_cluster_name(prefix: str = "t") -> str:

@@ -29,6 +29,8 @@ from test_images import RUN_ARGS, built_cpu_image
 
 pytestmark = pytest.mark.integration
 
+SHORT = "--args=--workload digits --steps-per-epoch 5 2 1"  # 2 epochs of 5 steps, a snapshot after each: no accuracy asserted, files written
+
 
 @pytest.fixture(scope="module")
 def job_user():
@@ -93,7 +95,7 @@ def test_everything_a_container_job_writes_is_the_ssh_users(job_user, user_clust
     assert {n.ssh_user for n in user_cluster.inventory().nodes} == {user}
     for attempt in (1, 2):  # the second run syncs over the first one's files
         res = user_cluster.cli("train", "--nodes", "2", "--mode", mode, "--launcher", "static" if mode == "cpu" else "auto",
-                               timeout=600)
+                               SHORT, timeout=600)
         assert res.returncode == 0, f"run {attempt}: " + res.stdout[-3000:] + res.stderr[-3000:]
         summary = json.loads((user_cluster.runs()[-1] / "summary.json").read_text())
         assert summary["result"]["world_size"] == 2 and set(summary["exit_codes"].values()) == {0}, summary
@@ -108,7 +110,7 @@ def test_everything_a_container_job_writes_is_the_ssh_users(job_user, user_clust
 def test_the_ssh_user_can_delete_the_whole_work_directory(job_user, user_cluster):
     """What a redeploy or a user's cleanup does on a node: everything under the work directory goes, as the user."""
     user, _ = job_user
-    res = user_cluster.cli("train", "--nodes", "2", "--mode", "cpu", "--launcher", "static", timeout=600)
+    res = user_cluster.cli("train", "--nodes", "2", "--mode", "cpu", "--launcher", "static", SHORT, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for node in user_cluster.inventory().nodes:
         workdir = user_cluster.inventory().workdir_for(node.name)

@@ -21,8 +21,8 @@ JOBS = Path(__file__).parent / "jobs"
 
 
 @pytest.mark.parametrize("name", list(HANG_DRILLS))
-def test_hung_rank_is_named(cluster3, name: str):
-    result = run_hang_drill(cluster3, name)
+def test_hung_rank_is_named(shared_cluster3, name: str):
+    result = run_hang_drill(shared_cluster3, name)
     print(f"{name}: {result}")
     drill = HANG_DRILLS[name]
     assert result.exit_code == 1, result
@@ -36,14 +36,14 @@ def test_hung_rank_is_named(cluster3, name: str):
     assert not any(result.left_at_exit.values()), result
 
 
-def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
-    proc = cluster3.popen("train", "--nodes", "3", "--script", str(JOBS / "user_allreduce.py"),
-                          "--args=--steps 40 --sleep 0.1")
+def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(shared_cluster3):
+    proc = shared_cluster3.popen("train", "--nodes", "3", "--script", str(JOBS / "user_allreduce.py"),
+                                 "--args=--steps 40 --sleep 0.1")
     out = Watcher(proc.stdout)
     try:
         out.wait_for(r"^\[node-2\] \[rank2\]: USER step 3 ")
         run_id = re.search(r"run (\S+): MODE=", "".join(out.lines))[1]
-        res = cluster3.cli("stacks", timeout=60)
+        res = shared_cluster3.cli("stacks", timeout=60)
         assert res.returncode == 0, res.stdout + res.stderr
         assert f"run {run_id}: 3 live rank(s) on 3 node(s)" in res.stdout, res.stdout
         # Every rank appears once, in a group that names it and its node; the groups hold our script's frames.
@@ -55,7 +55,7 @@ def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert "run " in "".join(out.lines) and not any(cluster3.job_processes().values())
+    assert "run " in "".join(out.lines) and not any(shared_cluster3.job_processes().values())
 
 
 @pytest.mark.parametrize("mode, node, rank, pg_timeout", [
@@ -66,14 +66,14 @@ def test_stacks_of_a_running_job_are_grouped_and_the_job_goes_on(cluster3):
     # watchdog (the same heartbeat) ends it and the capture names the stopped rank.
     ("mpi", "node-1", 1, None),
 ])
-def test_a_stopped_rank_stalls_our_trainer_and_its_heartbeat_names_it(cluster3, mode, node, rank, pg_timeout):
+def test_a_stopped_rank_stalls_our_trainer_and_its_heartbeat_names_it(shared_cluster3, mode, node, rank, pg_timeout):
     extra = ["--pg-timeout", pg_timeout] if pg_timeout else []
-    proc = cluster3.popen("train", "--mode", mode, "--nodes", "3", "--stall-timeout", "8", *extra,
-                          "--args=--workload digits 200 50")
+    proc = shared_cluster3.popen("train", "--mode", mode, "--nodes", "3", "--stall-timeout", "8", *extra,
+                                 "--args=--workload digits 200 50")
     with watched(proc) as (out, err):
         out.wait_for(r"\[rank0\]: .*epoch 2/200 ", timeout=240)
         start = time.monotonic()
-        os.kill(rank_pid(cluster3.state, node, rank), signal.SIGSTOP)
+        os.kill(rank_pid(shared_cluster3.state, node, rank), signal.SIGSTOP)
         assert proc.wait(timeout=120) == 1, "".join(err.lines)[-3000:]
         seconds = time.monotonic() - start
     stderr, stdout = "".join(err.lines), "".join(out.lines)
@@ -82,4 +82,4 @@ def test_a_stopped_rank_stalls_our_trainer_and_its_heartbeat_names_it(cluster3, 
     assert f"job failed first on {node} (rank {rank})" in stderr, stderr
     assert re.search(rf"root cause: {node} rank {rank} \(pid \d+\) is stopped \(state T", stderr), stderr
     # The stall watchdog ended it (the STALL_TIMEOUT line above); how long it took is printed, not asserted.
-    assert not any(cluster3.job_processes().values())
+    assert not any(shared_cluster3.job_processes().values())

@@ -1,5 +1,6 @@
-"""Bad input and bad state on a real local cluster: one line naming the value and the fix, exit 2,
-no side effects (no run directory, no process on any node, the cluster still usable)."""
+"""Bad state on a real local cluster: one line naming the value and the fix, exit 2, no side effects (no run
+directory, no process on any node, the cluster still usable). Bad input that is refused before anything connects
+(NODES, MODE, SCRIPT, ELASTIC, ARGS, a cluster that is not up) is checked in-process by tests/unit/test_errors.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from localcluster import Cluster, new_cluster_name
+from localcluster import Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -30,31 +31,6 @@ def untouched(cluster3: Cluster):
     yield cluster3
     assert cluster3.runs() == before
     assert cluster3.job_processes() == {node.name: [] for node in cluster3.inventory().nodes}
-
-
-def test_train_before_up(tmp_path: Path):
-    cluster = Cluster(new_cluster_name(), tmp_path)
-    res = cluster.cli("train")
-    assert_one_line_error(res, f"cluster '{cluster.name}' is not up", "make up")
-    assert not (tmp_path / cluster.name).exists()
-
-
-def test_more_nodes_than_the_cluster_has(untouched: Cluster):
-    assert_one_line_error(untouched.cli("train", "--nodes", "5"), "NODES=5", "has 3 nodes", "make up NODES=5")
-
-
-def test_unknown_mode(untouched: Cluster):
-    assert_one_line_error(untouched.cli("train", "--mode", "tpu"), "unknown MODE 'tpu'", "cpu, gpu, mpi, mpi-gpu")
-
-
-@pytest.mark.parametrize("mode", ["gpu", "mpi-gpu"])
-def test_gpu_mode_on_cpu_nodes(untouched: Cluster, mode: str):
-    assert_one_line_error(untouched.cli("train", "--mode", mode), f"MODE={mode} needs GPU nodes", "MODE=cpu")
-
-
-def test_script_that_does_not_exist(untouched: Cluster, tmp_path: Path):
-    missing = tmp_path / "nope.py"
-    assert_one_line_error(untouched.cli("train", "--script", str(missing)), f"SCRIPT={missing} does not exist")
 
 
 def test_unreachable_node(untouched: Cluster):
@@ -106,13 +82,6 @@ def test_up_twice(untouched: Cluster):
     assert_one_line_error(res, f"cluster '{untouched.name}' is already up with 3 nodes", "make down")
     assert len(untouched.inventory().nodes) == 3
     assert untouched.cli("status").returncode == 0
-
-
-def test_bad_values_before_anything_runs(untouched: Cluster):
-    assert_one_line_error(untouched.cli("train", "--nodes", "0"), "NODES=0")
-    assert_one_line_error(untouched.cli("train", "--elastic", "3:1"), "ELASTIC='3:1'")
-    assert_one_line_error(untouched.cli("train", "--args", "'unbalanced"), "ARGS=")
-
 
 
 def test_changed_host_key_is_refused(untouched: Cluster, tmp_path: Path):

@@ -36,8 +36,10 @@ EXIT_PREEMPTED = 75
 GRACE = "30"
 DECOY = "raise SystemExit(\"the project's own training.guard ran instead of the orchestrator's\")\n"
 # A user script that does nothing about notices but what any program may do: save in a SIGTERM handler, then die
-# by the signal. It runs STEPS steps (0.05 s each) unless stopped; each rank only sleeps (no collectives).
-STEPS = 800
+# by the signal. It runs STEPS steps (0.05 s each) unless stopped; each rank only sleeps (no collectives). node-0 gets
+# no notice and runs all of them (20 s); node-1's notice is armed at its step 20 and the guard polls every 5 s, so its
+# save lands near step 120, well inside.
+STEPS = 400
 PLAIN = (Path(__file__).parent / "jobs" / "plain_sigterm.py").read_text()
 
 

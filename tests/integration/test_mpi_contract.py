@@ -50,14 +50,14 @@ def run_id(stdout: str) -> str:
     return re.search(r"run (\S+): MODE=", stdout)[1]
 
 
-def test_an_env_script_runs_under_mpi_on_3_nodes(cluster3):
+def test_an_env_script_runs_under_mpi_on_3_nodes(shared_cluster3):
     """A torchrun-style script (env://, gloo) under MODE=mpi, 2 ranks per node: each rank's RANK, LOCAL_RANK,
     WORLD_SIZE, LOCAL_WORLD_SIZE agree with Open MPI's; MASTER_ADDR/PORT are the head's cluster address and
     the run's rendezvous port."""
-    res = cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--nproc", "2", "--script",
-                       str(JOBS / "env_contract.py"), timeout=400)
+    res = shared_cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--nproc", "2", "--script",
+                              str(JOBS / "env_contract.py"), timeout=400)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
-    head = cluster3.inventory().head.private_ip
+    head = shared_cluster3.inventory().head.private_ip
     found = re.findall(r"^\[(node-\d)\] \[rank(\d)\]: CONTRACT rank=(\d) world=(\d) local=(\d) local_world=(\d) "
                        r"group=(\d) master=(\S+) sum=(\d) ompi_rank=(\d) omp=(\S+) unbuffered=(\S+) gloo_if=(\S+)$", res.stdout, re.M)
     assert len(found) == 6, res.stdout[-4000:]
@@ -66,30 +66,30 @@ def test_an_env_script_runs_under_mpi_on_3_nodes(cluster3):
         assert (world, local, local_world, master, total) == ("6", str(int(rank) % 2), "2", f"{head}:29500", "6")
         # in the environment each rank starts with, not only after MPI_Init
         assert (omp, unbuffered) == ("1", "1") and gloo != "unset", found
-    assert not any(cluster3.job_processes().values())
+    assert not any(shared_cluster3.job_processes().values())
 
 
-def test_env_may_not_set_what_mpirun_sets(cluster3):
-    before = cluster3.runs()
-    res = cluster3.cli("train", "--mode", "mpi", "--nodes", "2", "--env", "MASTER_ADDR=10.9.9.9",
-                       "--script", str(JOBS / "env_contract.py"))
+def test_env_may_not_set_what_mpirun_sets(shared_cluster3):
+    before = shared_cluster3.runs()
+    res = shared_cluster3.cli("train", "--mode", "mpi", "--nodes", "2", "--env", "MASTER_ADDR=10.9.9.9",
+                              "--script", str(JOBS / "env_contract.py"))
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr
     lines = [line for line in res.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "ENV names MASTER_ADDR, which the launcher sets on every rank" in lines[0], lines
-    assert cluster3.runs() == before
+    assert shared_cluster3.runs() == before
 
 
-def test_a_ranks_traceback_in_the_log_is_the_one_python_printed(cluster3, tmp_path):
+def test_a_ranks_traceback_in_the_log_is_the_one_python_printed(shared_cluster3, tmp_path):
     """Rank 1 raises under MODE=mpi: its lines in the head's log (and on the console), prefixes stripped, are
     its traceback as Python formatted it, line by line -- not Open MPI's chunks with tags mid-line."""
     tmp_path.chmod(0o777)
-    res = cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--script", str(JOBS / "raises.py"),
-                       f"--args=--rank 1 --out {tmp_path}", timeout=300)
+    res = shared_cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--script", str(JOBS / "raises.py"),
+                              f"--args=--rank 1 --out {tmp_path}", timeout=300)
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr
     expected = (tmp_path / "traceback-rank1.txt").read_text().splitlines()
     assert expected[0] == "Traceback (most recent call last):" and "^" in "".join(expected), expected
     assert expected[-1] == "KeyError: 'missing-warmup-rank1'"
-    log = cluster3.state.run_dir(run_id(res.stdout)) / "node-0.log"
+    log = shared_cluster3.state.run_dir(run_id(res.stdout)) / "node-0.log"
     logged = [line.removeprefix("[rank1]: ") for line in log.read_text().splitlines() if line.startswith("[rank1]: ")]
     shown = [line.removeprefix("[node-1] [rank1]: ") for line in res.stdout.splitlines()
              if line.startswith("[node-1] [rank1]: ")]
@@ -100,10 +100,10 @@ def test_a_ranks_traceback_in_the_log_is_the_one_python_printed(cluster3, tmp_pa
     assert shown == logged
     assert not re.search(r"\[\d+,\d+\]<std", log.read_text() + res.stdout)  # no Open MPI tag left anywhere
     assert re.search(r"job failed first on node-\d \(rank 1\)", res.stderr), res.stderr  # mpirun runs on node-0
-    assert not any(cluster3.job_processes().values())
+    assert not any(shared_cluster3.job_processes().values())
 
 
-def test_a_hugging_face_trainer_script_runs_under_mpi_on_2_nodes(cluster3, tmp_path):
+def test_a_hugging_face_trainer_script_runs_under_mpi_on_2_nodes(shared_cluster3, tmp_path):
     """transformers' Trainer (accelerate's PartialState underneath) needs MASTER_ADDR/MASTER_PORT and the
     env:// ranks: under MODE=mpi it trains data-parallel over gloo, with transformers and accelerate installed
     on each node by SETUP from wheels (offline), and the two replicas end with identical weights."""
@@ -111,8 +111,9 @@ def test_a_hugging_face_trainer_script_runs_under_mpi_on_2_nodes(cluster3, tmp_p
     shutil.copytree(JOBS / "hf_trainer", project)
     shutil.copytree(hf_wheels(), project / "wheels", ignore=shutil.ignore_patterns(".complete"))
     (project / "requirements.txt").write_text("--no-index\n--find-links wheels\n" + "\n".join(HF_PINS) + "\n")
-    res = cluster3.cli("train", "--mode", "mpi", "--nodes", "2", "--workdir", str(project), "--script", "train.py",
-                       "--setup", "pip install -q -r requirements.txt", "--args=--steps 12 --out hf-out", timeout=600)
+    res = shared_cluster3.cli("train", "--mode", "mpi", "--nodes", "2", "--workdir", str(project),
+                              "--script", "train.py",
+                              "--setup", "pip install -q -r requirements.txt", "--args=--steps 12 --out hf-out", timeout=600)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr
     found = re.findall(r"^\[(node-\d)\] \[rank(\d)\]: HF rank=(\d) world=(\d) distributed=(\w+) steps=(\d+) "
                        r"loss=([\d.]+) weights=(\S+)$", res.stdout, re.M)
@@ -121,4 +122,4 @@ def test_a_hugging_face_trainer_script_runs_under_mpi_on_2_nodes(cluster3, tmp_p
     assert {(world, dist, steps) for *_, world, dist, steps, _, _ in found} == {("2", "True", "12")}
     assert len({weights for *_, weights in found}) == 1  # DDP kept the replicas identical
     assert "MASTER_ADDR env was not set" not in res.stdout + res.stderr
-    assert not any(cluster3.job_processes().values())
+    assert not any(shared_cluster3.job_processes().values())

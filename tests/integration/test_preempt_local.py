@@ -35,31 +35,31 @@ def in_node(cluster, node: str, *argv: str, **env: str) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=60)
 
 
-def test_watcher_reads_the_local_metadata_endpoint(cluster3):
+def test_watcher_reads_the_local_metadata_endpoint(shared_cluster3):
     from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
 
     env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": ENDPOINT}
-    start_endpoint(cluster3.state, "node-1")
+    start_endpoint(shared_cluster3.state, "node-1")
     try:
-        quiet = in_node(cluster3, "node-1", "-m", "training.imds", **env)
+        quiet = in_node(shared_cluster3, "node-1", "-m", "training.imds", **env)
         assert quiet.returncode == 0 and json.loads(quiet.stdout) is None, quiet.stdout + quiet.stderr
-        notice = arm_notice(cluster3.state, "node-1", 0.0)
-        armed = in_node(cluster3, "node-1", "-m", "training.imds", **env)
+        notice = arm_notice(shared_cluster3.state, "node-1", 0.0)
+        armed = in_node(shared_cluster3, "node-1", "-m", "training.imds", **env)
         got = json.loads(armed.stdout)
         assert got["kind"] == "interruption" and got["action"] == "terminate", armed.stdout + armed.stderr
         assert got["time"].endswith("Z") and notice["action_at"] > notice["visible_at"]
-        elsewhere = in_node(cluster3, "node-2", "-m", "training.imds", **env)  # node-2 has no endpoint
+        elsewhere = in_node(shared_cluster3, "node-2", "-m", "training.imds", **env)  # node-2 has no endpoint
         assert elsewhere.returncode == 1 and "imds:" in elsewhere.stderr, elsewhere.stderr
     finally:
-        stop_endpoint(cluster3.state, "node-1")
-    assert not any(cluster3.job_processes().values())
+        stop_endpoint(shared_cluster3.state, "node-1")
+    assert not any(shared_cluster3.job_processes().values())
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(cluster3):
-    res = cluster3.cli(*train_args("base"), timeout=600)
+def uninterrupted(shared_cluster3):
+    res = shared_cluster3.cli(*train_args("base"), timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return torch.load(run_files(cluster3, "base", "final_model.pt")["node-0"])
+    return torch.load(run_files(shared_cluster3, "base", "final_model.pt")["node-0"])
 
 
 def _assert_coordinated(result, node: str, ranks: int = 3) -> None:
@@ -73,45 +73,45 @@ def _assert_coordinated(result, node: str, ranks: int = 3) -> None:
     assert not any(result.left_at_exit.values()), result
 
 
-def test_notice_on_node1_one_snapshot_replicated_then_bitwise_resume(cluster3, uninterrupted):
-    result = run_notice_drill(cluster3, "spot")
+def test_notice_on_node1_one_snapshot_replicated_then_bitwise_resume(shared_cluster3, uninterrupted):
+    result = run_notice_drill(shared_cluster3, "spot")
     print(f"notice -> stopped+replicated {result.seconds_to_stop} s, -> exit {result.seconds_to_exit} s")
     assert result.exit_code == EXIT_PREEMPTED, result  # the orchestrator says "preempted", not "failed"
     _assert_coordinated(result, "node-1")
     assert result.report["notice"].startswith("spot interruption notice (terminate"), result.report
     assert result.report["stopped_time"] < result.action_at, result  # inside the two-minute window
-    copies = snapshot_copies(cluster3, "spot")
+    copies = snapshot_copies(shared_cluster3, "spot")
     assert set(copies) == {"node-0:primary", "node-1:replica"}, copies
     assert copies["node-0:primary"].read_bytes() == copies["node-1:replica"].read_bytes()
     shutil.rmtree(copies["node-0:primary"].parent / "replica", ignore_errors=True)
     for name in ("snapshot.pt", "snapshot.sha256"):  # node-0's disk is lost: only node-1's copy is left
         (copies["node-0:primary"].parent / name).unlink()
-    res = resume(cluster3, "spot")
+    res = resume(shared_cluster3, "spot")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     epoch, batch, _ = next(iter(result.stops.values()))
     assert f"resumed from snapshot: next epoch {epoch} batch {batch}" in res.stdout, res.stdout[-3000:]
     assert float(res.stdout.split("test accuracy: ")[1].split()[0]) >= 0.95, res.stdout[-2000:]
-    again = torch.load(run_files(cluster3, "spot", "final_model.pt")["node-0"])
+    again = torch.load(run_files(shared_cluster3, "spot", "final_model.pt")["node-0"])
     assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted), "weights differ from the full run"
 
 
-def test_sigterm_with_grace_checkpoints_before_exit(cluster3):
-    result = run_sigterm_drill(cluster3, "term")
+def test_sigterm_with_grace_checkpoints_before_exit(shared_cluster3):
+    result = run_sigterm_drill(shared_cluster3, "term")
     print(f"SIGTERM -> stopped+replicated {result.seconds_to_stop} s, -> exit {result.seconds_to_exit} s")
     assert result.exit_code == EXIT_PREEMPTED, result
     _assert_coordinated(result, "node-1")
     assert result.report["notice"] == "SIGTERM (signal)", result.report
-    assert len(snapshot_copies(cluster3, "term")) == 2
+    assert len(snapshot_copies(shared_cluster3, "term")) == 2
 
 
-def test_user_script_with_the_helper_checkpoints_on_sigterm(cluster3, tmp_path):
+def test_user_script_with_the_helper_checkpoints_on_sigterm(shared_cluster3, tmp_path):
     """tests/integration/jobs/user_preempt.py, a plain loop with ``preempt.guard()``, in a project that carries
     the helper (training/preempt.py and training/imds.py: standard library only, torch when it agrees)."""
     project = preempt_project(tmp_path)
     out = tmp_path / "user-ckpt.pt"
     args = ["train", "--nodes", "3", "--run-id=user", "--script=user_preempt.py", f"--workdir={project}",
             "--env=MULTINODE_GRACE=30", f"--args=--steps 100000 --out {out}"]
-    result = run_sigterm_drill(cluster3, "user", script=b"user_preempt.py", args=args)
+    result = run_sigterm_drill(shared_cluster3, "user", script=b"user_preempt.py", args=args)
     assert result.exit_code == EXIT_PREEMPTED, result
     assert len(result.stops) == 3 and len(set(result.stops.values())) == 1, result.stops
     assert torch.load(out)["step"] == next(iter(result.stops.values()))[2]
@@ -129,7 +129,7 @@ def _arm_when(started: Path, state, node: str) -> None:
     arm_notice(state, node, 0.0)
 
 
-def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path):
+def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(shared_cluster3, tmp_path):
     """A command that does nothing about notices, under ``python -m training.guard`` inside node-2: the node's
     metadata notice -> SIGTERM to the command (which saves in its trap), and the guard exits 75."""
     from multinode.providers.local.imds import ENDPOINT, start_endpoint, stop_endpoint
@@ -138,22 +138,23 @@ def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(cluster3, tmp_path)
     # A foreground loop of short sleeps: a sleep forked after the guard's SIGTERM to the group cannot hold the
     # pipes for long; the notice is armed once the command runs, so its trap is set when the SIGTERM comes.
     command = f"trap 'echo saved > {saved}; exit 143' TERM; touch {saved}.started; while :; do sleep 0.2; done"
-    start_endpoint(cluster3.state, "node-2")
-    armer = threading.Thread(target=_arm_when, args=(Path(f"{saved}.started"), cluster3.state, "node-2"), daemon=True)
+    start_endpoint(shared_cluster3.state, "node-2")
+    armer = threading.Thread(target=_arm_when, args=(Path(f"{saved}.started"), shared_cluster3.state, "node-2"),
+                             daemon=True)
     try:
         armer.start()
-        res = in_node(cluster3, "node-2", "-m", "training.guard", "--grace", "10", "--poll", "0.5", "--",
+        res = in_node(shared_cluster3, "node-2", "-m", "training.guard", "--grace", "10", "--poll", "0.5", "--",
                       "sh", "-c", command, AWS_EC2_METADATA_SERVICE_ENDPOINT=ENDPOINT)
     finally:
-        stop_endpoint(cluster3.state, "node-2")
+        stop_endpoint(shared_cluster3.state, "node-2")
     assert res.returncode == 143 and saved.read_text() == "saved\n", res.stderr
     assert "spot interruption notice (terminate" in res.stderr
-    stubborn = in_node(cluster3, "node-0", "-m", "training.guard", "--grace", "1", "--poll", "0.5", "--",
+    stubborn = in_node(shared_cluster3, "node-0", "-m", "training.guard", "--grace", "1", "--poll", "0.5", "--",
                        "sh", "-c", "trap '' TERM; kill -TERM $PPID; sleep 120")
     assert stubborn.returncode == EXIT_PREEMPTED, stubborn.stderr  # its own SIGTERM, then SIGKILL after 1 s
 
 
-def test_make_preempt_ends_the_run_preempted_not_failed(cluster3):
+def test_make_preempt_ends_the_run_preempted_not_failed(shared_cluster3):
     """`make preempt NODE=1` on a run whose ranks read the local metadata endpoint: the run stops at one step and
     the orchestrator ends it with 75 and the PREEMPTED summary."""
     from bench.drills.common import watched
@@ -161,20 +162,21 @@ def test_make_preempt_ends_the_run_preempted_not_failed(cluster3):
 
     from multinode.providers.local.imds import ENDPOINT
 
-    proc = cluster3.popen("train", "--nodes", "3", "--run-id=mkpre", f"--env=AWS_EC2_METADATA_SERVICE_ENDPOINT={ENDPOINT}",
-                          "--args=--workload digits 40 40")
+    proc = shared_cluster3.popen("train", "--nodes", "3", "--run-id=mkpre",
+                                 f"--env=AWS_EC2_METADATA_SERVICE_ENDPOINT={ENDPOINT}",
+                                 "--args=--workload digits 40 40")
     try:
         with watched(proc) as (out, err):
             out.wait_for(r"\[rank0\]: .*epoch 1/40 ", timeout=240)
-            armed = cluster3.cli("preempt", "--node", "1", timeout=60)
+            armed = shared_cluster3.cli("preempt", "--node", "1", timeout=60)
             assert armed.returncode == 0 and "node-1: spot interruption notice" in armed.stdout, armed.stderr
             code = proc.wait(timeout=240)
         text = "".join(out.lines)
         assert code == EXIT_PREEMPTED, text[-3000:] + "".join(err.lines)[-3000:]
         assert "run mkpre PREEMPTED" in text and "resume: " in text and "--run-id mkpre" in text, text[-3000:]
-        summary = json.loads((cluster3.state.run_dir("mkpre") / "summary.json").read_text())
+        summary = json.loads((shared_cluster3.state.run_dir("mkpre") / "summary.json").read_text())
         assert summary["preempted"]["noticed_on"].endswith("node-1") and len(summary["preempted"]["copies"]) == 2
         assert summary["failed_node"] is None
     finally:
-        stop_endpoint(cluster3.state, "node-1")
-    assert not any(cluster3.job_processes().values())
+        stop_endpoint(shared_cluster3.state, "node-1")
+    assert not any(shared_cluster3.job_processes().values())

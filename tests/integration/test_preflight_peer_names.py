@@ -14,11 +14,11 @@ from localcluster import Cluster
 pytestmark = pytest.mark.integration
 
 
-def test_the_head_names_exactly_the_peers_it_cannot_look_up(cluster2: Cluster):
+def test_the_head_names_exactly_the_peers_it_cannot_look_up(shared_cluster3: Cluster):
     from multinode.checks.preflight import resolve_probe, resolve_warning
     from multinode.ssh.runner import RemoteRunner
 
-    inv = cluster2.inventory()
+    inv = shared_cluster3.inventory()
     # Two peers no hosts file lists (addresses of the cluster subnet that no node has; nothing is sent to them:
     # the node's resolver reads its hosts file, then its nameserver, 127.0.0.1, which refuses).
     strangers = tuple(dataclasses.replace(inv.nodes[1], name=f"node-{9 + i}", private_ip=inv.nodes[1].private_ip[:-2]

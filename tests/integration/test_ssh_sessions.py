@@ -17,6 +17,8 @@ from localcluster import Cluster, sshd_options
 
 pytestmark = pytest.mark.integration
 
+SHORT = "--args=--workload digits --steps-per-epoch 5 2 1"  # 2 epochs of 5 steps, a snapshot after each: no accuracy asserted
+
 NODES = ("node-0", "node-1", "node-2")
 
 
@@ -29,7 +31,7 @@ def test_a_whole_train_uses_one_connection_and_one_session_per_node_the_claim_in
     with contextlib.ExitStack() as stack:
         logs = {node: stack.enter_context(sshd_options(cluster3, node, "LogLevel VERBOSE")) for node in NODES}
         before = {node: counts(log) for node, log in logs.items()}
-        res = cluster3.cli("train", "--nodes", "3", "--stall-timeout=0", timeout=300)
+        res = cluster3.cli("train", "--nodes", "3", "--stall-timeout=0", SHORT, timeout=300)
         assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
         during = {node: tuple(a - b for a, b in zip(counts(log), before[node])) for node, log in logs.items()}
     assert all(sum(counts(log)) for log in logs.values()), "sshd logged nothing: LogLevel VERBOSE did not apply"

@@ -18,43 +18,44 @@ pytestmark = pytest.mark.integration
 JOBS = Path(__file__).parent / "jobs"
 
 
-def test_static_launch_runs_several_ranks_per_node_with_prefixed_lines(cluster3: Cluster):
-    res = cluster3.cli("train", "--launcher", "static", "--nodes", "2", "--nproc", "2",
-                       "--script", str(JOBS / "user_allreduce.py"), "--args=--value 3")
+def test_static_launch_runs_several_ranks_per_node_with_prefixed_lines(shared_cluster3: Cluster):
+    res = shared_cluster3.cli("train", "--launcher", "static", "--nodes", "2", "--nproc", "2",
+                              "--script", str(JOBS / "user_allreduce.py"), "--args=--value 3")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     lines = re.findall(r"^\[(node-\d)\] \[rank(\d)\]: USER rank=(\d) world=4 host=(\S+) .* sum=(\d+) expected=(\d+)$",
                        res.stdout, re.M)
     assert sorted(int(rank) for _, _, rank, *_ in lines) == [0, 1, 2, 3], res.stdout
     for node, prefix_rank, rank, host, total, expected in lines:
         assert prefix_rank == rank and total == expected == "30"
-        assert node == f"node-{int(rank) // 2}" and host == f"{cluster3.name}-{node}"
-    assert "torch.distributed.run" not in (Path(summary_of(cluster3)["log_dir"]) / "plan.json").read_text()
-    assert_no_job_left(cluster3)
+        assert node == f"node-{int(rank) // 2}" and host == f"{shared_cluster3.name}-{node}"
+    assert "torch.distributed.run" not in (Path(summary_of(shared_cluster3)["log_dir"]) / "plan.json").read_text()
+    assert_no_job_left(shared_cluster3)
 
 
-def test_static_launch_trains_our_model(cluster3: Cluster):
-    res = cluster3.cli("train", "--launcher", "static", "--nodes", "3",
-                       "--args=--workload digits --steps-per-epoch 5 2 1")
+def test_static_launch_trains_our_model(shared_cluster3: Cluster):
+    res = shared_cluster3.cli("train", "--launcher", "static", "--nodes", "3",
+                              "--args=--workload digits --steps-per-epoch 5 2 1")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    summary = summary_of(cluster3)
+    summary = summary_of(shared_cluster3)
     assert summary["exit_codes"] == {"node-0": 0, "node-1": 0, "node-2": 0}
     assert (summary["result"]["world_size"], summary["result"]["launcher"]) == (3, "env")  # no torchrun agent
     assert Path(summary["metrics"]).read_text().strip()
-    assert_no_job_left(cluster3)
+    assert_no_job_left(shared_cluster3)
 
 
-def test_static_killed_rank_stops_every_node_and_names_it(cluster3: Cluster):
-    proc = cluster3.popen("train", "--launcher", "static", "--nodes", "3", "--script", str(JOBS / "user_allreduce.py"),
-                          "--args=--steps -1")
+def test_static_killed_rank_stops_every_node_and_names_it(shared_cluster3: Cluster):
+    proc = shared_cluster3.popen("train", "--launcher", "static", "--nodes", "3",
+                                 "--script", str(JOBS / "user_allreduce.py"),
+                                 "--args=--steps -1")
     watcher = OutputWatcher(proc)
     for i in range(3):
         watcher.wait_for(rf"^\[node-{i}\] \[rank\d\]: USER step 2 ")
-    victim = next(pid for pid in cluster3.job_processes()["node-1"]
+    victim = next(pid for pid in shared_cluster3.job_processes()["node-1"]
                   if Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[1:2] == [b"user_allreduce.py"])  # SCRIPT, relative to its WORKDIR
     os.kill(victim, signal.SIGKILL)
     proc.wait(timeout=90)
     stderr = proc.stderr.read()
     assert proc.returncode == 1, stderr
     assert "job failed first on node-1 (rank 1)" in stderr
-    assert summary_of(cluster3)["failed_node"] == "node-1"
-    assert_no_job_left(cluster3)
+    assert summary_of(shared_cluster3)["failed_node"] == "node-1"
+    assert_no_job_left(shared_cluster3)

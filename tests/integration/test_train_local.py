@@ -29,9 +29,9 @@ def assert_no_job_left(cluster: Cluster) -> None:
 
 @pytest.mark.parametrize("mode, nodes, launcher", [("cpu", 2, "auto"), ("mpi", 2, "auto"), ("cpu", 3, "torchrun"),
                                                    ("mpi", 3, "auto")])
-def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, launcher: str):
+def test_digits_trains_across_nodes(shared_cluster3: Cluster, mode: str, nodes: int, launcher: str):
     """cpu: the default (no agents for a fixed-size job) on 2 nodes, torchrun's agents on 3."""
-    res = cluster3.cli("train", "--mode", mode, "--nodes", str(nodes), "--launcher", launcher)
+    res = shared_cluster3.cli("train", "--mode", mode, "--nodes", str(nodes), "--launcher", launcher)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     # Rank 0 speaks, the other ranks only warn: the trainer's lines come from node-0 (that every node streams its
     # own ranks' lines is test_torchrun_lines_carry_node_and_rank's, with a script whose every rank prints).
@@ -40,9 +40,9 @@ def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, la
         # The nodes name each other (netns hosts files). Not yet under mpirun: the trainer's MPI rendezvous hosts its
         # store at "0.0.0.0" (training/dist_env.py), an address no resolver names.
         assert "hostname of the client socket" not in res.stdout
-        plan = (Path(summary_of(cluster3)["log_dir"]) / "plan.json").read_text()
+        plan = (Path(summary_of(shared_cluster3)["log_dir"]) / "plan.json").read_text()
         assert ("torch.distributed.run" in plan) == (launcher == "torchrun")
-    summary = summary_of(cluster3)
+    summary = summary_of(shared_cluster3)
     assert summary["exit_codes"] == ({f"node-{i}": 0 for i in range(nodes)} if mode == "cpu" else {"node-0": 0})
     assert summary["world_size"] == nodes
     assert summary["result"]["test_accuracy"] >= 0.95
@@ -52,11 +52,11 @@ def test_digits_trains_across_nodes(cluster3: Cluster, mode: str, nodes: int, la
     assert (Path(summary["log_dir"]) / "node-0.log").read_text()
     for i in range(nodes if mode == "cpu" else 1):  # every node's log is kept, a silent one too
         assert (Path(summary["log_dir"]) / f"node-{i}.log").is_file()
-    assert_no_job_left(cluster3)
+    assert_no_job_left(shared_cluster3)
 
 
-def test_torchrun_lines_carry_node_and_rank(cluster3: Cluster):
-    res = cluster3.cli("train", "--nodes", "2", "--script", str(JOBS / "user_allreduce.py"), "--args=--value 3")
+def test_torchrun_lines_carry_node_and_rank(shared_cluster3: Cluster):
+    res = shared_cluster3.cli("train", "--nodes", "2", "--script", str(JOBS / "user_allreduce.py"), "--args=--value 3")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     lines = re.findall(r"^\[(node-\d)\] \[rank(\d)\]: USER rank=(\d) world=2 host=(\S+) .* sum=(\d+) expected=(\d+)$",
                        res.stdout, re.M)
@@ -64,34 +64,34 @@ def test_torchrun_lines_carry_node_and_rank(cluster3: Cluster):
     assert {node for node, *_ in lines} == {"node-0", "node-1"}
     for node, prefix_rank, rank, host, total, expected in lines:
         assert prefix_rank == rank and total == expected == "9"
-        assert host == f"{cluster3.name}-{node}"  # each node runs under its own hostname
-    assert_no_job_left(cluster3)
+        assert host == f"{shared_cluster3.name}-{node}"  # each node runs under its own hostname
+    assert_no_job_left(shared_cluster3)
 
 
-def test_mpi_mode_runs_a_user_mpi_script(cluster3: Cluster):
-    res = cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--script", str(JOBS / "user_mpi.py"))
+def test_mpi_mode_runs_a_user_mpi_script(shared_cluster3: Cluster):
+    res = shared_cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--script", str(JOBS / "user_mpi.py"))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
     hosts = set(re.findall(r"USERMPI rank=\d size=3 host=(\S+) sum=3 expected=3", res.stdout))
-    assert hosts == {f"{cluster3.name}-node-{i}" for i in range(3)}, res.stdout
-    assert_no_job_left(cluster3)
+    assert hosts == {f"{shared_cluster3.name}-node-{i}" for i in range(3)}, res.stdout
+    assert_no_job_left(shared_cluster3)
 
 
-def test_dry_run_prints_commands_and_runs_nothing(cluster3: Cluster):
-    before = cluster3.runs()
-    head_ip = cluster3.inventory().head.private_ip
+def test_dry_run_prints_commands_and_runs_nothing(shared_cluster3: Cluster):
+    before = shared_cluster3.runs()
+    head_ip = shared_cluster3.inventory().head.private_ip
     # The default for a fixed-size job: every node starts its rank with node-0 as MASTER_ADDR.
-    res = cluster3.cli("train", "--nodes", "3", "--dry-run")
+    res = shared_cluster3.cli("train", "--nodes", "3", "--dry-run")
     assert res.returncode == 0, res.stderr
     argv_lines = [line for line in res.stdout.splitlines() if "] argv: " in line]
     assert len(argv_lines) == 3 and all(line.split("argv: ")[1].startswith("sh -c ") for line in argv_lines)
     assert all(f"[node-{i}] env: MASTER_ADDR={head_ip}" in res.stdout for i in range(3))
     assert "[node-2] env: GLOO_SOCKET_IFNAME=" in res.stdout
     # Through torchrun's agents: c10d rendezvous on node-0.
-    res = cluster3.cli("train", "--nodes", "3", "--dry-run", "--launcher", "torchrun")
+    res = shared_cluster3.cli("train", "--nodes", "3", "--dry-run", "--launcher", "torchrun")
     assert res.returncode == 0, res.stderr
     argv_lines = [line for line in res.stdout.splitlines() if "] argv: " in line]
     assert len(argv_lines) == 3 and all(f"--rdzv-endpoint={head_ip}:29500" in line for line in argv_lines)
-    assert cluster3.runs() == before
+    assert shared_cluster3.runs() == before
 
 
 class OutputWatcher:
@@ -138,11 +138,11 @@ def _worker_pid(cluster: Cluster, node: str) -> int:
     raise AssertionError(f"no worker on {node}")
 
 
-def test_killed_rank_stops_every_node_and_names_it(cluster3: Cluster):
+def test_killed_rank_stops_every_node_and_names_it(shared_cluster3: Cluster):
     import os
 
-    proc, watcher = _start_forever_job(cluster3)
-    victim = _worker_pid(cluster3, "node-1")
+    proc, watcher = _start_forever_job(shared_cluster3)
+    victim = _worker_pid(shared_cluster3, "node-1")
     rank = int(watcher.wait_for(r"^\[node-1\] \[rank(\d)\]: USER rank=")[0].split("[rank")[1][0])
     os.kill(victim, signal.SIGKILL)
     proc.wait(timeout=90)
@@ -150,20 +150,20 @@ def test_killed_rank_stops_every_node_and_names_it(cluster3: Cluster):
     assert proc.returncode == 1, stderr
     assert f"job failed first on node-1 (rank {rank})" in stderr
     assert "last lines of node-1:" in stderr
-    assert summary_of(cluster3)["failed_node"] == "node-1"
-    assert_no_job_left(cluster3)
+    assert summary_of(shared_cluster3)["failed_node"] == "node-1"
+    assert_no_job_left(shared_cluster3)
 
 
-def test_ctrl_c_stops_every_node(cluster3: Cluster):
-    proc, watcher = _start_forever_job(cluster3)
+def test_ctrl_c_stops_every_node(shared_cluster3: Cluster):
+    proc, watcher = _start_forever_job(shared_cluster3)
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
     assert proc.returncode == 130, proc.stderr.read()
     assert "stopped on every node" in proc.stderr.read()
-    assert_no_job_left(cluster3)
+    assert_no_job_left(shared_cluster3)
 
 
-def test_status_shows_every_node_answering(cluster3: Cluster):
-    res = cluster3.cli("status")
+def test_status_shows_every_node_answering(shared_cluster3: Cluster):
+    res = shared_cluster3.cli("status")
     assert res.returncode == 0, res.stdout + res.stderr
     assert res.stdout.count("ssh ok") == 3
