@@ -118,7 +118,7 @@ def assert_left_as_found(cluster: Cluster, before: Shape, timeout: float = 10.0)
     """After a test on a shared cluster: no process of its runs on any node or outside them (found by leakcheck.py;
     ``timeout`` for one that was just killed to be reaped), the claim given back, and the cluster's shape as
     before the test (no node replaced, restarted or re-keyed), so the next test finds the cluster it expects."""
-    from multinode.checks.claim import lock_path
+    from multinode.backends.claim import lock_path
 
     deadline = time.monotonic() + timeout
     while any((left := cluster.job_processes()).values()) and time.monotonic() < deadline:

@@ -10,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-from localcluster import Cluster
 from test_train_local import assert_no_job_left, summary_of
 
 pytestmark = pytest.mark.integration
@@ -20,9 +19,9 @@ STALL_TIMEOUT = 15
 
 
 @pytest.mark.parametrize("launcher", ["static", "torchrun"])
-def test_a_rank_sleeping_before_a_barrier_is_named_when_the_job_stalls(cluster3: Cluster, launcher: str):
-    res = cluster3.cli("train", "--launcher", launcher, "--nodes", "3", "--stall-timeout", str(STALL_TIMEOUT),
-                       "--script", str(JOBS / "sleep_before_barrier.py"), "--args=--sleepy-rank 1", timeout=240)
+def test_a_rank_sleeping_before_a_barrier_is_named_when_the_job_stalls(shared_cluster3, launcher: str):
+    res = shared_cluster3.cli("train", "--launcher", launcher, "--nodes", "3", "--stall-timeout", str(STALL_TIMEOUT),
+                              "--script", str(JOBS / "sleep_before_barrier.py"), "--args=--sleepy-rank 1", timeout=240)
     output = res.stdout[-4000:] + res.stderr
     assert res.returncode == 1, output
     # The job's own line: rank 1 runs on node-1 and is the one asleep (its pid is the one the culprit must carry).
@@ -35,8 +34,8 @@ def test_a_rank_sleeping_before_a_barrier_is_named_when_the_job_stalls(cluster3:
     assert "first failure: node-1, rank 1" in res.stderr, output
     assert re.search(rf"root cause: node-1 rank 1 \(pid {pid}\) is blocked outside any collective or store wait "
                      rf"\(state S\b.*; top of its stack: .*time\.sleep\(", res.stderr), output
-    summary = summary_of(cluster3)
+    summary = summary_of(shared_cluster3)
     assert (summary["failed_node"], summary["failed_rank"]) == ("node-1", 1), summary
     assert summary["cause"].startswith(f"rank 1 (pid {pid}) ") and "time.sleep(" in summary["cause"], summary
     assert (Path(summary["stacks"]) / "node-1.json").exists(), summary
-    assert_no_job_left(cluster3)
+    assert_no_job_left(shared_cluster3)
