@@ -37,8 +37,9 @@ from multinode.core.state import ClusterState
 NODES, REPEATS = 3, 3
 EPOCHS, SAVE_EVERY, NOTICE_AFTER = 40, 3, 4  # the notice lands between snapshots: the restart loses work
 # --quick: the same runs, shorter, the notice polled every second (MULTINODE_NOTICE_POLL) instead of AWS's 5 s so a
-# short run outlasts it; its figures mean nothing
-QUICK = (12, 2, 2)
+# short run outlasts it; its figures mean nothing. 24 epochs: on an idle 2-core machine 12 (0.5 s each on 3 ranks)
+# ended before the notice did (armed at epoch 2, then up to 2 s, the preempt command and a 1 s poll: ~5 s)
+QUICK = (24, 2, 2)
 IMDS_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254"
 HALF = Target("<=", 0.5)
 ONE_STEP = Target("<=", 1)

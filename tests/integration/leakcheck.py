@@ -92,6 +92,21 @@ def marks(cluster: str, home: Path) -> Marks:
     return Marks(cluster, Path(home), frozenset(run_ids(cluster, home)), frozenset(namespace_inodes(cluster).values()))
 
 
+def other_clusters(cluster: str) -> set[int]:
+    """The inodes of every other cluster's node namespaces that exist now: a process in one of them is that
+    cluster's, whatever run id it carries (tests running side by side use the same fixed run ids)."""
+    names = os.listdir(NETNS_RUN) if NETNS_RUN.is_dir() else []
+    inodes = set()
+    for name in names:
+        match = re.fullmatch(r"mn-(.+)-\d+", name)
+        if match and match[1] != cluster:
+            try:
+                inodes.add(os.stat(NETNS_RUN / name).st_ino)
+            except OSError:
+                continue
+    return inodes
+
+
 def _net_inode(pid: str) -> int | None:
     try:
         return int(os.readlink(f"/proc/{pid}/ns/net").split("[")[1].rstrip("]"))
@@ -106,16 +121,18 @@ def job_processes(cluster: str, home: Path) -> dict[str, list[int]]:
     nodes = {ino: f"node-{ns.rsplit('-', 1)[1]}" for ns, ino in namespace_inodes(cluster).items()}
     found: dict[str, list[int]] = {name: [] for name in sorted(nodes.values(), key=lambda n: int(n[5:]))}
     tags = {f"MULTINODE_RUN_ID={r}".encode() for r in run_ids(cluster, home)}
+    others = other_clusters(cluster)
     outside = []
     for entry in Path("/proc").iterdir():
         pid = entry.name
         if not pid.isdigit() or pid == str(os.getpid()):
             continue
-        node = nodes.get(_net_inode(pid))
+        net = _net_inode(pid)
+        node = nodes.get(net)
         if node is not None:
             if _read(entry / "comm").strip() != b"sshd":
                 found[node].append(int(pid))
-        elif tags & set(_read(entry / "environ").split(b"\0")):
+        elif net not in others and tags & set(_read(entry / "environ").split(b"\0")):
             outside.append(int(pid))
     if outside:
         found["outside the nodes"] = sorted(outside)
@@ -140,6 +157,7 @@ def processes(m: Marks) -> list[str]:
     env_marks |= {f"MULTINODE_CLUSTER={m.cluster}".encode(), f"MULTINODE_HOME={m.home}".encode()}
     state = str(m.state_dir).encode()
     nets = {f"net:[{ino}]" for ino in m.net_inodes}
+    others = other_clusters(m.cluster)
     mine = {str(os.getpid())}
     found = []
     for entry in Path("/proc").iterdir():
@@ -148,6 +166,8 @@ def processes(m: Marks) -> list[str]:
             continue
         reasons = []
         env = set(_read(entry / "environ").split(b"\0"))
+        if _net_inode(pid) in others:  # another cluster's node: its run ids may be spelled like ours
+            env -= {e for e in env if e.startswith(b"MULTINODE_RUN_ID=")}
         reasons += [f"env {e.decode()}" for e in sorted(env & env_marks)]
         if state in _read(entry / "cmdline"):
             reasons.append("command line under the state directory")
