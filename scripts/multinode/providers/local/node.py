@@ -25,7 +25,7 @@ from multinode.core.state import ClusterState
 from multinode.providers.local import faults, imds
 from multinode.providers.local import netns as localnet
 from multinode.providers.local.home import user_group
-from multinode.providers.local.meta import isolated, load_meta, login_user, net_plan, node_dir, node_index
+from multinode.providers.local.meta import isolated, load_meta, net_plan, node_dir, node_index
 from multinode.providers.local.netns import NetPlan
 from multinode.providers.local.sshd import start_sshds, stop_sshd_process, write_sshd_files
 
