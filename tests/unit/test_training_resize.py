@@ -32,12 +32,15 @@ class Lines(logging.Handler):
 def training_log(monkeypatch):
     """The "training" logger's messages at INFO, whatever an earlier test did to logging's configuration."""
     logger = logging.getLogger("training")
-    handler = Lines()
+    handler, level = Lines(), logger.level
     monkeypatch.setattr(logger, "disabled", False)
-    monkeypatch.setattr(logger, "level", logging.INFO)
+    # setLevel, not the attribute: it also clears the loggers' isEnabledFor cache, where a test that ran before in
+    # this process (another order under pytest-xdist) may have left INFO disabled.
+    logger.setLevel(logging.INFO)
     logger.addHandler(handler)
     yield handler
     logger.removeHandler(handler)
+    logger.setLevel(level)
 
 
 class StopAt:
