@@ -41,13 +41,16 @@ class Watcher:
                 return when, match
         return None
 
-    def wait_for(self, pattern: str, timeout: float = 120) -> None:
+    def wait_for(self, pattern: str, timeout: float = 120, also: "Watcher | None" = None) -> None:
+        """Until a line matches ``pattern``; TimeoutError with the last lines (and ``also``'s: the process's other
+        stream, where a refusal says why) when none did within ``timeout``."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if any(re.search(pattern, line) for line in list(self.lines)):
                 return
             time.sleep(0.1)
-        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}")
+        other = f"\nand on the other stream:\n{''.join(also.lines[-30:])}" if also is not None else ""
+        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}{other}")
 
 
 @contextlib.contextmanager

@@ -107,11 +107,11 @@ def run_hang_drill(cluster, name: str) -> HangResult:
                          f"--stall-timeout={drill.stall_timeout}", PYTHONFAULTHANDLER="1")
     with watched(proc) as (out, err):
         if fault is not None:
-            out.wait_for(rf"^\[{drill.node}\] \[rank{drill.rank}\]: USER step {HANG_AFTER} ")
+            out.wait_for(rf"^\[{drill.node}\] \[rank{drill.rank}\]: USER step {HANG_AFTER} ", also=err)
             start = time.monotonic()
             fault(cluster.state)
         else:
-            out.wait_for(rf"^\[{drill.node}\] \[rank{drill.rank}\]: USER rank={drill.rank} .* hangs now")
+            out.wait_for(rf"^\[{drill.node}\] \[rank{drill.rank}\]: USER rank={drill.rank} .* hangs now", also=err)
             start = out.first(r"hangs now")[0]
         try:
             proc.wait(timeout=120)
