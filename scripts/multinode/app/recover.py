@@ -90,14 +90,14 @@ class Recovery:
 
     # --- while an attempt runs ---------------------------------------------------------
 
-    def grow_back(self, backend: Backend, ctx: RunContext, since: float | None) -> GrowBack:
+    def grow_back(self, backend: Backend, ctx: RunContext, since: float) -> GrowBack:
         """While the attempt runs on fewer nodes than asked: ask for the missing ones every RECOVER_WAIT seconds and,
         once all are back and the job trains (``since``: the attempt's start), give it the backend's notice."""
         here = {n.name for n in ctx.inv.nodes}
         missing = [n.name for n in self.cluster.first(self.spec.nodes).nodes if n.name not in here]
 
         def notify() -> bool:
-            if not job_trains(ctx, since or time.time()):
+            if not job_trains(ctx, since):
                 return False
             at = time.time()
             if not backend.notice(ctx):

@@ -155,7 +155,7 @@ class Claim:
     def release(self) -> None:
         """Give the cluster back: the lock file emptied, the holder ended (waited for, so nothing of it is left)."""
         holder, self.holder = self.holder, None
-        if holder is None or self.runner.inventory.nodes[0].name != self.inv.head.name:
+        if holder is None or self.runner.inventory.head.name != self.inv.head.name:
             return  # never taken, or its head is gone (lost, and the run went on without it): so is the holder
         # Where the connection is gone, so is the holder, and the next run stops what is left of this one.
         self.runner.run_on(self.inv.head.name, release_command(lock_path(self.inv), self.run_id, holder),

@@ -6,7 +6,6 @@ running job. Contract:
 * every node's command runs in one of its shells (:mod:`multinode.ssh.shell`) with ``MULTINODE_RUN_ID``
   exported; its output is re-assembled into whole lines (:class:`LineSink`), so lines of different nodes never
   interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console;
-* built on :class:`multinode.ssh.runner.RemoteRunner` (its shells and stop); the runner knows nothing of it;
 * the run ends as one :class:`~multinode.core.outcome.Outcome`, never an exception: every node ended 0 or 75
   (succeeded, or preempted); the first node that exits non-zero (failed) or loses its SSH session (lost), a deadline
   (failed) or a stall (``stalled``: stalled) stops the job on every node first (processes whose environment carries
