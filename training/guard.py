@@ -5,6 +5,11 @@ notice (the node's metadata service, :mod:`training.imds`) or a SIGTERM to the g
 SIGTERM to the command's process group, waits ``--grace`` seconds for it to end (saving what it can), then
 SIGKILLs what is left. Without a notice it only waits for the command.
 
+It honours the switches the ranks do (:mod:`training.preempt`): with ``MULTINODE_NOTICES=off`` the metadata
+service is never asked (a SIGTERM to the guard itself is still passed on to the command: a wrapper that died of it
+would leave the command running); ``MULTINODE_NOTICE_POLL=<seconds>`` is the poll interval unless ``--poll``
+gives one (AWS's 5 s without either).
+
 Exit status: the command's own; 75 (:data:`training.preempt.EXIT_PREEMPTED`) when a notice ended it by a
 signal, or a SIGTERM did (the command did not choose a code of its own); 2 for bad input. Standard library
 only: it runs on the node before anything is imported. The launchers put it in front of a user script's
@@ -56,6 +61,7 @@ def _siblings():
 
 imds, _preempt = _siblings()
 EXIT_PREEMPTED, Watcher = _preempt.EXIT_PREEMPTED, _preempt.Watcher
+POLL_ENV = _preempt.POLL_ENV
 
 MARK_ENV = "MULTINODE_PREEMPT_MARK"
 GUARD_ENV = "MULTINODE_GUARD"
@@ -71,7 +77,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser = _Parser(prog="python -m training.guard",
                                      description="SIGTERM, a grace, then SIGKILL for a command on a notice")
     parser.add_argument("--grace", type=float, required=True, help="seconds between SIGTERM and SIGKILL")
-    parser.add_argument("--poll", type=float, default=imds.POLL_SECONDS, help="metadata poll interval (s)")
+    parser.add_argument("--poll", type=float, default=None,
+                        help=f"metadata poll interval (s); default ${POLL_ENV}, else {imds.POLL_SECONDS:g}")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.command[:1] == ["--"]:
@@ -80,7 +87,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
         parser.error("no command given; usage: python -m training.guard --grace 60 -- python train.py")
     if not args.grace > 0:
         parser.error(f"--grace {args.grace:g} must be a positive number of seconds")
+    if args.poll is not None and not args.poll > 0:
+        parser.error(f"--poll {args.poll:g} must be a positive number of seconds")
     return args
+
+
+def notice_settings(env, poll: float | None) -> tuple[bool, float]:
+    """(whether to read the metadata service, its poll interval) as the environment and ``--poll`` say: the
+    switches of :func:`training.preempt.watch`; ValueError with the fix for a bad ``MULTINODE_NOTICE_POLL``."""
+    return _preempt.reads_metadata(env), poll if poll is not None else _preempt.poll_from_env(env)
 
 
 def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
@@ -146,8 +161,12 @@ def _signal_group(pid: int, sig: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
-    use_imds = bool(os.environ.get(imds.ENDPOINT_ENV)) or imds.on_ec2()
-    return run(args.command, args.grace, args.poll, use_imds)
+    try:
+        use_imds, poll = notice_settings(os.environ, args.poll)
+    except ValueError as err:
+        print(f"training.guard: {err}", file=sys.stderr)
+        return 2
+    return run(args.command, args.grace, poll, use_imds)
 
 
 if __name__ == "__main__":

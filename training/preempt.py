@@ -146,14 +146,23 @@ def poll_from_env(env=None) -> float:
     return poll
 
 
+def notices_off(env) -> bool:
+    """``MULTINODE_NOTICES=off`` (or ``0``, ``no``): no notice source at all."""
+    return env.get(SWITCH_ENV, "").lower() in ("off", "0", "no")
+
+
+def reads_metadata(env) -> bool:
+    """Whether to poll the metadata service: notices not off, and its endpoint variable set or on EC2."""
+    return not notices_off(env) and (bool(env.get(imds.ENDPOINT_ENV)) or imds.on_ec2())
+
+
 def watch(env=None) -> Watcher:
     """This process's watcher, started on the first call with the sources the environment enables."""
     global _WATCHER
     if _WATCHER is None:
         env = os.environ if env is None else env
-        off = env.get(SWITCH_ENV, "").lower() in ("off", "0", "no")
-        use_imds = not off and (bool(env.get(imds.ENDPOINT_ENV)) or imds.on_ec2())
-        client = imds.MetadataClient(imds.endpoint(env)) if use_imds else None
+        off = notices_off(env)
+        client = imds.MetadataClient(imds.endpoint(env)) if reads_metadata(env) else None
         _WATCHER = Watcher(client, None if off else grace_from_env(env), poll_from_env(env)).start()
     return _WATCHER
 

@@ -194,13 +194,28 @@ def test_mid_epoch_snapshot_state_round_trips(tmp_path):
 def test_guard_refuses_bad_input_in_one_line(capsys):
     from training import guard
 
-    for argv in (["--grace", "0", "--", "true"], ["--grace", "5"], ["--grace", "x", "--", "true"]):
+    for argv in (["--grace", "0", "--", "true"], ["--grace", "5"], ["--grace", "x", "--", "true"],
+                 ["--grace", "5", "--poll", "0", "--", "true"]):
         with pytest.raises(SystemExit) as exit_:
             guard.parse(argv)
         assert exit_.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err, err
     assert guard.parse(["--grace", "5", "--", "python", "x.py"]).command == ["python", "x.py"]
+
+
+def test_the_guard_takes_the_ranks_switches():
+    """MULTINODE_NOTICES=off: no metadata reads; MULTINODE_NOTICE_POLL: the interval unless --poll gives one (the
+    guard's processes: tests/integration/test_guard_switches.py)."""
+    from training import guard
+
+    endpoint = {imds.ENDPOINT_ENV: "http://127.0.0.1:9"}
+    assert guard.notice_settings(endpoint, None) == (True, imds.POLL_SECONDS)
+    assert guard.notice_settings({**endpoint, preempt.SWITCH_ENV: "off"}, None)[0] is False
+    assert guard.notice_settings({**endpoint, preempt.POLL_ENV: "0.5"}, None) == (True, 0.5)
+    assert guard.notice_settings({**endpoint, preempt.POLL_ENV: "0.5"}, 2.0) == (True, 2.0)
+    with pytest.raises(ValueError, match=preempt.POLL_ENV):
+        guard.notice_settings({preempt.POLL_ENV: "-1"}, None)
 
 
 def test_a_guard_ending_preempted_notes_it_and_under_torchrun_signals_its_agent(tmp_path, monkeypatch):

@@ -96,10 +96,15 @@ class _Handler(BaseHTTPRequestHandler):
         return self._answer(200, body) if body is not None else self._answer(404)
 
 
+def endpoint_server(notice_file: Path, host: str = ADDRESS, port: int = PORT) -> ThreadingHTTPServer:
+    """The service's HTTP server, bound (port 0: any free one), answering from ``notice_file``."""
+    handler = type("Handler", (_Handler,), {"notice_file": notice_file, "tokens": set()})
+    return ThreadingHTTPServer((host, port), handler)
+
+
 def serve(notice_file: Path, lifetime: float, host: str = ADDRESS, port: int = PORT) -> None:
     """Serve until ``lifetime`` seconds have passed (runs inside the node: see :func:`start_endpoint`)."""
-    handler = type("Handler", (_Handler,), {"notice_file": notice_file, "tokens": set()})
-    server = ThreadingHTTPServer((host, port), handler)
+    server = endpoint_server(notice_file, host, port)
     server.timeout = 0.5
     end = time.monotonic() + lifetime
     while time.monotonic() < end:
@@ -199,4 +204,5 @@ def preempt(cluster: str, node: str | int, in_seconds: float = 0.0, home: Path |
             f"({notice['action']} at {_utc(notice['action_at'])}), served at {ENDPOINT}{INSTANCE_ACTION}")
 
 
-__all__ = ["ENDPOINT", "arm_notice", "notice_bodies", "preempt", "serve", "start_endpoint", "stop_endpoint"]
+__all__ = ["ENDPOINT", "arm_notice", "endpoint_server", "notice_bodies", "preempt", "serve", "start_endpoint",
+           "stop_endpoint"]
