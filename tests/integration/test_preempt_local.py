@@ -129,9 +129,11 @@ def _arm_when(started: Path, state, node: str) -> None:
     arm_notice(state, node, 0.0)
 
 
-def test_guard_turns_a_notice_into_sigterm_grace_and_exit_75(shared_cluster3, tmp_path):
+def test_guard_passes_a_notice_on_as_sigterm_and_ends_a_stubborn_command_75(shared_cluster3, tmp_path):
     """A command that does nothing about notices, under ``python -m training.guard`` inside node-2: the node's
-    metadata notice -> SIGTERM to the command (which saves in its trap), and the guard exits 75."""
+    metadata notice -> SIGTERM to the command, which saves in its trap and exits 143 by its own choice, so the guard
+    exits 143 (the command's own code, docs/preemption.md). A command that ignores SIGTERM is SIGKILLed after the
+    grace and the guard exits 75."""
     from multinode.providers.local.imds import ENDPOINT, start_endpoint, stop_endpoint
 
     saved = tmp_path / "saved"
