@@ -75,15 +75,19 @@ report(ok=True, **info)
 RESULT = re.compile(r"^GPUCHECK (\{.*\})\s*$")
 DEVICE = re.compile(r"^GPUCHECK-DEVICE (\{.*\})\s*$")
 # rocBLAS without a Tensile library for the GPU prints this and aborts the process (SIGABRT; no Python
-# exception): "rocBLAS error: Cannot read /opt/rocm-6.4.0/lib/rocblas/library/TensileLibrary.dat: No such
-# file or directory for GPU arch : gfx906", then " List of available TensileLibrary Files : " and one
-# "...TensileLibrary_lazy_<arch>.dat" per line (ROCm/ROCm issue 4625; the abort: ROCm/rocBLAS issue 1339).
-# "Illegal seek" instead of "No such file" is the same failure (ROCm/rocBLAS issue 1339).
-ROCBLAS_NO_ARCH = re.compile(r"rocBLAS error: Cannot read \S*TensileLibrary\.dat: .*? for GPU arch : (gfx\w+)")
+# exception): "rocBLAS error: Cannot read <library>/TensileLibrary.dat: <No such file or directory | Illegal seek>
+# for GPU arch : gfx1201", then " List of available TensileLibrary Files :" and one quoted
+# "...TensileLibrary_lazy_<arch>.dat" per line; the rocBLAS of ROCm 5.4 stops after the reason, naming no arch.
+# Real outputs, with their sources: tests/unit/fixtures/gpu_refusals (the abort: ROCm/rocBLAS issue 1339).
+ROCBLAS_NO_ARCH = re.compile(
+    r"rocBLAS error: Cannot read \S*TensileLibrary\.dat: [^\n]*?(?: for GPU arch : (gfx\w+))?$", re.M)
 ROCBLAS_HAS = re.compile(r"TensileLibrary_lazy_(gfx\w+)\.dat")
-# What the container CLI says when the node cannot give a container the GPU.
-NO_TOOLKIT = re.compile(r"could not select device driver|nvidia-container-cli|unknown or invalid runtime name: nvidia", re.I)
-NO_DEVICE = re.compile(r"error gathering device information while adding custom device \"?/dev/(kfd|dri)|no such file or directory.*?/dev/(kfd|dri)", re.I)
+# What the container CLI says when the node cannot give a container the GPU (docker's own line; it may be followed
+# by "ERRO[0000] error waiting for container: ...": the line quoted is the one that matched).
+NO_TOOLKIT = re.compile(
+    r".*(could not select device driver|nvidia-container-cli|unknown or invalid runtime name: nvidia).*", re.I)
+NO_DEVICE = re.compile(r".*(error gathering device information while adding custom device \"?/dev/(kfd|dri)"
+                       r"|no such file or directory.*?/dev/(kfd|dri)).*", re.I)
 
 
 def smoke_commands(inventory: Inventory, spec: LaunchSpec) -> dict[str, NodeCommand]:
@@ -150,15 +154,19 @@ def _no_answer_line(node: str, where: str, device: dict, exit_code: int | None, 
     last = text.splitlines()[-1] if text else f"exit code {exit_code}"
     rocblas = ROCBLAS_NO_ARCH.search(text)
     if rocblas:
-        has = ", ".join(ROCBLAS_HAS.findall(text)) or "none"
-        arch, name = rocblas[1], device.get("name") or "its GPU"
-        return (f"{node}: {where} has no kernels for {arch} ({name}): rocBLAS aborted at the first matmul (it has "
-                f"kernels for {has}); use a build for {arch} (docker/README.md)")
-    if NO_TOOLKIT.search(text):
+        has = ", ".join(ROCBLAS_HAS.findall(text))
+        arch = rocblas[1] or device.get("arch") or "its architecture"
+        name = device.get("name") or "its GPU"
+        return (f"{node}: {where} has no kernels for {arch} ({name}): rocBLAS aborted at the first matmul"
+                f"{f' (it has kernels for {has})' if has else ''}; use a build for {arch} (docker/README.md)")
+    toolkit, no_device = NO_TOOLKIT.search(text), NO_DEVICE.search(text)
+    if toolkit:
         return (f"{node}: no NVIDIA driver visible in the container (the container engine cannot give it the GPU: "
-                f"{last}); install the NVIDIA container toolkit or use the Deep Learning Base OSS Nvidia Driver AMI")
-    if NO_DEVICE.search(text):
-        return f"{node}: no AMD GPU devices (/dev/kfd, /dev/dri) on the node ({last}); is the amdgpu driver loaded?"
+                f"{toolkit[0].strip()}); install the NVIDIA container toolkit or use the Deep Learning Base OSS Nvidia "
+                f"Driver AMI")
+    if no_device:
+        return (f"{node}: no AMD GPU devices (/dev/kfd, /dev/dri) on the node ({no_device[0].strip()}); "
+                f"is the amdgpu driver loaded?")
     if exit_code == 124:
         return f"{node}: the GPU smoke test did not finish within {SMOKE_TIMEOUT - 5} s (a hung driver or device?)"
     return f"{node}: the GPU smoke test could not run ({last})"
