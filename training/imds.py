@@ -20,7 +20,8 @@ What it relies on, as AWS documents it:
 * The endpoint: ``http://169.254.169.254`` unless ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` names another, as the
   AWS SDKs do (https://docs.aws.amazon.com/sdkref/latest/guide/feature-imds-credentials.html).
 
-A service that cannot be reached (not on EC2) is "no notice", never an error.
+A service that cannot be reached (not on EC2) is "no notice", never an error. The parser and the client are
+tested on the answers of AWS's own mock, aws/amazon-ec2-metadata-mock (tests/unit/test_imds_answers.py).
 """
 
 from __future__ import annotations
