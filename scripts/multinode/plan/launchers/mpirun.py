@@ -34,8 +34,8 @@ job a SIGTERM, waiting a small number of seconds, then sending all processes in 
 ``ompi_info --param odls all --level 9``). A user script gets GRACE there: when its first rank exits 75 the job is
 aborted, and the others may still be saving. Its cost: ORTE 4.1's kill of the local procs sends SIGCONT, sleeps
 that long, sends SIGTERM, sleeps again, then SIGKILL, whether or not they already exited
-(orte/mca/odls/base/odls_base_default_fns.c, ``orte_odls_base_default_kill_local_procs``): mpirun ended 120 s after
-the ranks with GRACE=30. Our trainer does not need it: a rank exits 75 only after the whole coordinated checkpoint
+(orte/mca/odls/base/odls_base_default_fns.c, ``orte_odls_base_default_kill_local_procs``): by that source up to
+4 x GRACE after the ranks (no run here has recorded it). Our trainer does not need it: a rank exits 75 only after the whole coordinated checkpoint
 (written, replicated, its places gathered by every rank), so it keeps Open MPI's 1 s.
 """
 
