@@ -14,14 +14,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
-import re
-import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
 
 from bench.nodes import REPO
+from bench.provenance import began, machine
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"
@@ -71,59 +67,6 @@ def lines_by_nodes(path: Path, sizes: list[int], series: dict[str, list[float]],
     return [path]
 
 
-def _first(pattern: str, text: str, default: str = "?") -> str:
-    match = re.search(pattern, text, re.MULTILINE)
-    return match[1].strip() if match else default
-
-
-def machine() -> dict:
-    """What the numbers were measured on."""
-    def read(path: str) -> str:
-        try:
-            return Path(path).read_text()
-        except OSError:
-            return ""
-
-    try:
-        ompi = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, timeout=10).stdout
-    except OSError:
-        ompi = ""
-    import torch
-
-    mem_kib = int(_first(r"^MemTotal:\s+(\d+)", read("/proc/meminfo"), "0"))
-    return {
-        "cpu": _first(r"^model name\s*:\s*(.*)$", read("/proc/cpuinfo")),
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem_kib / 2**20, 1),
-        "kernel": platform.release(),
-        "os": _first(r'^PRETTY_NAME="?([^"\n]*)', read("/etc/os-release")),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "open_mpi": _first(r"\(Open MPI\)\s*(\S+)", ompi),
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "load_avg_1m": round(os.getloadavg()[0], 1),  # other work on the machine makes every number noisier
-        "commit": _commit(),
-    }
-
-
-def _commit() -> str:
-    """The checkout's commit, '+changes' when the work tree differs from it ('?' outside git)."""
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
-        except OSError:
-            return ""
-
-    head = git("rev-parse", "--short", "HEAD")
-    return (head + (" +changes" if git("status", "--porcelain", "--untracked-files=no") else "")) if head else "?"
-
-
-def began() -> dict:
-    """When a section starts and the load it finds (stored with its machine by :func:`save_section`)."""
-    return {"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_avg_1m_at_start": round(os.getloadavg()[0], 1)}
-
-
 def load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
@@ -161,12 +104,13 @@ def readme_table(data: dict) -> str:
     """The README's table: one row per verdict of every measured (not QUICK) section, in page order."""
     from bench.verdicts import parse_target, shown, word
 
-    rows, dates = [], []
+    rows, dates, hosts = [], [], []
     for name in ORDER:
         entry = data.get(name)
         if entry is None or entry["quick"]:
             continue
         dates.append(entry["machine"]["date"])
+        hosts.append(entry["machine"])
         for v in entry["result"]["verdicts"]:
             target = parse_target(v["target"])
             measured = shown(v["value"], target)
@@ -180,9 +124,22 @@ def readme_table(data: dict) -> str:
                     f"{f['label']}: {shown(f['value'], target)}" for f in v["flagged"])
             rows.append([v["claim"], measured, v["target"], verdict])
     when = f"measured {min(dates)} to {max(dates)}" if dates else "nothing measured yet"
-    return "\n".join([f"From `docs/benchmarks.json` ({when}); every verdict is computed from the measured value "
-                      "as stored, unrounded.", "",
+    return "\n".join([f"From `docs/benchmarks.json` ({when}){where(hosts)}. Every verdict is computed from the "
+                      "measured value as stored, unrounded.", "",
                       md_table(["claim", "measured", "target", "verdict"], rows, numbers=False)])
+
+
+def where(machines: list[dict]) -> str:
+    """Where the figures were measured, from the sections' machines: the machine(s), and that every node is a
+    local one on it (the benchmarks bring up local clusters only)."""
+    kinds = sorted({f"{m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB, {m['os']}" for m in machines})
+    cores = sorted({m["cores"] for m in machines})
+    if not kinds:
+        return ""
+    machine = f"one machine: {kinds[0]}" if len(kinds) == 1 else f"{len(kinds)} machines: {'; '.join(kinds)}"
+    return (f", on {machine}. Every node in these figures is simulated on that machine (the local provider: a "
+            f"network namespace with its own sshd), so all of them share its {' or '.join(map(str, cores))} cores; "
+            "none is a separate host")
 
 
 def write_readme(data: dict, readme: Path = README) -> None:

@@ -229,6 +229,8 @@ def test_readme_table_rows_come_from_verdicts_and_skip_quick_sections(tmp_path):
     table = report.readme_table(data)
     assert "| x / y | 0.701 (pair 1: 0.69) | <= 0.7 | **NOT met**; met in 1 of 1 pairs |" in table
     assert "quick" not in table.split("\n", 1)[1]
+    assert f"on one machine: {MACHINE['cpu']}, {MACHINE['cores']} cores" in table  # where, from the sections' machine
+    assert "simulated on that machine" in table and f"share its {MACHINE['cores']} cores" in table
     readme = tmp_path / "README.md"
     readme.write_text(f"before\n{report.TABLE_START}\nold\n{report.TABLE_END}\nafter\n")
     report.write_readme(data, readme)
