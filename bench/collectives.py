@@ -29,7 +29,7 @@ from bench.collectives_runs import (  # noqa: F401  (parse_rows: re-exported)
 )
 from training.allreduce_perf import bus_bandwidth  # noqa: F401  (the one definition, re-exported)
 from bench.nodes import LocalCluster, median
-from bench.verdicts import Target, attach, describe, paired, shown, verdict
+from bench.verdicts import Target, attach, describe, over_ceiling, paired, shown, verdict
 from multinode.app.netcheck import size
 from multinode.core.config import DEFAULT_MTU
 
@@ -88,9 +88,22 @@ def run(cluster: LocalCluster, quick: bool = False, sweep_mtu: bool | None = Non
 
 def above_ceiling(ours: dict, raw: dict, one: dict) -> str:
     """Why a size's ours / raw cannot be a measurement ('' when it can): two namespaces never move data
-    faster than one namespace over loopback, so a busbw above that is noise (too few calls at that size)."""
-    over = [name for name, row in (("ours", ours), ("raw", raw)) if row["busbw_gbs"] > one["busbw_gbs"]]
+    faster than one namespace over loopback, so a busbw above that (beyond bench.verdicts.CEILING_TOLERANCE)
+    is noise (too few calls at that size)."""
+    over = [name for name, row in (("ours", ours), ("raw", raw)) if over_ceiling(row["busbw_gbs"], one["busbw_gbs"])]
     return f"{' and '.join(over)} busbw above the one-namespace ceiling" if over else ""
+
+
+def mtu_pairs(row: dict) -> tuple[list[tuple[str, float]], list[tuple[str, float, str]]]:
+    """An MTU's (2 namespaces / one namespace) pairs: (counted, flagged): a ratio above 1, the same ceiling as
+    :func:`above_ceiling`'s (beyond the tolerance), is flagged."""
+    counted, flagged = [], []
+    for i, (two, one) in enumerate(row["pairs"]):
+        if over_ceiling(two, one):
+            flagged.append((f"pair {i + 1}", two / one, "2 namespaces above the one-namespace ceiling"))
+        else:
+            counted.append((f"pair {i + 1}", two / one))
+    return counted, flagged
 
 
 def judge(result: dict) -> list[dict]:
@@ -111,8 +124,8 @@ def judge(result: dict) -> list[dict]:
     if row is not None:
         claim = f"collectives gloo 64 MiB: 2 namespaces / one namespace at the default MTU {row['mtu']}"
         if "pairs" in row:
-            out.append(paired(claim, [(f"pair {i + 1}", two / one) for i, (two, one) in enumerate(row["pairs"])],
-                              DEFAULT_VS_ONE_NS))
+            counted, flagged = mtu_pairs(row)
+            out.append(paired(claim, counted, DEFAULT_VS_ONE_NS, flagged=flagged))
         else:  # stored before the sweep kept its pairs: only the ratio of its medians is known
             out.append(verdict(claim + " (ratio of medians: pairs not stored)", row["ratio"], DEFAULT_VS_ONE_NS))
     return out

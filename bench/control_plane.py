@@ -35,7 +35,10 @@ QUICK_SIZES = (2, 4)
 JUDGED_FROM = 16  # N = 8 is shown, not judged (issue 13: "at N = 16, 32 and 64")
 METHODS = ("ours", "pdsh")
 NOT_SLOWER = Target("<=", 1.0)  # ours / pdsh, command to exit
-TARGET = f"ours / pdsh (trivial job, command to exit) {NOT_SLOWER} at N = 16, 32, 64"
+LINK_CHECK = Target("<=", 1.0)  # seconds the link check adds to pre-flight (issue 24: at most 1 s at 16 nodes)
+LINK_PHASE = "link check"  # its phase in summary.json
+TARGET = (f"ours / pdsh (trivial job, command to exit) {NOT_SLOWER} at N = 16, 32, 64; the link check's seconds "
+          f"{LINK_CHECK} at every N")
 
 
 def phase_medians(samples: list[dict]) -> dict[str, float]:
@@ -99,12 +102,19 @@ def round_ratios(samples: dict[str, list[dict]]) -> list[float]:
 
 
 def judge(result: dict) -> list[dict]:
-    """At each judged N: ours / pdsh by the one rule (bench.verdicts.paired) on the interleaved rounds."""
+    """At each judged N: ours / pdsh by the one rule (bench.verdicts.paired) on the interleaved rounds; at every N
+    whose runs recorded it, the seconds the link check added to each of ours, by the same rule."""
     out = []
     for n in result["judged"]:
         rounds = [(f"round {i + 1}", r) for i, r in enumerate(round_ratios(result["samples"][str(n)]))]
         out.append(paired(f"control plane N={n}, ours / pdsh (trivial job, median of rounds, exited)", rounds,
                           NOT_SLOWER, "rounds"))
+    for n in result["sizes"]:
+        runs = [(f"run {i + 1}", s["phases"][LINK_PHASE]) for i, s in enumerate(result["samples"][str(n)]["ours"])
+                if LINK_PHASE in s.get("phases", {})]
+        if runs:
+            out.append(paired(f"link check N={n}: seconds added to pre-flight (median of runs)", runs, LINK_CHECK,
+                              "runs"))
     return out
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.drills.common import PG_TIMEOUT, REPO, watched
+from bench.verdicts import Target, paired
 
 HANG_JOB = REPO / "tests" / "integration" / "jobs" / "user_hang.py"
 HANG_AFTER = 3  # steps before rank 2 hangs
@@ -97,6 +98,13 @@ HANG_DRILLS: dict[str, HangDrill] = {
                                      "called different collectives", "all_reduce (torch/distributed/"),
                   pg_timeout=600, stall_timeout=STALL_TIMEOUT, rank=0),
 }
+
+
+def judge(name: str, seconds_to_exit: float) -> dict:
+    """The drill's requirement judged by the one rule of bench.verdicts: seconds from the hang to the
+    orchestrator's exit, at most the detecting timeout + 10 s (:attr:`HangDrill.bound`)."""
+    return paired(f"{name}: seconds to exit", [("run", seconds_to_exit)], Target("<=", HANG_DRILLS[name].bound),
+                  "runs")
 
 
 def run_hang_drill(cluster, name: str) -> HangResult:

@@ -8,7 +8,8 @@ from datetime import datetime, timezone
 from bench.drills.common import PG_TIMEOUT
 from bench.drills.crashes import DrillResult
 from bench.drills.elastic import ELASTIC_EPOCHS, FAULT_AFTER_EPOCH, SAVE_EVERY, ElasticResult
-from bench.drills.hangs import HANG_AFTER, HangResult
+from bench.drills.hangs import HANG_AFTER, HangResult, judge as hang_judge
+from bench.verdicts import word
 
 
 def markdown(results: list[DrillResult], elastic: list[ElasticResult] = ()) -> str:
@@ -77,12 +78,15 @@ def hangs_markdown(results: list[HangResult]) -> str:
         "capture before their gang-stop (one look when a node failed on its own, two otherwise): their seconds to "
         "exit include it.",
         "",
-        "| drill | exit | seconds to exit | node, rank named | capture (s) | processes left | root cause line |",
-        "|---|---:|---:|---|---:|---:|---|",
+        "| drill | exit | seconds to exit | verdict (bench.verdicts) | node, rank named | capture (s) | processes left "
+        "| root cause line |",
+        "|---|---:|---:|---|---|---:|---:|---|",
     ]
     for r in results:
         left = sum(len(v) for v in r.left_at_exit.values())
         cause = r.root_cause.replace("|", "\\|")
-        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.named_node}, rank {r.named_rank} | "
+        judged = hang_judge(r.name, r.seconds_to_exit)
+        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {word(judged)} ({judged['target']}) | "
+                     f"{r.named_node}, rank {r.named_rank} | "
                      f"{'-' if r.capture_seconds is None else r.capture_seconds} | {left} | {cause} |")
     return "\n".join(lines) + "\n"

@@ -1,0 +1,73 @@
+"""Every target judged by bench.verdicts' one rule, on the recorded figures (docs/benchmarks.json and the hang
+table of docs/reliability.md): the link check's seconds at each N, steps lost, the hang drills' seconds to exit,
+and one ceiling test with a stated tolerance wherever a figure can exceed its physical ceiling."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from bench import collectives, control_plane, recovery, verdicts
+from bench.drills import hangs
+
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+RECORDED = json.loads((DOCS / "benchmarks.json").read_text())
+
+
+def by_claim(judged: list[dict]) -> dict[str, dict]:
+    return {v["claim"]: v for v in judged}
+
+
+def test_a_figure_within_the_tolerance_is_at_its_ceiling_and_beyond_it_is_flagged():
+    assert verdicts.CEILING_TOLERANCE == 0.01
+    assert not verdicts.over_ceiling(1.6673, 1.6649)  # mpi 4 MiB, ours against one namespace: 0.14 % above
+    assert verdicts.over_ceiling(1.7897, 1.6649)  # raw at the same size: 7.5 % above
+    assert verdicts.over_ceiling(0.8318, 0.5995) and not verdicts.over_ceiling(0.8520, 0.8806)
+
+
+def test_collectives_flag_by_the_one_ceiling_test_on_the_recorded_run():
+    judged = by_claim(collectives.judge(RECORDED["collectives"]["result"]))
+    mpi = judged["collectives mpi: ours / raw busbw (median over sizes from 1 MiB up)"]
+    assert {f["label"]: f["why"] for f in mpi["flagged"]} == {
+        "1 MiB": "raw busbw above the one-namespace ceiling",
+        "4 MiB": "raw busbw above the one-namespace ceiling"}  # ours at 4 MiB is within the tolerance
+    mtu = judged["collectives gloo 64 MiB: 2 namespaces / one namespace at the default MTU 65000"]
+    assert [f["label"] for f in mtu["flagged"]] == ["pair 3"] and mtu["flagged"][0]["value"] == pytest.approx(1.39, 0.01)
+    assert mtu["met_in"] == "2 of 2 pairs" and mtu["verdict"] == "met"
+
+
+def test_the_link_checks_seconds_are_judged_at_every_n_on_the_recorded_run():
+    judged = by_claim(control_plane.judge(RECORDED["control_plane"]["result"]))
+    link = {n: judged[f"link check N={n}: seconds added to pre-flight (median of runs)"] for n in (8, 16, 32, 64)}
+    assert {n: v["verdict"] for n, v in link.items()} == {8: "met", 16: "met", 32: "met", 64: "NOT met"}
+    assert link[64]["value"] == pytest.approx(2.865) and link[64]["met_in"] == "0 of 3 runs"
+    assert all(v["rule"] == verdicts.RULE and v["target"] == "<= 1" for v in link.values())
+
+
+def test_steps_lost_go_by_the_one_rule():
+    lost = by_claim(recovery.judge(RECORDED["recovery"]["result"]))["steps lost with RECOVER=1 (median of runs)"]
+    assert (lost["verdict"], lost["met_in"], lost["rule"]) == ("met", "3 of 3 runs", verdicts.RULE)
+    result = {**RECORDED["recovery"]["result"], "runs": {"ours": [{"steps_lost": n} for n in (0, 3, 1)]}}
+    lost = by_claim(recovery.judge(result))["steps lost with RECOVER=1 (median of runs)"]
+    assert (lost["value"], lost["verdict"], lost["met_in"]) == (1, "inconclusive", "2 of 3 runs")
+
+
+def recorded_hangs() -> dict[str, float]:
+    """{drill: seconds to exit} from docs/reliability.md's hang table as it was generated."""
+    text = (DOCS / "reliability.md").read_text().split("## Hangs", 1)[1].split("\n## ", 1)[0]
+    return {cells[0]: float(cells[2]) for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+             if line.startswith("| hang:"))}
+
+
+def test_the_hang_drills_are_judged_against_their_bound_on_the_recorded_table():
+    table = recorded_hangs()
+    assert set(table) == set(hangs.HANG_DRILLS)
+    for name, seconds in table.items():
+        v = hangs.judge(name, seconds)
+        assert v["target"] == f"<= {hangs.HANG_DRILLS[name].bound}" and v["verdict"] == "met", (name, v)
+    late = hangs.judge("hang: rank 2 on node-2 SIGSTOPped mid-training", 20.5)
+    assert late["verdict"] == "NOT met" and re.search(r"NOT met", verdicts.describe(late))
