@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench import collectives, control_plane, launch, mpi_vs_ddp, recovery, throughput
 from bench.nodes import bring_up
+from bench.provenance import tree
 from bench.report import DOCS, ORDER, began, publish
 
 ON_CLUSTER = {"collectives": collectives, "launch": launch, "throughput": throughput}
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=DOCS)
     parser.add_argument("--only", action="append", choices=ORDER, help="run only this section (repeatable)")
     args = parser.parse_args(argv)
+    tree()  # the checkout as it is before any section writes its files: every section's provenance
     wanted = [name for name in ORDER if not args.only or name in args.only]
     failed = []
 

@@ -1,9 +1,11 @@
 """What a section's figures were measured on and from: the machine (CPU, cores, memory, OS, torch, Open MPI), the
-load average, the date, and the commit of the checkout (``+changes`` when its tracked files differ from it).
-Stored with each section by :func:`bench.report.save_section`; rendered under each section of the page."""
+load average, the date, and the commit of the checkout (``+changes`` when its tracked files differ from it) as it
+was before the bench wrote anything (:func:`tree`). Stored with each section by
+:func:`bench.report.save_section`; rendered under each section of the page, with :func:`load_flag`."""
 
 from __future__ import annotations
 
+import functools
 import os
 import platform
 import re
@@ -45,7 +47,7 @@ def machine() -> dict:
         "open_mpi": _first(r"\(Open MPI\)\s*(\S+)", ompi),
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_avg_1m": round(os.getloadavg()[0], 1),  # other work on the machine makes every number noisier
-        "commit": _commit(),
+        "commit": tree(),
     }
 
 
@@ -61,7 +63,26 @@ def _commit() -> str:
     return (head + (" +changes" if git("status", "--porcelain", "--untracked-files=no") else "")) if head else "?"
 
 
+@functools.cache
+def tree() -> str:
+    """:func:`_commit` as it was at this process's first call. The bench's entry points call it before any section
+    writes (``python -m bench`` first thing, ``python -m bench.<section>`` through :func:`began`), so the files the
+    bench writes itself (docs/benchmarks.json and .md, the plots, the README's table) do not mark the sections
+    after the first as run on a changed tree."""
+    return _commit()
+
+
 def began() -> dict:
     """When a section starts and the load it finds (stored with its machine by :func:`save_section`)."""
+    tree()
     return {"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "load_avg_1m_at_start": round(os.getloadavg()[0], 1)}
+
+
+def load_flag(machine: dict) -> str:
+    """Why a section's figures are suspect, or '': it started at a 1-minute load average above the machine's
+    cores, so other work ran beside it (docs/benchmarking.md)."""
+    start = machine.get("load_avg_1m_at_start")
+    if start is None or start <= machine["cores"]:
+        return ""
+    return f"started at load average {start:g}, above the machine's {machine['cores']} cores: other work ran beside it"

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from bench.nodes import REPO
-from bench.provenance import began, machine
+from bench.provenance import began, load_flag, machine
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"
@@ -122,6 +122,8 @@ def readme_table(data: dict) -> str:
             if v.get("flagged"):
                 verdict += "; not counted (above the physical ceiling): " + ", ".join(
                     f"{f['label']}: {shown(f['value'], target)}" for f in v["flagged"])
+            if load_flag(entry["machine"]):
+                verdict += f"; flagged: {load_flag(entry['machine'])}"
             rows.append([v["claim"], measured, v["target"], verdict])
     when = f"measured {min(dates)} to {max(dates)}" if dates else "nothing measured yet"
     return "\n".join([f"From `docs/benchmarks.json` ({when}){where(hosts)}. Every verdict is computed from the "
@@ -182,7 +184,8 @@ def page(data: dict) -> str:
                 + (f", started {m['started']} at load average {m['load_avg_1m_at_start']}" if "started" in m
                    else ", start not recorded")
                 + (f", load average {m['load_avg_1m']} when the section ended" if "load_avg_1m" in m else "")
-                + (", QUICK mode: not a measurement.*" if entry["quick"] else ".*"))
+                + (", QUICK mode: not a measurement.*" if entry["quick"] else ".*")
+                + (f" **Flagged: {load_flag(m)}.**" if load_flag(m) else ""))
         lines += [text[0], "", note, *text[1:], ""]
     return "\n".join(lines)
 

@@ -71,3 +71,28 @@ def test_the_hang_drills_are_judged_against_their_bound_on_the_recorded_table():
         assert v["target"] == f"<= {hangs.HANG_DRILLS[name].bound}" and v["verdict"] == "met", (name, v)
     late = hangs.judge("hang: rank 2 on node-2 SIGSTOPped mid-training", 20.5)
     assert late["verdict"] == "NOT met" and re.search(r"NOT met", verdicts.describe(late))
+
+
+def test_a_section_started_above_the_cores_load_is_flagged_on_the_page_and_in_the_readme():
+    from bench import provenance, report
+
+    flagged = {name for name, entry in RECORDED.items() if provenance.load_flag(entry["machine"])}
+    assert flagged == {"collectives", "throughput", "mpi_vs_ddp", "control_plane", "recovery"}  # launch: 2.0 on 2
+    assert provenance.load_flag({"cores": 2, "load_avg_1m_at_start": 2.0}) == ""
+    assert provenance.load_flag({"cores": 2}) == ""  # start not recorded: nothing to judge
+    assert "**Flagged: started at load average 84.2, above the machine's 2 cores" in report.page(RECORDED)
+    mpi = next(line for line in report.readme_table(RECORDED).splitlines() if line.startswith("| MPI data plane"))
+    assert mpi.endswith("flagged: started at load average 84.2, above the machine's 2 cores: other work ran beside it |")
+
+
+def test_provenance_is_the_tree_as_it_was_before_the_bench_wrote_anything(monkeypatch):
+    from bench import provenance
+
+    states = iter(["abc1234", "abc1234 +changes"])  # clean at the start; then the bench wrote docs/benchmarks.json
+    monkeypatch.setattr(provenance, "_commit", lambda: next(states))
+    provenance.tree.cache_clear()
+    try:
+        assert provenance.began()["load_avg_1m_at_start"] >= 0
+        assert provenance.tree() == "abc1234" and provenance.tree() == "abc1234"
+    finally:
+        provenance.tree.cache_clear()
