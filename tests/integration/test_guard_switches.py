@@ -78,17 +78,32 @@ def guard(endpoint: Endpoint, command: str, **env: str) -> subprocess.CompletedP
 
 
 def test_notices_off_the_guard_never_asks_and_an_armed_notice_sends_no_sigterm(endpoint, tmp_path):
-    termed = tmp_path / "termed"
-    # Twenty short sleeps (2 s) under a trap that notes a SIGTERM: the guard's first poll comes as it starts, so an
-    # armed notice read at all would be acted on well inside them.
-    command = f"trap 'echo term > {termed}; exit 3' TERM; for i in $(seq 20); do sleep 0.1; done"
+    termed, started = tmp_path / "termed", tmp_path / "started"
+    # Short sleeps under a trap that notes a SIGTERM: with the notice armed before the guard starts, its first poll
+    # (as it starts) would act on it within the twenty of them (2 s).
+    command = (f"trap 'echo term > {termed}; exit 3' TERM; touch {started}; "
+               f"for i in $(seq {{n}}); do sleep 0.1; done")
     endpoint.arm()
-    off = guard(endpoint, command, MULTINODE_NOTICES="off")
+    off = guard(endpoint, command.format(n=20), MULTINODE_NOTICES="off")
     assert off.returncode == 0 and not termed.exists(), off.stderr
     assert endpoint.count[0] == 0 and "spot interruption notice" not in off.stderr
-    on = guard(endpoint, command)  # the same notice, the switch not set: the test can fail
+    # The same notice with the switch not set (the test can fail): armed again once the trap is set, so the SIGTERM
+    # cannot come before it; polled every 0.2 s, and the command waits up to 30 s for it.
+    endpoint.notice_file.unlink()
+    started.unlink()
+    threading.Thread(target=arm_when, args=(endpoint, started), daemon=True).start()
+    on = guard(endpoint, command.format(n=300), MULTINODE_NOTICE_POLL="0.2")
     assert on.returncode == 3 and termed.read_text() == "term\n", on.stderr
     assert endpoint.count[0] >= 1 and "spot interruption notice (terminate" in on.stderr
+
+
+def arm_when(endpoint: Endpoint, started: Path) -> None:
+    """Arm the notice once ``started`` exists (the guarded command has set its trap)."""
+    for _ in range(600):
+        if started.exists():
+            break
+        time.sleep(0.05)
+    endpoint.arm()
 
 
 def test_notice_poll_sets_the_guards_interval(endpoint, tmp_path):
