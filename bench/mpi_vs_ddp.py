@@ -12,6 +12,11 @@ interleaved (DDP, MPI, floor, DDP, MPI, floor, ...) so that drift of the machine
 * **compute floor**: two single-process runs side by side, no gradient exchange at all -- what a step
   costs when both cores compute, so each data plane's cost is its step minus the floor.
 
+Both data planes move their bytes the same way, TCP over the loopback interface (:data:`TRANSPORTS`; the
+page says it on every row): gloo has no shared-memory transport, while Open MPI on one host would take its
+shared-memory BTL unless told not to. Results recorded before that rule (issue 38) ran MPI with
+``btl self,vader,tcp``, i.e. through shared memory; the page says so for them (:data:`RECORDED_BEFORE`).
+
 Target (issue 2): MPI <= 0.7x DDP.
 """
 
@@ -34,6 +39,26 @@ PLANES = ("gloo-ddp", "mpi4py", "compute-floor")
 FASTER = Target("<=", 0.7)  # MPI / DDP step time (issue 2)
 TARGET = f"MPI / DDP step time {FASTER}"
 
+# The same transport for both planes: TCP over lo.
+# - gloo: torch/csrc/distributed/c10d/GlooDeviceFactory.cpp builds gloo's tcp, tcp_tls, uv or ibverbs device,
+#   none of them shared memory (tcp is the one on Linux); GLOO_SOCKET_IFNAME picks its interface (pytorch.org/docs,
+#   distributed.html, "Choosing the network interface to use").
+# - Open MPI: docs.open-mpi.org/en/v5.0.x/networking/tcp.html gives "mpirun --mca pml ob1 --mca btl tcp,sm,self" to
+#   use the IP network and warns that without the shared-memory BTL (sm in 5.0, vader in 4.1, the version here)
+#   peers on the same host go through the TCP stack; the btl list must include self (the 5.0 release notes,
+#   release-notes/run-time.html). btl_tcp_if_include (open-mpi.org/faq/?category=tcp, question 7) takes device names
+#   or CIDR networks and is mutually exclusive with btl_tcp_if_exclude, whose default, 127.0.0.1/8,sppp, would keep
+#   the tcp BTL off lo (`ompi_info --param btl tcp --level 9`, 4.1.4 here; with btl_base_verbose both ranks then
+#   connect to 127.0.0.1).
+LOOPBACK = "lo"
+MPI_TCP = ["--mca", "pml", "ob1", "--mca", "btl", "self,tcp", "--mca", "btl_tcp_if_include", LOOPBACK]
+TRANSPORTS = {"gloo-ddp": [f"TCP over {LOOPBACK}", f"gloo, GLOO_SOCKET_IFNAME={LOOPBACK}"],
+              "mpi4py": [f"TCP over {LOOPBACK}", f"pml ob1, btl self,tcp, btl_tcp_if_include {LOOPBACK}"],
+              "compute-floor": ["none", "no gradient exchange"]}
+RECORDED_BEFORE = {"gloo-ddp": ["TCP", "gloo, its interface from the hostname"],
+                   "mpi4py": ["shared memory", "btl self,vader,tcp: vader between ranks on one host"],
+                   "compute-floor": TRANSPORTS["compute-floor"]}
+
 
 def model() -> dict:
     """The benchmark model's layer widths and parameter count, from the model the trainer builds."""
@@ -52,7 +77,8 @@ def mlp_params(widths: list[int]) -> int:
 
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MULTINODE_", "OMPI_", "PMI"))}
-    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+               GLOO_SOCKET_IFNAME=LOOPBACK)
     return env
 
 
@@ -79,35 +105,50 @@ def _run(name: str, argvs: list[list[str]], args: list[str], out: Path) -> dict:
     return results[0]
 
 
+def launchers() -> dict[str, list[list[str]]]:
+    """Each plane's processes, started together, one argv each (all in the environment of :func:`_env`)."""
+    alone = [sys.executable, TRAIN]
+    return {
+        "gloo-ddp": [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", TRAIN]],
+        "mpi4py": [["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS", *MPI_TCP,
+                    sys.executable, TRAIN]],
+        "compute-floor": [alone, alone],
+    }
+
+
 def run(quick: bool = False) -> dict:
     epochs, steps, repeats = ("2", "10", 1) if quick else ("4", "40", 3)
     args = ["--workload", "mlp", "--batch-size", "64", "--steps-per-epoch", steps, epochs, "1000"]
-    alone = [sys.executable, TRAIN]
-    launchers = {
-        "gloo-ddp": [[sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", TRAIN]],
-        "mpi4py": [["mpirun", "-np", "2", "--oversubscribe", "--bind-to", "none", "-x", "OMP_NUM_THREADS",
-                    "--mca", "btl", "self,vader,tcp", sys.executable, TRAIN]],
-        "compute-floor": [alone, alone],
-    }
     runs: dict[str, list[dict]] = {name: [] for name in PLANES}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(repeats):
-            for name, argvs in launchers.items():
+            for name, argvs in launchers().items():
                 runs[name].append(_run(name, argvs, args, Path(tmp) / f"{name}-{r}"))
     med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in runs.items()}
     pairs = [m["step_ms"] / d["step_ms"] for m, d in zip(runs["mpi4py"], runs["gloo-ddp"])]
     floor = med["compute-floor"]["step_ms"]
-    result = {**model(), "ranks": 2, "batch_per_rank": 64,
+    result = {**model(), "ranks": 2, "batch_per_rank": 64, "transports": TRANSPORTS,
               "epochs": int(epochs), "steps_per_epoch": int(steps), "repeats": repeats, "runs": runs, **med,
               "pair_ratios": pairs, "mpi_over_ddp_step_ratio": statistics.median(pairs),
               "overhead_over_floor_ms": {n: med[n]["step_ms"] - floor for n in ("gloo-ddp", "mpi4py")}}
     return attach(result, judge(result), TARGET)
 
 
+def transports(result: dict) -> dict[str, list[str]]:
+    """How each plane moved its bytes: as recorded, or :data:`RECORDED_BEFORE` for a result that predates it."""
+    return result.get("transports", RECORDED_BEFORE)
+
+
 def judge(result: dict) -> list[dict]:
-    """The median of the interleaved pairs, and every pair on its own."""
+    """The median of the interleaved pairs, and every pair on its own; the claim names both transports, and a
+    result whose planes moved bytes differently has every pair flagged, not counted (it compares transports)."""
     pairs = [(f"pair {i + 1}", p) for i, p in enumerate(result["pair_ratios"])]
-    return [paired("MPI data plane / gloo DDP step time (median of pairs)", pairs, FASTER)]
+    mpi, gloo = (transports(result)[name][0] for name in ("mpi4py", "gloo-ddp"))
+    claim = f"MPI data plane ({mpi}) / gloo DDP ({gloo}) step time (median of pairs)"
+    if mpi == gloo:
+        return [paired(claim, pairs, FASTER)]
+    why = f"MPI over {mpi}, DDP over {gloo}: not the same transport"
+    return [paired(claim, [], FASTER, flagged=[(label, p, why) for label, p in pairs])]
 
 
 def model_text(result: dict) -> str:
@@ -124,11 +165,12 @@ def table(result: dict) -> str:
     for name in PLANES:
         r = result[name]
         over = result["overhead_over_floor_ms"].get(name)
-        rows.append([name, f"{r['step_ms']:.1f}", "-" if over is None else f"{over:+.1f}",
+        way, detail = transports(result)[name]
+        rows.append([name, f"{way} ({detail})", f"{r['step_ms']:.1f}", "-" if over is None else f"{over:+.1f}",
                      "-" if name == "compute-floor" else f"{r['comm_ms']:.1f}", f"{r['samples_per_s']:.0f}"])
     pairs = ", ".join(shown(p, FASTER) for p in result["pair_ratios"])
     return "\n".join([
-        md_table(["data plane", "step (ms, median)", "over the compute floor (ms)", "comm (ms/step)",
+        md_table(["data plane", "transport", "step (ms, median)", "over the compute floor (ms)", "comm (ms/step)",
                   "samples/s (per run)"], rows),
         "",
         f"MPI / DDP step-time ratio: **{shown(result['mpi_over_ddp_step_ratio'], FASTER)}** (median of "

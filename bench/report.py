@@ -119,9 +119,9 @@ def readme_table(data: dict) -> str:
             verdict = "met" if v["met"] else f"**{word(v)}**"
             if "runs" in v:
                 verdict += f"; met in {v['met_in']}"
-            if v.get("flagged"):
-                verdict += "; not counted (above the physical ceiling): " + ", ".join(
-                    f"{f['label']}: {shown(f['value'], target)}" for f in v["flagged"])
+            for why in dict.fromkeys(f["why"] for f in v.get("flagged", ())):  # each reason once, in order
+                verdict += f"; not counted ({why}): " + ", ".join(
+                    f"{f['label']}: {shown(f['value'], target)}" for f in v["flagged"] if f["why"] == why)
             if load_flag(entry["machine"]):
                 verdict += f"; flagged: {load_flag(entry['machine'])}"
             rows.append([v["claim"], measured, v["target"], verdict])
