@@ -2,9 +2,10 @@
 
 A benchmark compares the orchestrator (``python -m multinode train ...``) with what a person would
 type on the same nodes. "By hand" here means plain OpenSSH with the cluster's key and pinned
-host keys, one session per node, running the exact shell line the orchestrator's ``--dry-run``
-prints for that node -- so the two sides differ only in what the orchestrator adds around the
-line (pre-flight, code sync, line prefixes, gang-stop), which is what the ratios measure.
+host keys, one session per node (:meth:`LocalCluster.run_by_hand`), running a shell line per node: the
+seed's torchrun line, built from the inventory (``bench.throughput``, ``bench.launch``), or, where the
+baseline is the orchestrator's own line typed by hand (the MPI collectives' *raw*), the line its ``--dry-run``
+prints (:meth:`LocalCluster.shells`).
 ``ip netns exec`` reaches a node directly where no SSH is wanted (iperf3).
 """
 

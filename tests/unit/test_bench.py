@@ -177,7 +177,7 @@ def test_every_paired_section_is_judged_by_the_median_of_its_pairs():
     assert mpi[0]["value"] == 0.7013 and mpi[0]["verdict"] == "inconclusive" and mpi[0]["met_in"] == "1 of 3 pairs"
     # The throughput case of issue 25: a ratio of medians of 1.11 was "met"; the pairs say 0.93, 1.20, 0.96.
     tp = throughput.judge({"ratio": 1.11, "pairs": [{"ours": 93.0, "by_hand": 100.0}, {"ours": 120.0, "by_hand": 100.0},
-                                                    {"ours": 96.0, "by_hand": 100.0}]})
+                                                    {"ours": 96.0, "by_hand": 100.0}], "baseline": throughput.SEED})
     assert tp[0]["value"] == 0.96 and tp[0]["verdict"] == "inconclusive" and tp[0]["met"] is False
     assert all(v["rule"] == verdicts.RULE for v in mpi + tp)
     series = {"ours": [_row(1 << 20, 0.948)], "raw": [_row(1 << 20, 1.0)], "one-namespace": [_row(1 << 20, 1.0)]}
