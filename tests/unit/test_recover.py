@@ -202,6 +202,7 @@ def test_grow_back_asks_until_the_node_is_back_then_notifies_until_the_job_takes
     grow = GrowBack(["node-2"], replace, notify, 0.01, said.append)
     with grow:
         grow._thread.join(timeout=60)  # the thread ends once the notice reached the job
+        assert not grow._thread.is_alive(), "the grow-back thread never ended (a hang guard, not a bound)"
     assert grow.notified and asks == ["node-2"] * 3 and len(notices) == 2 and grow.cluster == "the whole cluster"
     assert sum("still no replacement" in line for line in said) == 1, said  # a refusal is told once
     assert said[-2:] == ["node-2 is back",
