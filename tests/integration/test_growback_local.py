@@ -13,7 +13,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from test_recover_local import GLOBAL_BATCH, _accuracy, _quiet, _summary
+from test_recover_local import GLOBAL_BATCH, _accuracy, _left_by_the_run, _summary
 
 from bench.drills.common import PG_TIMEOUT, watched
 from bench.drills.preempt import rank_pid
@@ -77,4 +77,4 @@ def test_a_run_on_fewer_nodes_grows_back_when_capacity_returns(cluster3):
     for epoch, ids in seen.items():  # exactly once: no sample twice, none missing
         assert sorted(ids) == list(range(len(ids))) and len(ids) == len(seen[0]), epoch
     assert _accuracy(text) >= 0.95, text[-2000:]
-    assert not any(_quiet(cluster3).values())
+    assert not (left := _left_by_the_run(cluster3)), left

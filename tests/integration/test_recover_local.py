@@ -58,14 +58,19 @@ def _train(cluster, run_id: str, epochs: int, *extra: str):
                          f"--args=--workload digits {epochs} 2 {' '.join(extra)}".strip())
 
 
-def _quiet(cluster) -> dict[str, list[int]]:
-    """Every node's job processes once the metadata endpoints (started by make preempt, brought back on a
-    replaced node) are stopped: must be none."""
-    from multinode.providers.local.imds import stop_endpoint
+def _left_by_the_run(cluster) -> dict[str, list[str]]:
+    """What the run left, per node, each process by pid and name: every job process but the node's metadata
+    endpoint (started by make preempt, brought back on a replaced node: the stand-in for AWS's metadata service,
+    which outlives a run). Must be empty. Recorded first; then the endpoints are stopped (the test's own)."""
+    from multinode.providers.local.imds import endpoint_pid, stop_endpoint
 
-    for node in ("node-0", "node-1", "node-2"):
+    nodes = ("node-0", "node-1", "node-2")
+    endpoints = {endpoint_pid(cluster.state, node) for node in nodes}
+    left = {node: [f"{pid} ({_comm(pid)})" for pid in pids if pid not in endpoints]
+            for node, pids in cluster.job_processes().items()}
+    for node in nodes:
         stop_endpoint(cluster.state, node)
-    return cluster.job_processes()
+    return {node: procs for node, procs in left.items() if procs}
 
 
 def _accuracy(text: str) -> float:
@@ -98,7 +103,7 @@ def test_notice_on_node2_replaces_node2_only(cluster3):
     events = [e["event"] for e in recovery["events"]]
     assert events == ["notice", "checkpoint written", "replacement asked", "node ready", "job started again"], events
     assert recovery["steps_lost"] == [0], recovery  # the coordinated checkpoint holds every step
-    assert not any(_quiet(cluster3).values())
+    assert not (left := _left_by_the_run(cluster3)), left
 
 
 def test_refused_replacement_goes_on_with_two_nodes_at_the_same_global_batch(cluster3):
@@ -128,7 +133,7 @@ def test_refused_replacement_goes_on_with_two_nodes_at_the_same_global_batch(clu
     for epoch, ids in seen.items():  # exactly once: no sample twice, none missing
         assert sorted(ids) == list(range(len(ids))) and len(ids) == len(seen[0]), epoch
     assert _accuracy(text) >= 0.95, text[-2000:]
-    assert not any(_quiet(cluster3).values())
+    assert not (left := _left_by_the_run(cluster3)), left
 
 
 def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
@@ -156,4 +161,4 @@ def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
     resumed = re.search(r"RESUMED (\{.*\})", text)
     assert resumed and "/replica" in json.loads(resumed[1])["snapshot_from"], text[-4000:]
     assert _accuracy(text) >= 0.95, text[-2000:]
-    assert not any(_quiet(cluster3).values())
+    assert not (left := _left_by_the_run(cluster3)), left

@@ -61,16 +61,39 @@ class Run:
                       if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes())
 
     def finish(self, timeout: float = 240) -> int:
+        """The run's exit code. Nothing of its process group may outlive it: what is left fails the test, named,
+        and is killed once that is recorded (a process that is exiting gets a moment to go)."""
         try:
             code = self.proc.wait(timeout=timeout)
-        finally:
+        except subprocess.TimeoutExpired:
             self.kill()
+            raise
+        settle = time.monotonic() + 5
+        while self.left() and time.monotonic() < settle:
+            time.sleep(0.05)
+        left = self.left()
+        self.kill()
         self.reader.join(timeout=10)
+        if left:
+            pytest.fail(f"left in the run's process group after it exited (killed now): {left}", pytrace=False)
         return code
+
+    def left(self) -> list[str]:
+        """'<pid> (<name>)' of each live process of the run's process group (the run's own pid: a new session)."""
+        found = []
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()  # state, ppid, pgrp, ...
+            if len(fields) > 2 and fields[0] != "Z" and int(fields[2]) == self.proc.pid:
+                found.append(f"{entry.name} ({stat[stat.find('(') + 1:stat.rfind(')')]})")
+        return found
 
     def kill(self) -> None:
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # whatever of this run is left (nothing, normally)
+            os.killpg(self.proc.pid, signal.SIGKILL)  # cleanup: what is left was recorded by finish()
         except ProcessLookupError:
             pass
 

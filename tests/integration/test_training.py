@@ -3,8 +3,9 @@ machine, SLURM-style and plain runs of a copy of training/ alone, exact resume a
 kill during a snapshot write, the snapshot broadcast from a rank other than 0 over gloo, a dead peer
 under mpirun, and one-line bad input.
 
-Every process carries MULTINODE_RUN_ID=<this module's id>; teardown kills any that is left
-(torchrun starts its workers in their own session, so killing the launcher is not enough)."""
+Every process carries MULTINODE_RUN_ID=<this module's id>; a test after which any is left fails naming them,
+and they are killed once that is recorded (torchrun starts its workers in their own session, so killing the
+launcher would not be enough)."""
 
 from __future__ import annotations
 
@@ -56,9 +57,31 @@ def our_pids() -> list[int]:
     return pids
 
 
-@pytest.fixture(autouse=True, scope="module")
-def kill_leftovers():
+def _described(pid: int) -> str:
+    """'<pid> (<its command line>)'."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return f"{pid} (gone)"
+    return f"{pid} ({b' '.join(argv).decode(errors='replace').strip()[:160]})"
+
+
+@pytest.fixture(autouse=True)
+def nothing_left():
+    """After each test, nothing of this module's runs may be left: what is left fails the test, named; it is
+    killed after that is recorded, so the next test starts clean. A process that is exiting (e.g. the
+    multiprocessing resource tracker of a --spawn run, which ends on its parent's exit) gets a moment to go."""
     yield
+    settle = time.monotonic() + 5
+    while our_pids() and time.monotonic() < settle:
+        time.sleep(0.05)
+    left = [_described(pid) for pid in our_pids()]
+    if left:
+        _stop_ours()
+        pytest.fail(f"processes of {RUN_ID} left after the test (killed now): {left}", pytrace=False)
+
+
+def _stop_ours() -> None:
     for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 10.0)):
         for pid in our_pids():
             try:

@@ -160,6 +160,13 @@ def _wait_listening(ns: str, proc: subprocess.Popen, timeout: float = 20.0) -> N
     raise RuntimeError(f"the metadata endpoint in {ns} did not listen within {timeout:.0f} s")
 
 
+def endpoint_pid(state: ClusterState, node: str) -> int | None:
+    """The pid of ``node``'s running metadata service, or None when none runs."""
+    pid_file = _imds_dir(state, node) / "server.pid"
+    pid = pid_file.read_text().strip() if pid_file.exists() else ""
+    return int(pid) if pid.isdigit() and Path(f"/proc/{pid}").exists() else None
+
+
 def stop_endpoint(state: ClusterState, node: str) -> None:
     """End ``node``'s metadata service and forget its notice."""
     where = _imds_dir(state, node)
