@@ -4,9 +4,11 @@ node, before anything is synced or started.
 
 * With the nodes' real torch -- a CPU build here -- the check says so.
 * With a stand-in torch first on the nodes' PYTHONPATH (tests/integration/standin_torch: a CUDA or ROCm build
-  as the smoke check sees it, with the real error texts of a GPU without kernels), the check's GPU branch runs:
-  architecture detection, the matmul, the reduction, the "no kernel image" match, rocBLAS's abort. Every line
-  asserted below is the real check's, run over SSH; no GPU is available here."""
+  as the smoke check sees it, its errors for a GPU without kernels written by us after texts in public reports,
+  not produced by a real build), the check's GPU branch runs: architecture detection, the matmul, the reduction,
+  the "no kernel image" match, rocBLAS's abort. Every line asserted below is the real check's, run over SSH; no
+  GPU is available here. The real outputs, as users posted them, are tests/unit/fixtures/gpu_refusals/
+  (tests/unit/test_gpu_refusals.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The stand-in's devices and tensors, and the errors real builds give when a GPU has no kernels.
+"""The stand-in's devices and tensors, and errors written after those real builds give when a GPU has no kernels.
 
 ``MULTINODE_STANDIN_GPU`` (JSON, or the path of a JSON file) describes the node:
 
