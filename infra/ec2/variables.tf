@@ -249,7 +249,7 @@ variable "placement_group" {
 
 variable "amdgpu_installer_url" {
   type        = string
-  description = "g4ad: AMD's amdgpu-install package for Ubuntu 24.04 (noble); when set the bootstrap also installs AMD's DKMS driver (amdgpu-install --usecase=dkms). null keeps the Ubuntu kernel's own amdgpu, from linux-modules-extra, as AWS documents for g4ad on Ubuntu 24.04: amdgpu-dkms 30.30.x is reported failing to build on 7.0 kernels (ROCm/legacy-rocm-build issue 6193)."
+  description = "g4ad: AMD's amdgpu-install package for Ubuntu 24.04 (noble); when set the bootstrap also installs AMD's DKMS driver (amdgpu-install --usecase=dkms). null keeps the Ubuntu kernel's own amdgpu, from linux-modules-extra-aws (our default; AWS's page, https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/install-amd-driver.html, goes on to amdgpu-install): amdgpu-dkms 30.30.x is reported failing to build on 7.0 kernels (ROCm/legacy-rocm-build issue 6193)."
   default     = null
 
   validation {
