@@ -26,14 +26,17 @@ def error_document(code: str, message: str) -> bytes:
 
 # A rule: (form fields of the request) -> None to pass it to moto, or (HTTP status, code, message) to refuse it.
 Rule = Callable[[dict[str, str]], "tuple[int, str, str] | None"]
+# An answer for an action moto does not implement: (form fields) -> None, or (HTTP status, EC2's XML document).
+Answer = Callable[[dict[str, str]], "tuple[int, bytes] | None"]
 
 
 class RefusingProxy:
     """Forwards to ``target`` (moto); each request's form fields go through ``rule`` first. ``calls`` counts the
     requests by Action, ``refused`` the refusals."""
 
-    def __init__(self, target: str, rule: Rule) -> None:
+    def __init__(self, target: str, rule: Rule, answer: Answer | None = None) -> None:
         self.rule = rule
+        self.answer = answer  # an action moto lacks: (form fields) -> EC2's XML answer (HTTP 200), or None
         self.calls: dict[str, int] = {}
         self.refused: list[tuple[str, str]] = []  # (action, code)
         proxy = self
@@ -52,6 +55,9 @@ class RefusingProxy:
                     status, code, message = refusal
                     proxy.refused.append((action, code))
                     return self._answer(status, error_document(code, message), {"Content-Type": "text/xml"})
+                answered = proxy.answer(fields) if proxy.answer and action else None
+                if answered is not None:
+                    return self._answer(answered[0], answered[1], {"Content-Type": "text/xml"})
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 req = urllib.request.Request(target + self.path, data=body or None, headers=headers, method=self.command)
                 try:
@@ -94,3 +100,54 @@ def first_n(counts: dict[str, int], code: str, message: str, status: int = 400) 
         return None
 
     return rule
+
+
+EC2_XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"
+
+
+class PlacementGroups:
+    """The placement group API moto 5.2.5 lacks (Create/Describe/DeletePlacementGroup), answered from a dict in the
+    shapes of AWS's EC2 API reference (CreatePlacementGroup: ``placementGroup``; DescribePlacementGroups:
+    ``placementGroupSet`` of ``groupName, strategy, state, groupId, groupArn, tagSet``; an unknown name:
+    ``InvalidPlacementGroup.Unknown``). Enough for Terraform's aws_placement_group to create, read and destroy one."""
+
+    def __init__(self) -> None:
+        self.groups: dict[str, dict] = {}
+
+    def _item(self, tag: str, group: dict) -> str:
+        tags = "".join(f"<item><key>{k}</key><value>{v}</value></item>" for k, v in group["tags"].items())
+        return (f"<{tag}><groupName>{group['name']}</groupName><strategy>{group['strategy']}</strategy>"
+                f"<state>available</state><groupId>{group['id']}</groupId><groupArn>arn:aws:ec2:us-east-1:123456789012:"
+                f"placement-group/{group['name']}</groupArn><tagSet>{tags}</tagSet></{tag}>")
+
+    def __call__(self, fields: dict[str, str]) -> "tuple[int, bytes] | None":
+        action = fields.get("Action")
+        head = f'<?xml version="1.0" encoding="UTF-8"?>\n<{action}Response xmlns="{EC2_XMLNS}"><requestId>pg-0</requestId>'
+        tail = f"</{action}Response>"
+        if action == "CreatePlacementGroup":
+            name = fields["GroupName"]
+            keys = sorted(k for k in fields if k.startswith("TagSpecification.1.Tag.") and k.endswith(".Key"))
+            tags = {fields[k]: fields[k[:-4] + ".Value"] for k in keys}
+            group = {"name": name, "strategy": fields.get("Strategy", "cluster"), "tags": tags,
+                     "id": f"pg-{len(self.groups) + 1:017x}"}
+            self.groups[name] = group
+            return 200, (head + self._item("placementGroup", group) + tail).encode()
+        if action == "DescribePlacementGroups":
+            names = [v for k, v in fields.items() if k.startswith("GroupName.")]
+            ids = [v for k, v in fields.items() if k.startswith("GroupId.")]
+            found = [g for g in self.groups.values()
+                     if (not names or g["name"] in names) and (not ids or g["id"] in ids)]
+            if (names or ids) and not found:
+                return 400, error_document("InvalidPlacementGroup.Unknown",
+                                           f"The Placement Group '{(names or ids)[0]}' is unknown.")
+            items = "".join(self._item("item", g) for g in found)
+            return 200, (head + f"<placementGroupSet>{items}</placementGroupSet>" + tail).encode()
+        if action == "DeletePlacementGroup":
+            self.groups.pop(fields.get("GroupName", ""), None)
+            return 200, (head + "<return>true</return>" + tail).encode()
+        return None
+
+
+def in_placement_group(fields: dict[str, str]) -> bool:
+    """A RunInstances into a placement group (Placement.GroupName or Placement.GroupId, EC2 API reference)."""
+    return fields.get("Action") == "RunInstances" and bool(fields.get("Placement.GroupName") or fields.get("Placement.GroupId"))
