@@ -85,3 +85,33 @@ def test_a_replacement_refused_in_the_placement_group_is_launched_outside_it(ec2
     finally:
         proxy.close()
     assert lines[-1].startswith("verified: no instance tagged cluster=tfcap") and groups.groups == {}
+
+
+def test_up_launches_the_nodes_ec2_refused_in_the_placement_group_outside_it(ec2, offline_terraform, moto_url, tmp_path,
+                                                                             ssh_listener, monkeypatch, capsys):
+    """Every launch into the group refused (moto records no instance's group, so a node made inside it would look
+    changed to a second full apply: only the all-refused case is faithful here)."""
+    capacity, groups = Capacity(), PlacementGroups()
+    capacity.refuse = True
+    proxy = RefusingProxy(moto_url, capacity, answer=groups)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    monkeypatch.setenv("TF_VAR_placement_group", "true")
+    state = ClusterState.for_cluster("tfcapup", root=tmp_path)
+    provider = _provider(ssh_listener)
+    try:
+        inv = provider.up(_spec("tfcapup", nodes=2), state)
+        err = capsys.readouterr().err
+        assert [line for line in err.splitlines() if "placement group" in line] == [
+            "node-0, node-1: no capacity in the cluster placement group (EC2 said InsufficientInstanceCapacity); "
+            "launching them outside the group (same subnet and zone, less bandwidth to the others)"]
+        tfvars = json.loads((state.provider_dir / "terraform" / "terraform.tfvars.json").read_text())
+        assert tfvars["outside_placement_group"] == [0, 1] and len(groups.groups) == 1  # the group stays
+        refused = [launch for launch in capacity.launches if launch[1]]
+        assert 2 <= len(refused) <= 6 and capacity.launches[-2:] == [(False, False), (False, False)]  # 3 tries each
+        running = {i["InstanceId"] for i in _instances(ec2, "tfcapup") if i["State"]["Name"] == "running"}
+        assert running == {n.instance_id for n in inv.nodes} and len(running) == 2
+        capacity.refuse = False
+        provider.down(state)
+    finally:
+        proxy.close()
+    assert groups.groups == {}

@@ -149,12 +149,15 @@ class AwsProvider:
         try:
             self.terraform(*apply)
         except TerraformFailed as err:
-            # Nodes EC2 refused inside the placement group: once more, outside it.
+            # Nodes EC2 refused inside the placement group: once more, outside it, those nodes alone (-target: what
+            # the first apply made is left as it is), then a refresh-only apply for the outputs (as in _apply_one).
             code = capacity_code(err.output)
             nodes = json.loads((tf_dir / "terraform.tfvars.json").read_text())["nodes"]
-            if not code or not self._launch_outside_group(tf_dir, missing_nodes(self._state_list(tf_dir), nodes), code):
+            missing = missing_nodes(self._state_list(tf_dir), nodes)
+            if not code or not self._launch_outside_group(tf_dir, missing, code):
                 raise
-            self.terraform(*apply)
+            self.terraform(*apply, *(f"-target={instance_address(f'node-{i}')}" for i in missing))
+            self.terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
         outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
         keys = {f"node-{i}": public for i, (_, public) in enumerate(host_keys)}
         inventory = inventory_from_outputs(outputs, state, keys, settings.image)
