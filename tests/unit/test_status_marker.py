@@ -20,7 +20,6 @@ def state(tmp_path) -> ClusterState:
     return state
 
 
-
 def test_status_shows_what_each_node_s_ready_marker_records(state, monkeypatch, capsys):
     """Issue 37 item 6: `make status` prints the runtime a node's bootstrap recorded (torch, CUDA, NCCL, libmpi) under
     it; a node without a marker (local nodes) gets no such line. The SSH probe is replaced by its answers."""
