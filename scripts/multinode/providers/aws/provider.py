@@ -21,8 +21,9 @@ one new instance from the same configuration (subnet, placement group, profile, 
 image, the node's pinned host key), new addresses in known_hosts and the inventory. EC2's capacity errors
 (InsufficientInstanceCapacity, the spot ones) become CapacityRefused -- after one more try outside the cluster
 placement group, said in one line, when the refused node was in it (``outside_placement_group``); ``up`` does the
-same for the nodes EC2 refused. The AWS provider's own retries are bounded (infra/ec2 ``max_retries``), so a
-refusal reaches the recovery within RECOVER_WAIT.
+same for the nodes EC2 refused. The AWS provider's own retries are bounded (infra/ec2 ``max_retries`` = 3, not its
+25), so a refusal surfaces after a few tries instead of minutes of back-off, for the recovery's RECOVER_WAIT. A node
+once moved out of the group stays out at its later replacements.
 
 ``AWS_ENDPOINT_URL`` sends both boto3 and Terraform's AWS provider to another endpoint (the tests:
 a moto_server on loopback). Variables of infra/ec2 that multinode does not write (``ami_id``,

@@ -60,7 +60,7 @@ DEPENDENCY_VIOLATION = "DependencyViolation"
 
 @dataclass(frozen=True)
 class Retry:
-    """Seconds to wait before each retry of a delete refused with DependencyViolation: 7 tries over 3.5 min at most."""
+    """Seconds to wait before each retry of a delete refused with DependencyViolation: 7 tries, 215 s of waiting at most."""
 
     delays: tuple[float, ...] = (5.0, 10.0, 20.0, 30.0, 60.0, 90.0)
     sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
