@@ -12,6 +12,12 @@ resource "aws_placement_group" "cluster" {
   strategy = "cluster"
 }
 
+locals {
+  # Each node's group: none for a node EC2 had no capacity for inside it (outside_placement_group; AWS's placement
+  # group guide: a later launch into a cluster group is more likely to get an insufficient capacity error).
+  node_placement_group = [for i in range(var.nodes) : var.placement_group && !contains(var.outside_placement_group, i) ? aws_placement_group.cluster[0].id : null]
+}
+
 resource "aws_instance" "node" {
   count = var.nodes
 
@@ -21,7 +27,7 @@ resource "aws_instance" "node" {
   vpc_security_group_ids = [aws_security_group.cluster.id]
   key_name               = aws_key_pair.client.key_name
   iam_instance_profile   = aws_iam_instance_profile.node.name # ECR read-only: pulls the image (registry.tf)
-  placement_group        = var.placement_group ? aws_placement_group.cluster[0].id : null
+  placement_group        = local.node_placement_group[count.index]
   ebs_optimized          = true
   monitoring             = false
 

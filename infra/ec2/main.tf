@@ -3,6 +3,11 @@
 
 provider "aws" {
   region = var.region
+  # The provider retries a call up to max_retries times, backing off exponentially (default 25: hashicorp/
+  # terraform-provider-aws website/docs/index.html.markdown), and it counts RunInstances' InsufficientInstanceCapacity
+  # as retryable: minutes before a refusal surfaces. Bounded, so a replacement's refusal reaches the recovery
+  # within RECOVER_WAIT (scripts/multinode/providers/aws/replace.py).
+  max_retries = var.max_retries
 
   # General -> specific: user tags first, then ours (which must not be overridden).
   default_tags {

@@ -247,9 +247,31 @@ variable "placement_group" {
   default     = true
 }
 
+variable "outside_placement_group" {
+  type        = list(number)
+  description = "Indexes of nodes launched outside the placement group: 'make up' and a replacement add a node here when EC2 refused it capacity inside the group (InsufficientInstanceCapacity), and launch it again."
+  default     = []
+
+  validation {
+    condition     = alltrue([for i in var.outside_placement_group : i >= 0 && floor(i) == i])
+    error_message = "outside_placement_group must list node indexes (0, 1, ...)."
+  }
+}
+
+variable "max_retries" {
+  type        = number
+  description = "How often the AWS provider retries a failed API call (its default is 25, with exponential back-off: minutes before EC2's capacity refusal surfaces)."
+  default     = 3
+
+  validation {
+    condition     = var.max_retries >= 1 && var.max_retries <= 25 && floor(var.max_retries) == var.max_retries
+    error_message = "max_retries must be a whole number from 1 to 25."
+  }
+}
+
 variable "amdgpu_installer_url" {
   type        = string
-  description = "g4ad: AMD's amdgpu-install package for Ubuntu 24.04 (noble); when set the bootstrap also installs AMD's DKMS driver (amdgpu-install --usecase=dkms). null keeps the Ubuntu kernel's own amdgpu, from linux-modules-extra, as AWS documents for g4ad on Ubuntu 24.04: amdgpu-dkms 30.30.x is reported failing to build on 7.0 kernels (ROCm/legacy-rocm-build issue 6193)."
+  description = "g4ad: AMD's amdgpu-install package for Ubuntu 24.04 (noble); when set the bootstrap also installs AMD's DKMS driver (amdgpu-install --usecase=dkms). null keeps the Ubuntu kernel's own amdgpu, from linux-modules-extra-aws (our default; AWS's page, https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/install-amd-driver.html, goes on to amdgpu-install): amdgpu-dkms 30.30.x is reported failing to build on 7.0 kernels (ROCm/legacy-rocm-build issue 6193)."
   default     = null
 
   validation {

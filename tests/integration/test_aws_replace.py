@@ -1,22 +1,19 @@
 """Replacing one node of an EC2 cluster, with the real Terraform binary against a real moto_server (as
 test_aws_moto.py: offline provider mirror, ``AWS_ENDPOINT_URL``; never AWS).
 
-EC2's "no capacity" cannot be asked of moto, so one test puts a small proxy between Terraform and moto that answers
-RunInstances with EC2's own error document (``InsufficientInstanceCapacity``) and passes everything else through:
-the real provider's real error output is what the mapping to CapacityRefused reads.
+EC2's "no capacity" cannot be asked of moto, so one test puts a small proxy (ec2_refusals.RefusingProxy) between
+Terraform and moto that answers RunInstances with EC2's own error document (``InsufficientInstanceCapacity``) and
+passes everything else through: the real provider's real error output is what the mapping to CapacityRefused reads.
+(No placement group here: test_aws_capacity.py has the retry outside one.)
 """
 
 from __future__ import annotations
 
 import base64
-import json
-import threading
-import urllib.error
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
+from ec2_refusals import RefusingProxy
 from test_aws_moto import _instances, _spec, ec2, moto_clients, moto_url, offline_terraform, ssh_listener  # noqa: F401
 
 from multinode.core.errors import CapacityRefused
@@ -27,9 +24,8 @@ from multinode.providers.aws.provider import AwsProvider
 
 pytestmark = pytest.mark.integration
 
-ICE = ("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity</Code>"
-       "<Message>We currently do not have sufficient c6i.xlarge capacity in the Availability Zone you requested "
-       "(us-east-1a).</Message></Error></Errors><RequestID>5f1c7c7e-0000-4000-8000-000000000001</RequestID></Response>")
+ICE = ("InsufficientInstanceCapacity", "We currently do not have sufficient c6i.xlarge capacity in the Availability "
+       "Zone you requested (us-east-1a).")  # EC2 sends it with HTTP 500 (ec2_refusals.error_document)
 
 
 def _provider(ssh_listener, waited: list) -> AwsProvider:
@@ -100,72 +96,27 @@ def replacing_node_1_of_3_creates_exactly_one_instance(ec2, state, provider, inv
     return after
 
 
-class RefusingProxy:
-    """Loopback HTTP proxy to moto that answers RunInstances with EC2's InsufficientInstanceCapacity while
-    ``refuse`` is set."""
-
-    def __init__(self, target: str) -> None:
-        self.refuse = True
-        self.refused = 0
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, fmt, *args):
-                pass
-
-            def _forward(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if proxy.refuse and b"Action=RunInstances" in body:
-                    proxy.refused += 1  # EC2 sends this document with HTTP 500
-                    return self._answer(500, ICE.encode(), {"Content-Type": "text/xml"})
-                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
-                req = urllib.request.Request(target + self.path, data=body or None, headers=headers, method=self.command)
-                try:
-                    with urllib.request.urlopen(req, timeout=120) as reply:
-                        return self._answer(reply.status, reply.read(), dict(reply.headers))
-                except urllib.error.HTTPError as err:
-                    return self._answer(err.code, err.read(), dict(err.headers))
-
-            def _answer(self, status, data, headers):
-                self.send_response(status)
-                for key, value in headers.items():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
-                        self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def no_capacity_is_capacity_refused_and_the_rest_stays(ec2, moto_url, state, provider, inv, replaced, monkeypatch):
     """``inv``: the cluster after node-1's replacement (``replaced``: node-1's first instance, terminated)."""
     saved, known = state.inventory_path.read_text(), state.known_hosts.read_text()
-    # The AWS provider retries InsufficientInstanceCapacity on RunInstances up to max_retries (default 25) times with
-    # back-off (terraform-provider-aws, internal/service/ec2 service_package: the code is marked retryable), minutes
-    # before the apply fails; an override file, Terraform's own mechanism, makes the first answer the last here.
-    (state.provider_dir / "terraform" / "test_override.tf").write_text('provider "aws" {\n  max_retries = 1\n}\n')
-    proxy = RefusingProxy(moto_url)
+    # The AWS provider retries InsufficientInstanceCapacity on RunInstances up to max_retries times with back-off
+    # (terraform-provider-aws, internal/service/ec2 service_package: the code is marked retryable); infra/ec2 bounds
+    # it (max_retries = 3, not the provider's 25), so the refusal surfaces in seconds.
+    refuse = {"on": True}
+    proxy = RefusingProxy(moto_url, lambda fields: (500, *ICE) if refuse["on"] and fields.get("Action") == "RunInstances"
+                          else None)
     try:
         monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # Terraform's AWS provider and boto3 both
         with pytest.raises(CapacityRefused) as err:
             provider.replace(state, inv, "node-2")
         assert str(err.value).startswith("node-2: no capacity for a replacement (EC2 said InsufficientInstanceCapacity)")
-        assert proxy.refused >= 1
+        assert 1 <= len(proxy.refused) <= 3  # bounded (infra/ec2 max_retries)
         now = _by_id(ec2, "tfrep")
         assert {iid: i["State"]["Name"] for iid, i in now.items()} == {
             inv.nodes[0].instance_id: "running", inv.nodes[1].instance_id: "running", replaced.instance_id: "terminated",
             inv.nodes[2].instance_id: "terminated"}  # asked to replace: the old one ended, no new one made
         assert (state.inventory_path.read_text(), state.known_hosts.read_text()) == (saved, known)
-        proxy.refuse = False  # capacity is back: the same ask makes exactly one instance
+        refuse["on"] = False  # capacity is back: the same ask makes exactly one instance
         after = provider.replace(state, inv, "node-2")
     finally:
         proxy.close()

@@ -108,7 +108,7 @@ def test_every_rendering_goes_through_apt_get_and_ends_with_the_ready_marker(ren
 
 def test_the_g4ad_driver_needs_no_dkms_unless_asked_and_the_host_torch_is_rocm72(rendered):
     script = rendered["g4ad-host"]
-    assert 'apt_get install linux-firmware "linux-modules-extra-$(uname -r)"' in script
+    assert "apt_get install linux-firmware linux-modules-extra-aws" in script  # AWS's install-amd-driver page
     assert "amdgpu-install" not in [line.split()[0] for line in script.splitlines() if line.strip()]  # not run
     assert 'pip_install --index-url "https://download.pytorch.org/whl/rocm7.2" "torch==2.13.0+rocm7.2"' in script
     assert "--device /dev/kfd --device /dev/dri --group-add video" in rendered["g4ad-image"]
@@ -151,10 +151,15 @@ def test_the_ttl_script_ends_the_instance_only_after_its_expiry(rendered, tmp_pa
 # --- the start of the script, run for real ------------------------------------------------------
 
 STUBS = {
-    # systemctl: records its arguments; `is-active` answers "active" while the file ACTIVE_LEFT counts down.
-    "systemctl": '#!/bin/bash\necho "systemctl $*" >>"$STUB_LOG"\nif [ "$1" = is-active ]; then\n'
-                 '  n=$(cat "$STUB_DIR/active_left" 2>/dev/null || echo 0)\n'
-                 '  if [ "$n" -gt 0 ]; then echo $((n - 1)) >"$STUB_DIR/active_left"; exit 0; fi\n  exit 3\nfi\n',
+    # systemctl: records its arguments. While the file active_left counts down, the asked unit is a Type=oneshot
+    # unit whose command runs: systemd's ActiveState is "activating" (systemd.service(5), Type=oneshot: "up" only
+    # once the command exited), so `show -p ActiveState --value` prints "activating" and `is-active` exits 3, as
+    # systemd's own does for any state but active/reloading/refreshing (src/systemctl/systemctl-is-active.c,
+    # verb_is_active); then "inactive" (exit 3).
+    "systemctl": '#!/bin/bash\necho "systemctl $*" >>"$STUB_LOG"\nif [ "$1" = is-active ] || [ "$1" = show ]; then\n'
+                 '  n=$(cat "$STUB_DIR/active_left" 2>/dev/null || echo 0); state=inactive\n'
+                 '  if [ "$n" -gt 0 ]; then echo $((n - 1)) >"$STUB_DIR/active_left"; state=activating; fi\n'
+                 '  if [ "$1" = show ]; then echo "$state"; exit 0; fi\n  exit 3\nfi\n',
     # apt-get: records its arguments; fails (exit 100, apt's own message) while the file FAILS_LEFT counts down.
     "apt-get": '#!/bin/bash\necho "apt-get $*" >>"$STUB_LOG"\nn=$(cat "$STUB_DIR/fails_left" 2>/dev/null || echo 0)\n'
                'if [ "$n" -gt 0 ]; then echo $((n - 1)) >"$STUB_DIR/fails_left"\n'
@@ -206,8 +211,9 @@ def test_an_apt_failure_inside_apt_get_writes_the_failed_marker_with_its_line(re
 
 
 def test_apt_waits_for_apt_daily_then_retries_the_lists_lock_and_goes_on(rendered, tmp_path):
-    """Issue 27 item 2: apt-daily/unattended-upgrades still running at first boot (3 'active' answers), then
-    the lists lock still held once (apt-get update's lock is not covered by DPkg::Lock::Timeout)."""
+    """Issue 27 item 2: apt-daily/unattended-upgrades still running at first boot (3 'activating' answers: a running
+    oneshot unit, issue 37 item 3), then the lists lock still held once (apt-get update's lock is not covered by
+    DPkg::Lock::Timeout)."""
     result, where = run_start(rendered["g4dn-image"], tmp_path, fails=1, active=3)
     assert result.returncode == 0, (tmp_path / "bootstrap.log").read_text()
     log = (tmp_path / "bootstrap.log").read_text()
@@ -217,9 +223,9 @@ def test_apt_waits_for_apt_daily_then_retries_the_lists_lock_and_goes_on(rendere
     calls = (tmp_path / "calls.log").read_text().splitlines()
     assert calls.index("systemctl stop apt-daily.timer apt-daily-upgrade.timer") < calls.index(
         "apt-get -o DPkg::Lock::Timeout=600 -y -q update")
-    # apt ran only once apt-daily.service was no longer active
+    # apt ran only once apt-daily.service was no longer activating/active
     first_apt = calls.index("apt-get -o DPkg::Lock::Timeout=600 -y -q update")
-    assert calls[:first_apt].count("systemctl is-active --quiet apt-daily.service") == 4
+    assert calls[:first_apt].count("systemctl show -p ActiveState --value apt-daily.service") == 4
     assert [c for c in calls if c.startswith("apt-get")] == ["apt-get -o DPkg::Lock::Timeout=600 -y -q update"] * 2
 
 
@@ -232,8 +238,7 @@ def test_g4ad_first_boot_installs_the_kernel_driver_reboots_once_and_the_second_
     log = (tmp_path / "bootstrap.log").read_text()
     assert "PAST-modprobe amdgpu" not in log and "rebooting once (AWS's g4ad procedure)" in log
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    kernel = subprocess.run(["uname", "-r"], capture_output=True, text=True).stdout.strip()
-    assert f"apt-get -o DPkg::Lock::Timeout=600 -y -q install linux-firmware linux-modules-extra-{kernel}" in calls
+    assert "apt-get -o DPkg::Lock::Timeout=600 -y -q install linux-firmware linux-modules-extra-aws" in calls
     assert calls[-2:] == ["systemctl enable multinode-bootstrap.service",
                           "shutdown -r +1 multinode: reboot for the amdgpu driver"]
     assert (where["state"] / "resume").exists() and (where["state"] / "driver-rebooted").exists()
@@ -248,3 +253,26 @@ def test_g4ad_first_boot_installs_the_kernel_driver_reboots_once_and_the_second_
     assert not any(c.startswith("shutdown") for c in calls) and "systemctl disable multinode-bootstrap.service" in calls
     assert calls[-1] == "modprobe amdgpu"  # the kernel's own amdgpu; no amdgpu-install unless asked for
     assert not any("linux-firmware" in c for c in calls) and not (where["state"] / "resume").exists()
+
+
+def test_the_ready_marker_records_torch_nccl_and_the_libmpi_mpi4py_loaded(rendered, tmp_path):
+    """Issue 37 item 6: the marker's version lines, made by the rendered versions.py run for real with this
+    machine's torch (a CPU build: no CUDA, no NCCL) and mpi4py, and the line `make status` makes of them."""
+    import sys
+
+    from multinode.providers.aws.readiness import software_summary
+
+    for kind in ("cpu-host", "g4dn-image"):
+        assert "versions.py" in rendered[kind]
+    script = rendered["g4dn-image"].split("<<'VERSIONS'\n", 1)[1].split("\nVERSIONS\n", 1)[0]
+    (tmp_path / "versions.py").write_text(script)
+    result = subprocess.run([sys.executable, str(tmp_path / "versions.py")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    import mpi4py
+    import torch
+    fields = dict(line.split("=", 1) for line in result.stdout.splitlines())
+    assert fields["torch"] == torch.__version__ and fields["cuda"] == str(torch.version.cuda)
+    assert fields["nccl"] == "None" and fields["mpi4py"] == mpi4py.__version__
+    assert re.match(r"(Open MPI|MPICH|Intel\(R\) MPI) ", fields["libmpi"]) and "\x00" not in fields["libmpi"]
+    marker = f"image=\ngpus=0\nruntime=host /opt/multinode/venv/bin/python\n{result.stdout}"
+    assert software_summary(marker) == f"torch {torch.__version__}; libmpi: {fields['libmpi']}; mpi4py {mpi4py.__version__}"

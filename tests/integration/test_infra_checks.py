@@ -206,6 +206,11 @@ def _variable_errors(tmp_path: Path, overrides: dict) -> str:
     ({"image": None}, ""),  # the host runtime (issue 27 item 10)
     ({"image": "multinode-cuda:latest"}, "image must be a reference with a registry host the nodes can pull from"),
     ({"image": None, "host_requirements": ["numpy>=2"]}, "host_requirements must be pinned requirements"),
+    # issue 37 item 4: nodes launched outside the placement group after a capacity refusal; the provider's retries
+    ({"outside_placement_group": [0, 1]}, ""),
+    ({"outside_placement_group": [-1]}, "outside_placement_group must list node indexes"),
+    ({"max_retries": 0}, "max_retries must be a whole number from 1 to 25"),
+    ({"max_retries": 3}, ""),
 ])
 def test_validation_rules_accept_good_and_reject_bad_values(tmp_path, overrides, message):
     errors = _variable_errors(tmp_path, overrides)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from multinode.providers.aws.replace import (CAPACITY_CODES, capacity_code, instance_address, planned_ami,
-                                             unexpected_changes)
+from multinode.providers.aws.replace import (CAPACITY_CODES, capacity_code, instance_address, missing_nodes,
+                                             outside_group, planned_ami, unexpected_changes)
 
 # The shape of the AWS provider's error for a RunInstances that EC2 refuses (SDK v2 "api error <Code>: <msg>").
 APPLY_STDERR = """
@@ -69,3 +69,12 @@ def test_planned_ami_reads_the_instances_image():
         {"address": "aws_vpc.this[0]", "values": {"cidr_block": "10.0.0.0/16"}}]}}}
     assert planned_ami(shown) == "ami-12c6146b"
     assert planned_ami({}) is None
+
+
+def test_a_node_refused_in_the_placement_group_goes_outside_it_once():
+    state = "aws_key_pair.client\naws_placement_group.cluster[0]\naws_instance.node[0]\naws_instance.node[2]\n"
+    assert outside_group(state, [], [1]) == [1]
+    assert outside_group(state, [2], [1]) == [1, 2]
+    assert outside_group(state, [1], [1]) is None  # refused outside the group too: nothing left to try
+    assert outside_group("aws_key_pair.client\naws_instance.node[0]\n", [], [1]) is None  # no placement group
+    assert missing_nodes(state, 3) == [1] and missing_nodes(state, 2) == [1] and missing_nodes("", 2) == [0, 1]

@@ -31,6 +31,10 @@ def test_every_apt_call_waits_for_apt_jobs_and_retries_within_a_bound():
     assert body.count("apt-get -o DPkg::Lock::Timeout=600 -y -q \"$@\"") == 2  # 4 tries in an if, then the 5th bare
     waits = TEMPLATE.split("wait_for_apt_jobs() {")[1].split("\n}\n")[0]
     assert "apt-daily.service apt-daily-upgrade.service" in waits and "pgrep -f /usr/bin/unattended-upgrade" in waits
+    # A running oneshot unit is "activating", which `is-active` calls inactive: ActiveState is asked (issue 37).
+    assert 'apt_unit_busy "$unit"' in waits and not any("is-active" in line for line in _commands())
+    busy = TEMPLATE.split("apt_unit_busy() {")[1].split("\n}\n")[0]
+    assert 'systemctl show -p ActiveState --value "$1"' in busy and "activating|deactivating|active|reloading) return 0" in busy
     assert '[ "$waited" -ge 1200 ]' in waits  # bounded
     assert "systemctl stop apt-daily.timer apt-daily-upgrade.timer || true" in _commands()
     assert "pkgAcquire::GetLock" in TEMPLATE and "debSystem::Lock" in TEMPLATE  # the sources of the why
@@ -38,7 +42,9 @@ def test_every_apt_call_waits_for_apt_jobs_and_retries_within_a_bound():
 
 def test_the_g4ad_driver_is_the_kernel_amdgpu_as_aws_documents_with_one_reboot():
     g4ad = TEMPLATE.split('%{ if cluster_type == "g4ad" ~}')[1].split("%{ endif ~}\n%{ endif ~}")[0]
-    assert 'apt_get install linux-firmware "linux-modules-extra-$(uname -r)"' in g4ad
+    # AWS's page installs linux-modules-extra-aws: the newest AWS kernel's modules, the kernel the reboot boots.
+    assert "apt_get install linux-firmware linux-modules-extra-aws" in g4ad and "modules-extra-$(uname" not in g4ad
+    assert "install-amd-driver.html" in g4ad and "Our choice, not AWS's" in g4ad
     assert 'shutdown -r +1' in g4ad and "systemctl enable multinode-bootstrap.service" in g4ad
     assert g4ad.index('touch "$state/driver-rebooted" "$state/resume"') < g4ad.index("shutdown -r +1")
     assert "legacy-rocm-build issue 6193" in g4ad
@@ -117,3 +123,6 @@ def test_the_ready_marker_is_written_last_and_failures_leave_a_failed_marker():
     # What ran is recorded: the runtime, and for the host runtime torch, its CUDA/HIP, mpi4py and mpirun.
     assert "printf 'image=%s\\ngpus=%s\\nruntime=%s\\n' \"$image\" \"$gpus\" \"$runtime\"" in commands
     assert "mpi4py={mpi4py.__version__}" in TEMPLATE and "printf 'mpirun=%s\\n'" in TEMPLATE
+    # ... and for both runtimes torch's CUDA/HIP and NCCL and the libmpi mpi4py loads (issue 37 item 6).
+    marker = TEMPLATE.split('} >"$state/ready.tmp"')[0].rsplit("{\n", 1)[1]
+    assert '"$venv/bin/python" "$state/versions.py"' in marker and "/tmp/versions.py" in marker

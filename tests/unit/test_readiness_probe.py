@@ -43,3 +43,14 @@ def test_the_default_paths_are_the_ones_the_bootstrap_writes():
 def test_probe_answers(exit_code, stdout, error, state, detail):
     probe = parse_probe("node-1", exit_code, stdout, error)
     assert (probe.node, probe.state, probe.detail) == ("node-1", state, detail)
+
+
+def test_the_status_line_of_a_ready_marker_names_torch_cuda_nccl_and_libmpi():
+    from multinode.providers.aws.readiness import software_summary
+
+    marker = ("17 min up\nimage=\ngpus=1\nruntime=host /opt/multinode/venv/bin/python\ntorch=2.13.0\ncuda=13.0\nhip=None\n"
+              "nccl=2.29.7\nmpi4py=4.1.2\nlibmpi=Open MPI v4.1.6, package: Debian OpenMPI, ident: 4.1.6, repo rev: v4.1.6\n")
+    assert software_summary(marker) == ("torch 2.13.0 (CUDA 13.0, NCCL 2.29.7); libmpi: Open MPI v4.1.6, package: Debian "
+                                        "OpenMPI, ident: 4.1.6, repo rev: v4.1.6; mpi4py 4.1.2")
+    assert software_summary("up 3 minutes\n") is None  # a node without a marker (local nodes)
+    assert software_summary("torch=2.13.0+cpu\ncuda=None\nnccl=None\nlibmpi=None\n") == "torch 2.13.0+cpu"

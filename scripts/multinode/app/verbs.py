@@ -27,6 +27,7 @@ from multinode.diagnose.capture import capture
 from multinode.diagnose.report import group_stacks
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
+from multinode.providers.aws.readiness import Bootstrap, software_summary
 from multinode.providers.local import imds as local_imds
 from multinode.ssh.runner import RemoteRunner
 
@@ -80,13 +81,17 @@ def _provider_of(state: ClusterState, provider: str | None) -> str:
 def status(cluster: str) -> int:
     inventory = ClusterState.for_cluster(cluster).load_inventory()
     print(f"cluster {inventory.cluster!r} ({inventory.provider}, runtime {inventory.runtime}), subnet {inventory.subnet}")
-    answers = probe_ssh(inventory)
+    # With the answer, the node's ready marker if its bootstrap wrote one (EC2 nodes): what the jobs run on.
+    answers = probe_ssh(inventory, command=f"uptime -p 2>/dev/null || uptime; cat {Bootstrap().ready} 2>/dev/null; true")
     down_nodes = 0
     for node in inventory.nodes:
         ok, detail = answers[node.name]
         down_nodes += not ok
         state = "ssh ok" if ok else f"NO SSH ({detail})"
         print(f"  {node.name:8} {node.hostname:16} {node.private_ip:15} {node.accelerator:6} {state}")
+        software = software_summary(detail) if ok else None
+        if software:
+            print(f"  {'':8} {software}")
     if inventory.extra.get("scheduler") == "slurm" and answers[inventory.nodes[0].name][0]:
         down_nodes += _print_sinfo(inventory)
     return 1 if down_nodes else 0

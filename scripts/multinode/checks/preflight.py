@@ -234,10 +234,11 @@ def _hint(failure: str, port: int | None) -> str:
     return ""
 
 
-def probe_ssh(inventory: Inventory, timeout: float = 5.0) -> dict[str, tuple[bool, str]]:
-    """For `status`: does each node answer SSH (and run a command)? {node: (ok, detail)}."""
+def probe_ssh(inventory: Inventory, timeout: float = 5.0, command: str = "uptime -p 2>/dev/null || uptime"
+              ) -> dict[str, tuple[bool, str]]:
+    """For `status`: does each node answer SSH (and run ``command``)? {node: (ok, its output or why not)}."""
     with RemoteRunner(inventory, connect_timeout=timeout) as runner:
-        results = runner.run_all("uptime -p 2>/dev/null || uptime", timeout=timeout)
+        results = runner.run_all(command, timeout=timeout)
     return {
         name: (res.ok, res.stdout.strip() if res.ok else (res.error or res.stderr.strip() or f"exit {res.exit_code}"))
         for name, res in results.items()

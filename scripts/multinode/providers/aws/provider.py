@@ -19,7 +19,11 @@ expired instances and the resources of clusters whose instances are gone, listed
 bills, then ``terraform plan -replace/-target aws_instance.node[i]`` checked to touch that instance only, applied:
 one new instance from the same configuration (subnet, placement group, profile, tags and expiry, the cluster's
 image, the node's pinned host key), new addresses in known_hosts and the inventory. EC2's capacity errors
-(InsufficientInstanceCapacity, the spot ones) become CapacityRefused.
+(InsufficientInstanceCapacity, the spot ones) become CapacityRefused -- after one more try outside the cluster
+placement group, said in one line, when the refused node was in it (``outside_placement_group``); ``up`` does the
+same for the nodes EC2 refused. The AWS provider's own retries are bounded (infra/ec2 ``max_retries`` = 3, not its
+25), so a refusal surfaces after a few tries instead of minutes of back-off, for the recovery's RECOVER_WAIT. A node
+once moved out of the group stays out at its later replacements.
 
 ``AWS_ENDPOINT_URL`` sends both boto3 and Terraform's AWS provider to another endpoint (the tests:
 a moto_server on loopback). Variables of infra/ec2 that multinode does not write (``ami_id``,
@@ -42,14 +46,15 @@ from typing import Any
 
 from multinode.core.config import ClusterSpec, env_default
 from multinode.core.errors import CapacityRefused, NodeError, UserError
-from multinode.core.inventory import Inventory
+from multinode.core.inventory import Inventory, node_index
 from multinode.core.state import ClusterState
 from multinode.providers.aws import ec2 as aws_ec2
 from multinode.providers.aws import sweep as aws_sweep
 from multinode.providers.aws.bootstrap_inputs import gpu_smoke_script, host_requirements
 from multinode.providers.aws.keys import new_ed25519, write_secret
 from multinode.providers.aws.reap import verify_gone
-from multinode.providers.aws.replace import capacity_code, instance_address, planned_ami, unexpected_changes
+from multinode.providers.aws.replace import (capacity_code, instance_address, missing_nodes, outside_group, planned_ami,
+                                            unexpected_changes)
 from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of
 from multinode.providers.aws.terraform import (MODULE_DIR, Terraform, TerraformFailed, inventory_from_outputs,
                                                known_hosts_lines, run_terraform, terraform_binary)
@@ -141,7 +146,19 @@ class AwsProvider:
     def _create(self, state: ClusterState, settings: AwsSettings, host_keys: list[tuple[str, str]]) -> Inventory:
         tf_dir = state.provider_dir / "terraform"
         self.terraform(tf_dir, "init", "-input=false", "-no-color")
-        self.terraform(tf_dir, "apply", "-input=false", "-auto-approve", "-no-color")
+        apply = (tf_dir, "apply", "-input=false", "-auto-approve", "-no-color")
+        try:
+            self.terraform(*apply)
+        except TerraformFailed as err:
+            # Nodes EC2 refused inside the placement group: once more, outside it, those nodes alone (-target: what
+            # the first apply made is left as it is), then a refresh-only apply for the outputs (as in _apply_one).
+            code = capacity_code(err.output)
+            nodes = json.loads((tf_dir / "terraform.tfvars.json").read_text())["nodes"]
+            missing = missing_nodes(self._state_list(tf_dir), nodes)
+            if not code or not self._launch_outside_group(tf_dir, missing, code):
+                raise
+            self.terraform(*apply, *(f"-target={instance_address(f'node-{i}')}" for i in missing))
+            self.terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
         outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
         keys = {f"node-{i}": public for i, (_, public) in enumerate(host_keys)}
         inventory = inventory_from_outputs(outputs, state, keys, settings.image)
@@ -169,7 +186,12 @@ class AwsProvider:
         self._pin_image(tf_dir)
         if old.instance_id and aws_ec2.billing(ec2, [old.instance_id]):
             aws_ec2.terminate(ec2, [old.instance_id])
-        self._apply_one(tf_dir, name, address)
+        try:
+            self._apply_one(tf_dir, name, address)
+        except CapacityRefused as refused:
+            if not self._launch_outside_group(tf_dir, [node_index(name)], capacity_code(str(refused))):
+                raise
+            self._apply_one(tf_dir, name, address)
         outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
         fresh = inventory_from_outputs(outputs, state, {n.name: n.host_key for n in inventory.nodes}, inventory.image)
         moved = [n.name for n, f in zip(inventory.nodes, fresh.nodes) if n.name != name and n.instance_id != f.instance_id]
@@ -190,6 +212,24 @@ class AwsProvider:
         self.wait_ready(dataclasses.replace(fresh, nodes=(new,)), inventory.image)
         fresh.save(state.inventory_path)
         return fresh
+
+    def _state_list(self, tf_dir: Path) -> str:
+        return self.terraform(tf_dir, "state", "list", "-no-color")
+
+    def _launch_outside_group(self, tf_dir: Path, refused: list[int], code: str | None) -> bool:
+        """The nodes ``refused`` (indexes) added to ``outside_placement_group`` in terraform.tfvars.json, said in one
+        line; False (nothing changed) when that cannot help (:func:`outside_group`)."""
+        tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
+        outside = outside_group(self._state_list(tf_dir), list(tfvars.get("outside_placement_group", [])), refused)
+        if outside is None:
+            return False
+        tfvars["outside_placement_group"] = outside
+        write_secret(tf_dir / "terraform.tfvars.json", json.dumps(tfvars, indent=2))
+        names = ", ".join(f"node-{i}" for i in refused)
+        print(f"{names}: no capacity in the cluster placement group (EC2 said {code or 'no capacity'}); launching "
+              f"{'it' if len(refused) == 1 else 'them'} outside the group (same subnet and zone, less bandwidth to "
+              "the others)", file=sys.stderr, flush=True)
+        return True
 
     def _pin_image(self, tf_dir: Path) -> None:
         """terraform.tfvars.json names the image the cluster runs (``ami_id``), so the replacement gets that

@@ -5,8 +5,9 @@ a driver (and rebooting for it, on g4ad), Docker and the image or the host runti
 have failed. The bootstrap (infra/ec2/user_data.sh.tftpl) reports in files, and this module reads them:
 
 * ``ready``: written last, after the driver, the runtime and the GPU smoke test; it holds
-  ``image=<reference>`` (empty for the host runtime), ``gpus=<count>``, ``runtime=...`` and, for the host
-  runtime, the torch/mpi4py/mpirun versions installed;
+  ``image=<reference>`` (empty for the host runtime), ``gpus=<count>``, ``runtime=...``, what the job runtime
+  links (``torch=``, ``cuda=``, ``hip=``, ``nccl=``, ``mpi4py=``, ``libmpi=``: MPI.Get_library_version()'s first
+  line) and, for the host runtime, ``mpirun=``; :func:`software_summary` makes the line `make status` shows;
 * ``failed``: written by the bootstrap's error trap (the failing line) or by its own checks (the reason,
   e.g. the GPU smoke test's arch), so a failure ends the wait at once instead of at the deadline;
 * the bootstrap log, whose tail is shown for the node that failed;
@@ -99,6 +100,25 @@ def parse_probe(node: str, exit_code: int | None, stdout: str, error: str | None
     if state not in (READY, WAITING, FAILED):
         return Probe(node, WAITING, f"unexpected probe output {lines[-1]!r}")
     return Probe(node, state, detail)
+
+
+def software_summary(marker: str) -> str | None:
+    """A ready marker's record of the job runtime as one line (``torch 2.13.0 (CUDA 13.0, NCCL 2.29.7); libmpi: Open
+    MPI v4.1.6, ...; mpi4py 4.1.2``), None when ``marker`` (any text: lines without ``=`` are skipped) names no
+    torch. Values the node wrote as ``None`` (no CUDA in a CPU build) are left out."""
+    fields = {}
+    for line in marker.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and value.strip() not in ("", "None"):
+            fields[key.strip()] = value.strip()
+    if "torch" not in fields:
+        return None
+    links = ", ".join(f"{label} {fields[key]}" for key, label in (("cuda", "CUDA"), ("hip", "HIP"), ("nccl", "NCCL"))
+                      if key in fields)
+    parts = [f"torch {fields['torch']}" + (f" ({links})" if links else "")]
+    parts += [f"libmpi: {fields['libmpi']}"] if "libmpi" in fields else []
+    parts += [f"mpi4py {fields['mpi4py']}"] if "mpi4py" in fields else []
+    return "; ".join(parts)
 
 
 def tail_command(bootstrap: Bootstrap, node: Node) -> str:

@@ -29,7 +29,7 @@ from multinode.core.inventory import node_index
 #   SpotMaxPriceTooLow            the spot price is above the request's maximum price
 # Note: the AWS provider marks InsufficientInstanceCapacity on RunInstances retryable (terraform-provider-aws,
 # internal/service/ec2 service_package.go) and retries it up to its max_retries (default 25) with back-off, so on
-# EC2 a refusal reaches us only after minutes (tests/integration/test_aws_replace.py sets max_retries = 1).
+# EC2 a refusal would reach us only after minutes: infra/ec2 sets max_retries = var.max_retries (3).
 CAPACITY_CODES = ("InsufficientInstanceCapacity", "InsufficientCapacity", "UnfulfillableCapacity",
                   "MaxSpotInstanceCountExceeded", "SpotMaxPriceTooLow")
 _CAPACITY = re.compile(r"\b(" + "|".join(CAPACITY_CODES) + r")\b")
@@ -37,6 +37,28 @@ _CAPACITY = re.compile(r"\b(" + "|".join(CAPACITY_CODES) + r")\b")
 # A saved plan may do this to the replaced instance (absent from state: create; still there: destroy + create).
 REPLACING = (["create"], ["delete", "create"], ["create", "delete"])
 HARMLESS = (["no-op"], ["read"])
+
+
+PLACEMENT_GROUP = "aws_placement_group.cluster[0]"  # infra/ec2/compute.tf
+
+
+def outside_group(state_list: str, outside: list[int], refused: list[int]) -> list[int] | None:
+    """The new ``outside_placement_group`` (infra/ec2/variables.tf) after EC2 refused capacity to the nodes
+    ``refused`` (indexes): they are launched again outside the cluster placement group. None when that cannot help:
+    the cluster has no placement group (``state_list``: ``terraform state list``), or they are outside it already.
+    AWS's placement group guide (docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-strategies.html, cluster):
+    "If you try to add more instances to the placement group later ... you increase your chances of getting an
+    insufficient capacity error" -- which a replacement always does, and Terraform's count (one RunInstances per
+    node) does at `up`."""
+    if PLACEMENT_GROUP not in state_list.split() or not set(refused) - set(outside):
+        return None
+    return sorted(set(outside) | set(refused))
+
+
+def missing_nodes(state_list: str, nodes: int) -> list[int]:
+    """Indexes of ``aws_instance.node[i]`` not in ``terraform state list`` (not created)."""
+    have = set(state_list.split())
+    return [i for i in range(nodes) if f"aws_instance.node[{i}]" not in have]
 
 
 def capacity_code(text: str) -> str | None:
@@ -74,4 +96,5 @@ def planned_ami(state: dict, prefix: str = "aws_instance.node[") -> str | None:
     return amis[0] if amis else None
 
 
-__all__ = ["CAPACITY_CODES", "capacity_code", "instance_address", "planned_ami", "unexpected_changes"]
+__all__ = ["CAPACITY_CODES", "capacity_code", "instance_address", "missing_nodes", "outside_group", "planned_ami",
+           "unexpected_changes"]

@@ -10,13 +10,18 @@ the security group, the profile), then the network from the inside out, then the
 
 The ECR repository is deleted only when it was made for the cluster (it carries our tags; a
 repository taken by name does not) and is empty, or when ``delete_images`` is set (``YES=1``).
+
+A security group or subnet whose instances were just terminated can still hold their network interfaces for a
+while (EC2 detaches and deletes them asynchronously): EC2 then refuses the delete with ``DependencyViolation``. Those
+deletes are retried with a bounded back-off (:class:`Retry`), then the refusal is raised as it came.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from multinode.providers.aws import ec2 as aws_ec2
@@ -47,6 +52,35 @@ class Target:
         return f"cluster={self.cluster}" + (f", cluster-id={self.cluster_id}" if self.cluster_id else "")
 
 
+# "DependencyViolation: The specified object has dependent resources" (EC2 API error codes,
+# https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html); DeleteSecurityGroup answers it while a
+# network interface still uses the group, DeleteSubnet while one is still in the subnet.
+DEPENDENCY_VIOLATION = "DependencyViolation"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Seconds to wait before each retry of a delete refused with DependencyViolation: 7 tries, 215 s of waiting at most."""
+
+    delays: tuple[float, ...] = (5.0, 10.0, 20.0, 30.0, 60.0, 90.0)
+    sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
+
+    def call(self, what: str, delete: Callable[[], Any]) -> None:
+        """``delete()``, again after each delay while EC2 answers DependencyViolation; the last refusal is raised."""
+        from botocore.exceptions import ClientError
+
+        for delay in (*self.delays, None):
+            try:
+                delete()
+                return
+            except ClientError as err:
+                if err.response.get("Error", {}).get("Code") != DEPENDENCY_VIOLATION or delay is None:
+                    raise
+                log.info("%s still has dependent resources (network interfaces detaching); retrying in %.0f s",
+                         what, delay)
+                self.sleep(delay)
+
+
 @dataclass
 class Clients:
     """The three AWS APIs a cluster spans."""
@@ -57,6 +91,7 @@ class Clients:
     # False only against an endpoint without the placement group API (moto_server, in the tests; the
     # Terraform tests there create no placement group either).
     placement_groups: bool = True
+    retry: Retry = field(default_factory=Retry)  # deletes refused with DependencyViolation
 
     @classmethod
     def for_region(cls, region: str, placement_groups: bool = True) -> "Clients":
@@ -90,19 +125,21 @@ def _network(c: Clients, t: Target, _: bool) -> list[str]:
     lines = []
     # Security groups first: in our VPCs or (vpc_id given) in someone else's, found by tag.
     # (A VPC's default group carries our tags too; it goes with its VPC and cannot be deleted alone.)
+    def delete_group(sg: dict) -> None:
+        c.retry.call(f"security group {sg['GroupId']}", lambda: c.ec2.delete_security_group(GroupId=sg["GroupId"]))
+        lines.append(f"deleted security group {sg['GroupId']} ({sg['GroupName']})")
+
     for sg in c.ec2.describe_security_groups(Filters=t.filters())["SecurityGroups"]:
         if sg["GroupName"] != "default":
-            c.ec2.delete_security_group(GroupId=sg["GroupId"])
-            lines.append(f"deleted security group {sg['GroupId']} ({sg['GroupName']})")
+            delete_group(sg)
     for vpc in c.ec2.describe_vpcs(Filters=t.filters())["Vpcs"]:
         vpc_id = vpc["VpcId"]
         in_vpc = [{"Name": "vpc-id", "Values": [vpc_id]}]
         for sg in c.ec2.describe_security_groups(Filters=in_vpc)["SecurityGroups"]:
             if sg["GroupName"] != "default":
-                c.ec2.delete_security_group(GroupId=sg["GroupId"])
-                lines.append(f"deleted security group {sg['GroupId']} ({sg['GroupName']})")
+                delete_group(sg)
         for subnet in c.ec2.describe_subnets(Filters=in_vpc)["Subnets"]:
-            c.ec2.delete_subnet(SubnetId=subnet["SubnetId"])
+            c.retry.call(f"subnet {subnet['SubnetId']}", lambda s=subnet["SubnetId"]: c.ec2.delete_subnet(SubnetId=s))
             lines.append(f"deleted subnet {subnet['SubnetId']}")
         for table in c.ec2.describe_route_tables(Filters=in_vpc)["RouteTables"]:
             if any(a.get("Main") for a in table.get("Associations", [])):
@@ -113,10 +150,12 @@ def _network(c: Clients, t: Target, _: bool) -> list[str]:
             lines.append(f"deleted route table {table['RouteTableId']}")
         igws = c.ec2.describe_internet_gateways(Filters=[{"Name": "attachment.vpc-id", "Values": [vpc_id]}])
         for igw in igws["InternetGateways"]:
-            c.ec2.detach_internet_gateway(InternetGatewayId=igw["InternetGatewayId"], VpcId=vpc_id)
+            # Refused too while the VPC still has mapped public addresses (instances' interfaces going away).
+            c.retry.call(f"internet gateway {igw['InternetGatewayId']}", lambda g=igw["InternetGatewayId"]:
+                         c.ec2.detach_internet_gateway(InternetGatewayId=g, VpcId=vpc_id))
             c.ec2.delete_internet_gateway(InternetGatewayId=igw["InternetGatewayId"])
             lines.append(f"deleted internet gateway {igw['InternetGatewayId']}")
-        c.ec2.delete_vpc(VpcId=vpc_id)
+        c.retry.call(f"VPC {vpc_id}", lambda v=vpc_id: c.ec2.delete_vpc(VpcId=v))
         lines.append(f"deleted VPC {vpc_id}")
     return lines
 
