@@ -22,7 +22,7 @@ from terraform_offline import MODULE, require_terraform, terraform_env
 
 from multinode.core.config import ClusterSpec
 from multinode.providers.aws.keys import new_ed25519
-from multinode.providers.aws.provider import bootstrap_tfvars
+from multinode.providers.aws.bootstrap_inputs import bootstrap_tfvars
 from multinode.providers.aws.settings import AwsSettings
 
 pytestmark = pytest.mark.integration

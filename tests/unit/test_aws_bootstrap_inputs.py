@@ -9,7 +9,7 @@ from multinode.checks import gpu
 from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
 from multinode.providers.aws.bootstrap_inputs import REQUIREMENTS, gpu_smoke_script, host_requirements
-from multinode.providers.aws.provider import bootstrap_tfvars
+from multinode.providers.aws.bootstrap_inputs import bootstrap_tfvars
 from multinode.providers.aws.settings import AwsSettings
 
 

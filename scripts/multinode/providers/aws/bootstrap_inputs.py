@@ -14,8 +14,11 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
+from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
+from multinode.providers.aws.settings import AwsSettings
 
 REPO = Path(__file__).resolve().parents[4]
 REQUIREMENTS = REPO / "docker" / "requirements.txt"
@@ -44,3 +47,12 @@ def gpu_smoke_script(path: Path = GPU_CHECK) -> str:
             if isinstance(value, str) and value.strip():
                 return value
     raise UserError(f"{path} has no SMOKE_SCRIPT string at its top level; the bootstrap's GPU check needs it")
+
+
+def bootstrap_tfvars(spec: ClusterSpec, settings: AwsSettings) -> dict[str, Any]:
+    """The bootstrap's inputs: the image (none: the host runtime and its packages) and, on GPU nodes, the
+    GPU smoke test that ends the bootstrap."""
+    tfvars: dict[str, Any] = {"image": settings.image} if settings.image else {"host_requirements": host_requirements()}
+    if spec.cluster_type != "cpu":
+        tfvars["gpu_smoke_script"] = gpu_smoke_script()
+    return tfvars

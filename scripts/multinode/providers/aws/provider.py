@@ -48,13 +48,13 @@ from multinode.core.config import ClusterSpec, env_default
 from multinode.core.errors import CapacityRefused, NodeError, UserError
 from multinode.core.inventory import Inventory, node_index
 from multinode.core.state import ClusterState
+from multinode.providers.aws import capacity as aws_capacity
 from multinode.providers.aws import ec2 as aws_ec2
 from multinode.providers.aws import sweep as aws_sweep
-from multinode.providers.aws.bootstrap_inputs import gpu_smoke_script, host_requirements
+from multinode.providers.aws.bootstrap_inputs import bootstrap_tfvars
 from multinode.providers.aws.keys import new_ed25519, write_secret
 from multinode.providers.aws.reap import verify_gone
-from multinode.providers.aws.replace import (capacity_code, instance_address, missing_nodes, outside_group, planned_ami,
-                                            unexpected_changes)
+from multinode.providers.aws.replace import capacity_code, instance_address, planned_ami, unexpected_changes
 from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of
 from multinode.providers.aws.terraform import (MODULE_DIR, Terraform, TerraformFailed, inventory_from_outputs,
                                                known_hosts_lines, run_terraform, terraform_binary)
@@ -146,19 +146,7 @@ class AwsProvider:
     def _create(self, state: ClusterState, settings: AwsSettings, host_keys: list[tuple[str, str]]) -> Inventory:
         tf_dir = state.provider_dir / "terraform"
         self.terraform(tf_dir, "init", "-input=false", "-no-color")
-        apply = (tf_dir, "apply", "-input=false", "-auto-approve", "-no-color")
-        try:
-            self.terraform(*apply)
-        except TerraformFailed as err:
-            # Nodes EC2 refused inside the placement group: once more, outside it, those nodes alone (-target: what
-            # the first apply made is left as it is), then a refresh-only apply for the outputs (as in _apply_one).
-            code = capacity_code(err.output)
-            nodes = json.loads((tf_dir / "terraform.tfvars.json").read_text())["nodes"]
-            missing = missing_nodes(self._state_list(tf_dir), nodes)
-            if not code or not self._launch_outside_group(tf_dir, missing, code):
-                raise
-            self.terraform(*apply, *(f"-target={instance_address(f'node-{i}')}" for i in missing))
-            self.terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
+        aws_capacity.apply_all(self.terraform, tf_dir)
         outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
         keys = {f"node-{i}": public for i, (_, public) in enumerate(host_keys)}
         inventory = inventory_from_outputs(outputs, state, keys, settings.image)
@@ -189,7 +177,8 @@ class AwsProvider:
         try:
             self._apply_one(tf_dir, name, address)
         except CapacityRefused as refused:
-            if not self._launch_outside_group(tf_dir, [node_index(name)], capacity_code(str(refused))):
+            if not aws_capacity.launch_outside_group(self.terraform, tf_dir, [node_index(name)],
+                                                       capacity_code(str(refused))):
                 raise
             self._apply_one(tf_dir, name, address)
         outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
@@ -212,24 +201,6 @@ class AwsProvider:
         self.wait_ready(dataclasses.replace(fresh, nodes=(new,)), inventory.image)
         fresh.save(state.inventory_path)
         return fresh
-
-    def _state_list(self, tf_dir: Path) -> str:
-        return self.terraform(tf_dir, "state", "list", "-no-color")
-
-    def _launch_outside_group(self, tf_dir: Path, refused: list[int], code: str | None) -> bool:
-        """The nodes ``refused`` (indexes) added to ``outside_placement_group`` in terraform.tfvars.json, said in one
-        line; False (nothing changed) when that cannot help (:func:`outside_group`)."""
-        tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
-        outside = outside_group(self._state_list(tf_dir), list(tfvars.get("outside_placement_group", [])), refused)
-        if outside is None:
-            return False
-        tfvars["outside_placement_group"] = outside
-        write_secret(tf_dir / "terraform.tfvars.json", json.dumps(tfvars, indent=2))
-        names = ", ".join(f"node-{i}" for i in refused)
-        print(f"{names}: no capacity in the cluster placement group (EC2 said {code or 'no capacity'}); launching "
-              f"{'it' if len(refused) == 1 else 'them'} outside the group (same subnet and zone, less bandwidth to "
-              "the others)", file=sys.stderr, flush=True)
-        return True
 
     def _pin_image(self, tf_dir: Path) -> None:
         """terraform.tfvars.json names the image the cluster runs (``ami_id``), so the replacement gets that
@@ -304,15 +275,6 @@ class AwsProvider:
             path.unlink(missing_ok=True)
         shutil.rmtree(state.provider_dir, ignore_errors=True)
         return lines
-
-
-def bootstrap_tfvars(spec: ClusterSpec, settings: AwsSettings) -> dict[str, Any]:
-    """The bootstrap's inputs: the image (none: the host runtime and its packages) and, on GPU nodes, the
-    GPU smoke test that ends the bootstrap."""
-    tfvars: dict[str, Any] = {"image": settings.image} if settings.image else {"host_requirements": host_requirements()}
-    if spec.cluster_type != "cpu":
-        tfvars["gpu_smoke_script"] = gpu_smoke_script()
-    return tfvars
 
 
 def wait_bootstrap(inventory: Inventory, image: str | None) -> None:
