@@ -176,7 +176,10 @@ def processes(m: Marks) -> list[str]:
                 reasons.append("working directory under the state directory")
         except OSError:
             pass
-        if f"net:[{_net_inode(pid)}]" in nets:
+        # A namespace's inode is unique only while it exists: one of ours that is gone may have handed its number to
+        # another cluster's namespace (tests side by side). A process of ours that keeps a deleted namespace alive
+        # keeps its number too, so a number another live cluster holds now is not ours.
+        if f"net:[{_net_inode(pid)}]" in nets and _net_inode(pid) not in others:
             reasons.append("in one of the cluster's network namespaces")
         if reasons and (entry / "stat").exists():
             found.append(f"{_describe(pid)}: {', '.join(reasons)}")

@@ -87,15 +87,17 @@ class Shape:
     sshd: tuple[tuple[str, tuple[int, ...]], ...]
 
 
-def shape(cluster: Cluster) -> Shape:
+def listening_sshd(cluster: Cluster, node: str) -> tuple[int, ...]:
+    """The pids of the node's listening sshd: not the per-connection children, which come and go with sessions."""
     from multinode.providers.local.faults import node_pids
 
+    pids = {pid for pid in node_pids(cluster.state, node) if _comm(pid) == "sshd"}
+    return tuple(sorted(pid for pid in pids if _ppid(pid) not in pids))
+
+
+def shape(cluster: Cluster) -> Shape:
     inv = cluster.inventory()
-    sshd = []
-    for node in inv.nodes:
-        pids = {pid for pid in node_pids(cluster.state, node.name) if _comm(pid) == "sshd"}
-        listeners = [pid for pid in pids if _ppid(pid) not in pids]  # not the per-connection children
-        sshd.append((node.name, tuple(sorted(listeners))))
+    sshd = [(node.name, listening_sshd(cluster, node.name)) for node in inv.nodes]
     return Shape(cluster.state.inventory_path.read_bytes(), Path(inv.known_hosts).read_bytes(),
                  tuple(sorted(leakcheck.namespace_inodes(cluster.name).items())), tuple(sshd))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import leakcheck
 import pytest
+from localcluster import listening_sshd
 
 from bench.drills.common import PG_TIMEOUT, watched
 from bench.drills.preempt import IMDS_ENV
@@ -35,14 +36,12 @@ def _mark(cluster, node: str) -> None:
 
 
 def _node_identity(cluster, node: str) -> tuple[bool, list[int]]:
-    """(the namespace still has the mark, the pids of its sshd): what a replacement changes and nothing else may."""
-    from multinode.providers.local import faults
-
+    """(the namespace still has the mark, the pid of its listening sshd): what a replacement changes and nothing else
+    may. The listener only: a connection's own sshd (a child of it) comes and goes with every session."""
     shown = subprocess.run(["ip", "netns", "exec", _netns(cluster, node), "ip", "-o", "addr", "show", "dev", "lo"],
                            capture_output=True, text=True).stdout
     marked = MARK in shown
-    sshd = sorted(p for p in faults.node_pids(cluster.state, node) if _comm(p) == "sshd")
-    return marked, sshd
+    return marked, list(listening_sshd(cluster, node))
 
 
 def _comm(pid: int) -> str:
