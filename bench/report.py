@@ -139,7 +139,8 @@ def where(machines: list[dict]) -> str:
     if not kinds:
         return ""
     machine = f"one machine: {kinds[0]}" if len(kinds) == 1 else f"{len(kinds)} machines: {'; '.join(kinds)}"
-    return (f", on {machine}. Every node in these figures is simulated on that machine (the local provider: a "
+    which = "that machine" if len(kinds) == 1 else "the machine that measured it"
+    return (f", on {machine}. Every node in these figures is simulated on {which} (the local provider: a "
             f"network namespace with its own sshd), so all of them share its {' or '.join(map(str, cores))} cores; "
             "none is a separate host")
 

@@ -14,7 +14,9 @@ from bench import collectives, control_plane, recovery, verdicts
 from bench.drills import hangs
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-RECORDED = json.loads((DOCS / "benchmarks.json").read_text())
+# The sitting of 2026-11-24 as docs/benchmarks.json held it before the sections were rerun (frozen: a rerun
+# rewrites docs/benchmarks.json, and these tests judge that record).
+RECORDED = json.loads((Path(__file__).resolve().parent / "fixtures" / "benchmarks-2026-11-24.json").read_text())
 
 
 def by_claim(judged: list[dict]) -> dict[str, dict]:
