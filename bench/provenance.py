@@ -81,8 +81,10 @@ def began() -> dict:
 
 def load_flag(machine: dict) -> str:
     """Why a section's figures are suspect, or '': it started at a 1-minute load average above the machine's
-    cores, so other work ran beside it (docs/benchmarking.md)."""
+    cores, so the machine was still busy: with other work, or with the bench's own previous section, which a
+    1-minute average still holds (docs/benchmarking.md)."""
     start = machine.get("load_avg_1m_at_start")
     if start is None or start <= machine["cores"]:
         return ""
-    return f"started at load average {start:g}, above the machine's {machine['cores']} cores: other work ran beside it"
+    return (f"started at load average {start:g}, above the machine's {machine['cores']} cores: the machine was still "
+            "busy (other work, or the previous section)")

@@ -84,7 +84,7 @@ def test_a_section_started_above_the_cores_load_is_flagged_on_the_page_and_in_th
     assert provenance.load_flag({"cores": 2}) == ""  # start not recorded: nothing to judge
     assert "**Flagged: started at load average 84.2, above the machine's 2 cores" in report.page(RECORDED)
     mpi = next(line for line in report.readme_table(RECORDED).splitlines() if line.startswith("| MPI data plane"))
-    assert mpi.endswith("flagged: started at load average 84.2, above the machine's 2 cores: other work ran beside it |")
+    assert mpi.endswith("flagged: started at load average 84.2, above the machine's 2 cores: the machine was still busy (other work, or the previous section) |")
 
 
 def test_provenance_is_the_tree_as_it_was_before_the_bench_wrote_anything(monkeypatch):
