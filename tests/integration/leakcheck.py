@@ -166,7 +166,8 @@ def processes(m: Marks) -> list[str]:
             continue
         reasons = []
         env = set(_read(entry / "environ").split(b"\0"))
-        if _net_inode(pid) in others:  # another cluster's node: its run ids may be spelled like ours
+        net = _net_inode(pid)
+        if net in others:  # another cluster's node: its run ids may be spelled like ours
             env -= {e for e in env if e.startswith(b"MULTINODE_RUN_ID=")}
         reasons += [f"env {e.decode()}" for e in sorted(env & env_marks)]
         if state in _read(entry / "cmdline"):
@@ -179,7 +180,7 @@ def processes(m: Marks) -> list[str]:
         # A namespace's inode is unique only while it exists: one of ours that is gone may have handed its number to
         # another cluster's namespace (tests side by side). A process of ours that keeps a deleted namespace alive
         # keeps its number too, so a number another live cluster holds now is not ours.
-        if f"net:[{_net_inode(pid)}]" in nets and _net_inode(pid) not in others:
+        if f"net:[{net}]" in nets and net not in others:
             reasons.append("in one of the cluster's network namespaces")
         if reasons and (entry / "stat").exists():
             found.append(f"{_describe(pid)}: {', '.join(reasons)}")
