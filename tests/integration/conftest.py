@@ -16,8 +16,17 @@ Which cluster fixture a test takes:
 
 from __future__ import annotations
 
+import leakcheck
 import pytest
 from localcluster import ModuleView, assert_left_as_found, bring_up, shape, tear_down
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _namespace_watch():
+    """Every cluster namespace made in this test process, by inode, while it existed: a node replaced mid-test (by
+    RECOVER, growback, replace) leaves its old namespace's number for the leak check at the cluster's end."""
+    with leakcheck.session_watch():
+        yield
 
 
 def shared_cluster(tmp_path_factory, nodes: int):

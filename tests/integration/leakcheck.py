@@ -10,7 +10,9 @@ host as a whole, through /proc, /run/netns, /etc/netns and ``ip link``:
 * every process whose command line or working directory lies under the cluster's state directory
   (every sshd of the cluster runs ``sshd -f <home>/<cluster>/.../sshd_config``);
 * every process inside one of the cluster's network namespaces -- recorded by inode while they existed,
-  so a process that keeps a deleted namespace alive is still found;
+  so a process that keeps a deleted namespace alive is still found: :func:`marks` joins the inodes that the
+  session's :class:`NamespaceWatch` (conftest.py starts it) saw, so a node replaced during a test (a new namespace
+  under the same name) leaves its old namespace's number in the marks too;
 * every namespace ``mn-<cluster>-<i>``, ``/etc/netns`` entry of it, and link ``mnb<hash>``,
   ``mnh<hash><i>`` or ``mnp<hash><i>``.
 
@@ -19,6 +21,7 @@ Namespaces need root: :func:`require_root` makes a cluster test fail (not pass) 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
@@ -88,8 +91,11 @@ def namespace_inodes(cluster: str) -> dict[str, int]:
 
 
 def marks(cluster: str, home: Path) -> Marks:
-    """Read while the cluster is up: its run ids and its namespaces' inodes."""
-    return Marks(cluster, Path(home), frozenset(run_ids(cluster, home)), frozenset(namespace_inodes(cluster).values()))
+    """Read while the cluster is up: its run ids, its namespaces' inodes now and every one the session's watch saw
+    (those of nodes replaced since)."""
+    seen = SESSION_WATCH.seen.get(cluster, set()) if SESSION_WATCH else set()
+    now = set(namespace_inodes(cluster).values())
+    return Marks(cluster, Path(home), frozenset(run_ids(cluster, home)), frozenset(now | seen))
 
 
 def other_clusters(cluster: str) -> set[int]:
@@ -217,6 +223,7 @@ class NamespaceWatch:
     cluster's marks afterwards as :func:`marks` does while a cluster is up."""
 
     def __init__(self, interval: float = 0.05) -> None:
+        # 50 ms: a replaced node's namespace lives for seconds (its sshd is started and probed before the run goes on).
         self.seen: dict[str, set[int]] = {}
         self._before = set(os.listdir(NETNS_RUN)) if NETNS_RUN.is_dir() else set()
         self._stop = threading.Event()
@@ -244,3 +251,18 @@ class NamespaceWatch:
         """The marks of a cluster that has come and gone (its run ids are gone with its state directory:
         processes are found by its name, home and namespaces)."""
         return Marks(cluster, Path(home), frozenset(), frozenset(self.seen.get(cluster, ())))
+
+
+SESSION_WATCH: NamespaceWatch | None = None  # set by conftest.py for the whole session of a test process
+
+
+@contextlib.contextmanager
+def session_watch():
+    """Every namespace of every cluster made while the block runs, recorded for :func:`marks`."""
+    global SESSION_WATCH
+    with NamespaceWatch() as watch:
+        SESSION_WATCH = watch
+        try:
+            yield watch
+        finally:
+            SESSION_WATCH = None

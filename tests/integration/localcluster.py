@@ -152,8 +152,9 @@ def bring_up(home: Path, nodes: int, prefix: str = "t", options: dict[str, str] 
 def tear_down(cluster: Cluster) -> None:
     """`multinode down`, then nothing of the cluster anywhere on the host (see leakcheck.py)."""
     nodes = len(cluster.inventory().nodes)
-    marks = leakcheck.marks(cluster.name, cluster.home)  # run ids and namespace inodes, while they exist
-    assert len(marks.net_inodes) == nodes, f"{cluster.name}: {len(marks.net_inodes)} namespaces for {nodes} nodes"
+    now = leakcheck.namespace_inodes(cluster.name)
+    assert len(now) == nodes, f"{cluster.name}: {len(now)} namespaces for {nodes} nodes"
+    marks = leakcheck.marks(cluster.name, cluster.home)  # run ids, namespace inodes now and of replaced nodes
     res = cluster.cli("down", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     leakcheck.assert_nothing_left(marks)
