@@ -99,13 +99,16 @@ def marks(cluster: str, home: Path) -> Marks:
 
 
 def other_clusters(cluster: str) -> set[int]:
-    """The inodes of every other cluster's node namespaces that exist now: a process in one of them is that
-    cluster's, whatever run id it carries (tests running side by side use the same fixed run ids)."""
+    """The inodes of every named namespace that exists now and is not one of the cluster's own nodes: another
+    cluster's node (a process there is that cluster's, whatever run id it carries: tests side by side use the same
+    fixed run ids) or anything else named in /run/netns (a container's). A namespace number is unique only while
+    the namespace exists: a number the cluster's replaced node had (see :class:`NamespaceWatch`) may belong to
+    one of these now."""
+    pattern = re.compile(rf"mn-{re.escape(cluster)}-\d+")
     names = os.listdir(NETNS_RUN) if NETNS_RUN.is_dir() else []
     inodes = set()
     for name in names:
-        match = re.fullmatch(r"mn-(.+)-\d+", name)
-        if match and match[1] != cluster:
+        if not pattern.fullmatch(name):
             try:
                 inodes.add(os.stat(NETNS_RUN / name).st_ino)
             except OSError:
