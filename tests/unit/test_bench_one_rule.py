@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import collectives, control_plane, recovery, verdicts
-from bench.drills import hangs
+from bench.drills import hangs, preempt
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # The sitting of 2026-11-24 as docs/benchmarks.json held it before the sections were rerun (frozen: a rerun
@@ -73,6 +73,23 @@ def test_the_hang_drills_are_judged_against_their_bound_on_the_recorded_table():
         assert v["target"] == f"<= {hangs.HANG_DRILLS[name].bound}" and v["verdict"] == "met", (name, v)
     late = hangs.judge("hang: rank 2 on node-2 SIGSTOPped mid-training", 20.5)
     assert late["verdict"] == "NOT met" and re.search(r"NOT met", verdicts.describe(late))
+
+
+def preempt_row(stopped: float | None, stops: dict, resumed_at, notice: bool = True) -> preempt.PreemptRow:
+    """A drill's row as run_preempt_drill builds it: the notice visible at 1000, AWS's action 120 s later."""
+    result = preempt.PreemptResult("spot notice on node-1" if notice else "SIGTERM", 75, stops,
+                                   None if stopped is None else {"stopped_time": 1000 + stopped, "checkpoint_seconds": 0},
+                                   1000.0, 1120.0 if notice else None, 1010.0)
+    return preempt.PreemptRow(result, 0, resumed_at, 0.985)
+
+
+def test_the_preemption_drills_are_judged_by_the_one_rule_against_the_warning_they_had():
+    stop, lost = preempt.judge(preempt_row(4.69, {0: (21, 13, 500)}, (21, 13)))
+    assert (stop["target"], stop["verdict"], lost["target"], lost["verdict"]) == ("<= 120", "met", "<= 1", "met")
+    stop, lost = preempt.judge(preempt_row(31.0, {0: (5, 14, 100)}, (5, 12), notice=False))  # GRACE=30
+    assert (stop["target"], stop["verdict"], lost["value"], lost["verdict"]) == ("<= 30", "NOT met", 2, "NOT met")
+    stop, lost = preempt.judge(preempt_row(None, {}, None))  # nothing read: nothing shows it was met
+    assert (stop["verdict"], lost["verdict"]) == ("NOT met", "NOT met")
 
 
 def test_a_section_started_above_the_cores_load_is_flagged_on_the_page_and_in_the_readme():
