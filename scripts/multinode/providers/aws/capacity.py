@@ -27,8 +27,9 @@ def apply_all(terraform: Terraform, tf_dir: Path) -> None:
     except TerraformFailed as err:
         code = capacity_code(err.output)
         nodes = json.loads((tf_dir / "terraform.tfvars.json").read_text())["nodes"]
-        missing = missing_nodes(state_list(terraform, tf_dir), nodes)
-        if not code or not launch_outside_group(terraform, tf_dir, missing, code):
+        listed = state_list(terraform, tf_dir)
+        missing = missing_nodes(listed, nodes)
+        if not code or not launch_outside_group(terraform, tf_dir, missing, code, listed):
             raise
         terraform(tf_dir, *APPLY, *(f"-target={instance_address(f'node-{i}')}" for i in missing))
         terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
@@ -38,11 +39,14 @@ def state_list(terraform: Terraform, tf_dir: Path) -> str:
     return terraform(tf_dir, "state", "list", "-no-color")
 
 
-def launch_outside_group(terraform: Terraform, tf_dir: Path, refused: list[int], code: str | None) -> bool:
+def launch_outside_group(terraform: Terraform, tf_dir: Path, refused: list[int], code: str | None,
+                         listed: str | None = None) -> bool:
     """The nodes ``refused`` (indexes) added to ``outside_placement_group`` in terraform.tfvars.json, said in one
-    line; False (nothing changed) when that cannot help (:func:`outside_group`)."""
+    line; False (nothing changed) when that cannot help (:func:`outside_group`). ``listed``: ``terraform state
+    list`` when the caller has just read it."""
     tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
-    outside = outside_group(state_list(terraform, tf_dir), list(tfvars.get("outside_placement_group", [])), refused)
+    listed = state_list(terraform, tf_dir) if listed is None else listed
+    outside = outside_group(listed, list(tfvars.get("outside_placement_group", [])), refused)
     if outside is None:
         return False
     tfvars["outside_placement_group"] = outside
