@@ -44,6 +44,7 @@ from training.config import Config
 from training.dist_env import World
 from training.mpi_plane import MpiGradients
 from training.runlog import RunLog, announce
+from training.steptimes import StepTimes
 from training.workloads import Workload
 
 log = logging.getLogger("training")
@@ -106,6 +107,7 @@ class Trainer:
         self.val_loader = self._loader(workload.val)
         self.test_loader = self._loader(workload.test)
         self.runlog = RunLog(self.t.metrics_dir, world.rank, self.t.log_samples)
+        self.steptimes = StepTimes(world.rank)  # every rank: the orchestrator compares them while the job trains
         self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
         self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
         device_for_sum = device if world.backend == "nccl" else None
@@ -201,21 +203,27 @@ class Trainer:
         if self.agreement.step():  # the same step on every rank
             raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
 
+    def _comm_seconds(self) -> float:
+        """Seconds spent averaging gradients so far (the DDP buckets' all-reduce, or the MPI data plane's)."""
+        return self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
+
     def _run_epoch(self, epoch: int) -> dict:
         self.net.train()
-        comm_before = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
+        comm_before = self._comm_seconds()
         total_loss, samples, step_times = 0.0, 0, []
         start = step_start = time.perf_counter()
         for step in self._steps(epoch):
+            comm_at = self._comm_seconds()
             total_loss += self._run_step(step)
             samples += len(step.ids)
             now = time.perf_counter()
             step_times.append(now - step_start)
+            self.steptimes.add(now - step_start, self._comm_seconds() - comm_at)
             step_start = now
             self._after_step(epoch, step)
         elapsed = max(time.perf_counter() - start, 1e-9)
         self.scheduler.step()
-        comm = self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0) - comm_before
+        comm = self._comm_seconds() - comm_before
         loss_sum, n = self._sum([total_loss, samples])
         step_times.sort()
         steps = len(step_times)

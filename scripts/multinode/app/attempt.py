@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from multinode.backends.base import Backend, JobPlan, RunContext
 from multinode.core.config import LaunchSpec
 from multinode.diagnose.capture import Capture
+from multinode.diagnose.slowranks import SlowRanks
 
 
 @dataclass
@@ -22,3 +23,4 @@ class Attempt:
     started_at: float | None = None  # Unix time the job was launched
     captured: Capture | None = None  # the live ranks' stacks before a failed job was stopped
     links: dict | None = None  # the link check's report (pre-flight, or after a broken connection)
+    slow: SlowRanks | None = None  # the ranks' step times compared while the job trains (named slow ranks)

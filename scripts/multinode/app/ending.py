@@ -44,6 +44,7 @@ def summarize(attempt: Attempt, outcome: Outcome, phases: Phases, started: float
                          world_size=attempt.plan.world_size, exit_codes=outcome.exit_codes,
                          wall_seconds=round(time.monotonic() - started, 2), log_dir=str(ctx.run_dir),
                          phases=phases.seconds, links=attempt.links, outcome=outcome.kind,
+                         slow_ranks=attempt.slow.record() if attempt.slow else None,
                          exit_code=outcome.exit_code, **how)
     phases.mark("summary")
     return summary

@@ -53,6 +53,7 @@ from multinode.core.errors import MultinodeError, NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
+from multinode.diagnose.slowranks import SlowRanks
 from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import runtime_for
@@ -192,6 +193,8 @@ class Run:
         ctx.watchdog = attempt.backend.reach.watchdog(ctx)
         ctx.before_stop = lambda failure, lost: self.capture(attempt, failure, lost)
         ctx.prepare_again = lambda node: self.prepare_again(attempt, node)
+        attempt.slow = SlowRanks(ctx.runner.say)
+        ctx.observe = attempt.slow.observe
         if ctx.watchdog is not None:
             ctx.watchdog.start()
         self.phases.mark("start")

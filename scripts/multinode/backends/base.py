@@ -42,6 +42,8 @@ class RunContext:
     before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None
     # A node that comes back (MAX_RESTARTS) gets the code, the job's files and the ENV file again.
     prepare_again: Callable[[str], None] | None = None
+    # Every line of the job's output as it arrives, (node, line): True keeps it off the console (the run read it).
+    observe: Callable[[str, str], bool] | None = None
 
 
 class JobPlan(Protocol):

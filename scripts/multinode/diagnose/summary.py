@@ -45,6 +45,7 @@ class RunSummary:
     links: dict | None = None  # the link check (multinode.checks.links.LinkReport): at pre-flight, or after a
     # failure that read like a broken connection (then ``links["after_failure"]`` is true)
     recovery: dict | None = None  # RECOVER=N: the recoveries' timeline (multinode.app.timeline.Timeline)
+    slow_ranks: list[dict] | None = None  # ranks named slow while the job trained (multinode.diagnose.slowranks)
     outcome: str = "succeeded"  # how the job ended (multinode.core.outcome.OUTCOMES)
     exit_code: int = 0  # what the orchestrator exits with
     error: str | None = None  # a failed or interrupted job: what ended it, in one line
@@ -138,6 +139,9 @@ def describe(summary: RunSummary) -> str:
             lines.append(f"  stacks at failure: {summary.stacks}/ (stacks.txt: grouped; node-i.txt: every thread)")
     if summary.preempted:
         lines += preempted_lines(summary)
+    for slow in summary.slow_ranks or ():
+        lines.append(f"  slow rank: {slow['node']} rank {slow['rank']}, compute {slow['compute_ms']:.1f} ms per step "
+                     f"against {slow['others_ms']:.1f} ms on the other ranks ({slow['ratio']:.1f}x)")
     if summary.links and summary.links.get("after_failure"):
         lines.append(f"  links after the failure: {summary.links['verdict']}")
     elif summary.links and summary.links.get("verdict", "ok") != "ok":

@@ -5,7 +5,8 @@ running job. Contract:
 
 * every node's command runs in one of its shells (:mod:`multinode.ssh.shell`) with ``MULTINODE_RUN_ID``
   exported; its output is re-assembled into whole lines (:class:`LineSink`), so lines of different nodes never
-  interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console;
+  interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console (but for
+  the lines the caller's ``observe`` reads: the trainer's step times, which only the log keeps);
 * the run ends as one :class:`~multinode.core.outcome.Outcome`, never an exception: every node ended 0 or 75
   (succeeded, or preempted); the first node that exits non-zero (failed) or loses its SSH session (lost), a deadline
   (failed) or a stall (``stalled``: stalled) stops the job on every node first (processes whose environment carries
@@ -91,10 +92,10 @@ class JobRun:
                  deadline: float | None = None, extra_stop: Callable[[str], str | None] | None = None,
                  relabel: Relabel | None = None, rejoin: Rejoin | None = None,
                  before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None,
-                 stalled: Callable[[], str | None] | None = None):
+                 stalled: Callable[[], str | None] | None = None, observe: Callable[[str, str], bool] | None = None):
         self.runner, self.command_lines, self.run_id, self.log_dir = runner, command_lines, run_id, log_dir
         self.deadline, self.extra_stop, self.relabel, self.rejoin = deadline, extra_stop, relabel, rejoin
-        self.before_stop, self.stalled = before_stop, stalled
+        self.before_stop, self.stalled, self.observe = before_stop, stalled, observe
         self.results = {name: NodeResult(name) for name in command_lines}
         self.events: queue.Queue[str] = queue.Queue()
         self.log_files: dict[str, TextIO] = {}
@@ -156,7 +157,7 @@ class JobRun:
         result.started = time.monotonic()
         result.exit_code, result.error, result.lost, result.finished = None, None, False, None
         sinks = [TextSink(LineSink(name, self.runner.print_lock, self.log_files[name], self.runner.out, result.tail,
-                                   self.relabel)) for _ in range(2)]
+                                   self.relabel, self.observe)) for _ in range(2)]
         command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.command_lines[name]}"
         try:
             result.exit_code, _, _ = self.runner.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])

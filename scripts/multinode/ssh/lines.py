@@ -2,7 +2,8 @@
 
 Concurrent writers on one pipe interleave mid-line; :class:`LineSink` re-assembles each node's stdout and stderr
 into whole lines, relabels them (e.g. by mpirun's rank tags), writes them to the node's log file and, prefixed
-``[node-i]``, to the console under one lock.
+``[node-i]``, to the console under one lock -- but for the lines an ``observe`` hook reads (the run's own: the
+trainer's step times), which go to the log only.
 
 One stream can also carry several writers whose every chunk starts with a tag (mpirun ``--tag-output``): a
 chunk that ends mid-line is continued by the writer's next chunk, after other writers' lines. A relabel may
@@ -62,9 +63,10 @@ class LineSink:
     """File-like target of one node's stdout or stderr: emits whole lines only."""
 
     def __init__(self, node: str, lock: threading.Lock, log_file: TextIO | None, out: TextIO | None, tail: deque,
-                 relabel: Relabel | None = None):
+                 relabel: Relabel | None = None, observe: Callable[[str, str], bool] | None = None):
         self.node, self.lock, self.log_file, self.out, self.tail = node, lock, log_file, out, tail
         self.relabel = relabel or (lambda node, line: (node, line))
+        self.observe = observe  # (node, line) -> True: read by the run, kept off the console and the tail
         self.buffer = ""
 
     def write(self, data: str) -> int:
@@ -96,11 +98,13 @@ class LineSink:
         the node it belongs to."""
         if not shown:
             return
-        self.tail.extend(line for _, line in shown)
+        read = [self.observe is not None and self.observe(node, line) for node, line in shown]
+        kept = [pair for pair, taken in zip(shown, read) if not taken]
+        self.tail.extend(line for _, line in kept)
         with self.lock:
             if self.log_file:
                 self.log_file.write("".join(f"{line}\n" for _, line in shown))
                 self.log_file.flush()
-            if self.out:
-                self.out.write("".join(f"[{node}] {line}\n" for node, line in shown))
+            if self.out and kept:
+                self.out.write("".join(f"[{node}] {line}\n" for node, line in kept))
                 self.out.flush()

@@ -104,7 +104,8 @@ class SlurmBackend:
         try:
             self.job_id = follow.submit(ctx.runner, job)
             ended = follow.follow(ctx.runner, job, self.job_id, ctx.out, ctx.run_dir,
-                                  stalled=ctx.watchdog.stalled if ctx.watchdog else None, before_stop=ctx.before_stop)
+                                  stalled=ctx.watchdog.stalled if ctx.watchdog else None, before_stop=ctx.before_stop,
+                                  observe=ctx.observe)
         except NodeError as err:
             return Outcome("failed", {n.name: None for n in ctx.inv.nodes}, failure=err, failures=(err,))
         finally:

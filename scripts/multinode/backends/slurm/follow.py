@@ -81,8 +81,10 @@ def submit(runner: RemoteRunner, job: SlurmJob) -> str:
 class _Follower:
     """Reads the job's state and the new part of its output in one round trip."""
 
-    def __init__(self, runner: RemoteRunner, job: SlurmJob, job_id: str, out: TextIO, log_dir: Path):
+    def __init__(self, runner: RemoteRunner, job: SlurmJob, job_id: str, out: TextIO, log_dir: Path,
+                 observe: Callable[[str, str], bool] | None = None):
         self.runner, self.job, self.job_id, self.out, self.log_dir = runner, job, job_id, out, log_dir
+        self.observe = observe  # (node, line) -> True: the run read it (step times): the log keeps it, not the console
         self.offset = 0
         self.partial = b""
         self.lines: list[str] = []
@@ -116,12 +118,14 @@ class _Follower:
             self.partial = b""
 
     def _line(self, line: str) -> None:
-        self.lines.append(line)
-        print(line, file=self.out, flush=True)
         match = NODE_PREFIX.match(line)
         name = match[1] if match else self.runner.inventory.head.name
         with open(self.log_dir / f"{name}.log", "a") as log:
             log.write(line + "\n")
+        if self.observe is not None and self.observe(name, line):
+            return
+        self.lines.append(line)
+        print(line, file=self.out, flush=True)
         exited = NODE_EXITED.match(line)
         if exited:
             self.failed.append((exited[1], int(exited[2]), int(exited[3]) if exited[3] else None))
@@ -149,14 +153,15 @@ def notice(runner: RemoteRunner, job_id: str) -> None:
 
 def follow(runner: RemoteRunner, job: SlurmJob, job_id: str, out: TextIO, log_dir: Path,
            stalled: Callable[[], str | None] | None = None,
-           before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None) -> SlurmOutcome:
+           before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None,
+           observe: Callable[[str, str], bool] | None = None) -> SlurmOutcome:
     """Stream the submitted job ``job_id`` until it ends; how it ended. ``stalled``: the stall watchdog's verdict,
     asked every poll; when it names a stall, ``before_stop`` looks at the live ranks, then the job is cancelled and
     the outcome says why. A stop signal cancels it -- with GRACE (the runner's stop policy) after a notice (module
     doc) -- and the outcome names the signal. The job is cancelled however this ends, and the run's processes are
     swept on every node."""
     print(f"submitted batch job {job_id} (run {job.run_id}); output {job.output_path(job_id)}", file=out, flush=True)
-    follower = _Follower(runner, job, job_id, out, log_dir)
+    follower = _Follower(runner, job, job_id, out, log_dir, observe)
     grace = runner.stop.grace
     finished = False
     noticed: tuple[str, float] | None = None  # (the signal's name, when the grace is over)

@@ -72,7 +72,7 @@ class SshBackend:
         self.job = JobRun(ctx.runner, {cmd.node: ctx.runtime.wrap(cmd) for cmd in plan.commands}, run_id=spec.run_id,
                           log_dir=ctx.run_dir, deadline=spec.deadline, extra_stop=ctx.runtime.stop_line,
                           relabel=self.launcher.relabel(plan), rejoin=rejoin, before_stop=ctx.before_stop,
-                          stalled=ctx.watchdog.stalled if ctx.watchdog else None)
+                          stalled=ctx.watchdog.stalled if ctx.watchdog else None, observe=ctx.observe)
         try:
             return self.job.run()
         finally:

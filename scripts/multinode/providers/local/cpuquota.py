@@ -1,0 +1,55 @@
+"""A local node made slow, for the slow-rank drill: its processes under a CPU quota (a cgroup of their own), as a
+throttled or noisy-neighbour machine looks from inside a job. Root only, like every local fault.
+
+The kernel's CFS bandwidth control: a quota of ``quota_us`` CPU microseconds per ``period_us`` for the whole group
+(docs.kernel.org/scheduler/sched-bwc.html). cgroup v1 (this machine: ``cpu`` mounted at /sys/fs/cgroup/cpu)
+writes ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us``; cgroup v2 writes ``cpu.max`` as "<quota> <period>"
+(docs.kernel.org/admin-guide/cgroup-v2.html, "cpu.max"). Processes the node starts later are children of those
+moved, so they land in the group too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+from multinode.core.state import ClusterState
+from multinode.providers.local.faults import job_pids
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+PERIOD_US = 100_000  # the kernel's default period, 100 ms
+
+
+def _group_dir(name: str) -> tuple[Path, bool]:
+    """The group's directory and whether it is cgroup v2 (the unified hierarchy with the cpu controller)."""
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return CGROUP_ROOT / name, True
+    return CGROUP_ROOT / "cpu" / name, False
+
+
+@contextlib.contextmanager
+def throttled(state: ClusterState, node: str, cpu_share: float) -> Iterator[list[int]]:
+    """``node``'s job processes (every one but its sshd) limited to ``cpu_share`` of one CPU until the block
+    ends (yields their pids); then moved back to the root group and the group removed."""
+    path, v2 = _group_dir(f"multinode-{state.name}-{node}-slow")
+    path.mkdir(exist_ok=True)
+    quota = max(1000, int(PERIOD_US * cpu_share))
+    if v2:
+        (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+    else:
+        (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+        (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
+    moved = []
+    try:
+        for pid in job_pids(state, node):
+            with contextlib.suppress(ProcessLookupError, OSError):  # a process that has just ended
+                (path / "cgroup.procs").write_text(f"{pid}\n")
+                moved.append(pid)
+        yield moved
+    finally:
+        root = path.parent / "cgroup.procs"
+        for pid in (path / "cgroup.procs").read_text().split():
+            with contextlib.suppress(ProcessLookupError, OSError):
+                root.write_text(f"{pid}\n")
+        path.rmdir()

@@ -1,0 +1,59 @@
+"""Each rank's step times while it trains, for the orchestrator to compare across ranks as the job runs
+(``multinode.diagnose.slowranks`` names a rank that stays slower than the others).
+
+Every rank prints one line per window (at least :data:`WINDOW_SECONDS` and :data:`MIN_STEPS` steps)::
+
+    STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1}
+
+``compute_ms`` is the median over the window of each step's time less its communication (the DDP buckets'
+all-reduce, or the MPI data plane's), ``comm_ms`` the median communication. In synchronous data parallelism every
+rank's *step* takes as long as the slowest rank's, so the step time cannot tell a slow rank; its compute can: a
+slow rank computes longer and waits less, its peers compute as before and wait for it in the all-reduce.
+Printed only under the orchestrator (``MULTINODE_RUN_ID`` set: it exports it to every job), which keeps these
+lines off the console (they stay in the node's log); a hand-typed run prints none. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import TextIO
+
+PREFIX = "STEPTIMES "
+WINDOW_SECONDS = 2.0  # a line every 2 s per rank at most: 32 lines a second from 64 ranks, none on the console
+MIN_STEPS = 5  # the median of fewer steps says little (a GPU step of 1 s: a window of 5 s)
+
+
+class StepTimes:
+    """The current window of one rank's steps; :meth:`add` prints the window once it is full."""
+
+    def __init__(self, rank: int, out: TextIO | None = None, window: float = WINDOW_SECONDS) -> None:
+        self.rank, self.out, self.window = rank, out or sys.stdout, window
+        self.enabled = "MULTINODE_RUN_ID" in os.environ
+        self.steps: list[float] = []
+        self.comm: list[float] = []
+        self.since = time.monotonic()
+
+    def add(self, step_seconds: float, comm_seconds: float) -> None:
+        if not self.enabled:
+            return
+        self.steps.append(step_seconds)
+        self.comm.append(min(comm_seconds, step_seconds))
+        if len(self.steps) >= MIN_STEPS and time.monotonic() - self.since >= self.window:
+            self.emit()
+
+    def emit(self) -> None:
+        if not self.steps:
+            return
+        compute = [s - c for s, c in zip(self.steps, self.comm)]
+        row = {"rank": self.rank, "steps": len(self.steps), "step_ms": _ms(self.steps), "compute_ms": _ms(compute),
+               "comm_ms": _ms(self.comm)}
+        print(PREFIX + json.dumps(row), file=self.out, flush=True)
+        self.steps, self.comm, self.since = [], [], time.monotonic()
+
+
+def _ms(seconds: list[float]) -> float:
+    return round(1000 * statistics.median(seconds), 3)
