@@ -67,7 +67,8 @@ def restore(trainer) -> dict | None:
             "snapshot_from": f"{loaded.host}:{loaded.path}"}
 
 
-def _state(trainer, next_epoch: int, consumed: int) -> dict:
+def state_of(trainer, next_epoch: int, consumed: int) -> dict:
+    """What a snapshot holds of ``trainer`` now, to resume at ``next_epoch`` after ``consumed`` samples of it."""
     return {
         "model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict(),
         "scheduler": trainer.scheduler.state_dict(), "scaler": trainer.scaler.state_dict(),
@@ -90,7 +91,7 @@ def save(trainer, next_epoch: int, consumed: int = 0) -> replica.Copies | None:
         drill = trainer.t.crash_during_snapshot  # -1: off (and not "the snapshot of epoch 0's middle")
         if drill >= 0 and next_epoch - 1 == drill and first_attempt:
             crash = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731  (a drill: die mid-write)
-        blob = snapshot.encode(_state(trainer, next_epoch, consumed))
+        blob = snapshot.encode(state_of(trainer, next_epoch, consumed))
         path = snapshot.write(trainer.t.snapshot_dir, blob, before_rename=crash)
         log.info("snapshot saved: %s (next epoch %d%s)", path, next_epoch,
                  f" consumed {consumed} samples" if consumed else "")

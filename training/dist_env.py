@@ -28,6 +28,11 @@ from datetime import timedelta
 from typing import Any, Mapping
 
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
+# NCCL's watchdog on a failed or timed-out collective: 2 = CleanUpOnly, the communicators aborted and the error raised
+# in the training loop (torch's ErrorHandlingMode in torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp: NoHandling 0,
+# TearDown 1, CleanUpOnly 2, SkipCleanUp 3; SHOULD_TEAR_DOWN is false only for 0 and 2), where the process would
+# otherwise be torn down before the surviving ranks could keep their state. A value the user set is kept.
+NCCL_ERROR_HANDLING = "2"
 
 
 @dataclass(frozen=True)
@@ -162,6 +167,8 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
     if not launch.distributed:
         return World(launch, None, comm)
     pg_timeout = timedelta(seconds=timeout)
+    if backend == "nccl":  # a lost peer raises in the loop, for the survivors' snapshot (training/survivor.py)
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
     if comm is not None and backend == "mpi":
         dist.init_process_group("mpi", timeout=pg_timeout)
     elif comm is not None:

@@ -58,11 +58,11 @@ class RunLog:
         """A line of ``samples.jsonl``: the step's sample indices, rank by rank."""
         self._write(self.samples, {"epoch": epoch, "step": step, "ids": [i for ids in ids_by_rank for i in ids]})
 
-    def heartbeat(self, step: int) -> None:
-        """``heartbeat-rank<R>`` holds ``step``, rewritten at most once a second (a new file renamed over the old
-        one, so a reader never sees it half written)."""
+    def heartbeat(self, step: int, force: bool = False) -> None:
+        """``heartbeat-rank<R>`` holds ``step``, rewritten at most once a second unless ``force`` (a new file
+        renamed over the old one, so a reader never sees it half written)."""
         now = time.monotonic()
-        if self.dir is None or now - self._last_beat < HEARTBEAT_SECONDS:
+        if self.dir is None or (now - self._last_beat < HEARTBEAT_SECONDS and not force):
             return
         self._last_beat = now
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -35,13 +35,17 @@ class StepTimes:
         self.enabled = "MULTINODE_RUN_ID" in os.environ
         self.steps: list[float] = []
         self.comm: list[float] = []
+        self.comm_total: float | None = None  # the communication seconds so far, at the end of the last step
         self.since = time.monotonic()
 
-    def add(self, step_seconds: float, comm_seconds: float) -> None:
+    def add(self, step_seconds: float, comm_total: float) -> None:
+        """One step's seconds, and the rank's communication seconds so far (the step's are the difference)."""
         if not self.enabled:
             return
+        comm = 0.0 if self.comm_total is None else comm_total - self.comm_total
+        self.comm_total = comm_total
         self.steps.append(step_seconds)
-        self.comm.append(min(comm_seconds, step_seconds))
+        self.comm.append(min(max(comm, 0.0), step_seconds))
         if len(self.steps) >= MIN_STEPS and time.monotonic() - self.since >= self.window:
             self.emit()
 

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from training import checkpoint, preempt, replica, sampler
+from training import checkpoint, preempt, replica, sampler, survivor
 from training.ddp_comm import CommTimer, settle_buckets
 from training.config import Config
 from training.dist_env import World
@@ -213,14 +213,14 @@ class Trainer:
         total_loss, samples, step_times = 0.0, 0, []
         start = step_start = time.perf_counter()
         for step in self._steps(epoch):
-            comm_at = self._comm_seconds()
-            total_loss += self._run_step(step)
-            samples += len(step.ids)
-            now = time.perf_counter()
-            step_times.append(now - step_start)
-            self.steptimes.add(now - step_start, self._comm_seconds() - comm_at)
-            step_start = now
-            self._after_step(epoch, step)
+            with survivor.keep(self, epoch, step):  # a peer lost mid-step: the last completed step written here
+                total_loss += self._run_step(step)
+                samples += len(step.ids)
+                now = time.perf_counter()
+                step_times.append(now - step_start)
+                self.steptimes.add(now - step_start, self._comm_seconds())
+                step_start = now
+                self._after_step(epoch, step)
         elapsed = max(time.perf_counter() - start, 1e-9)
         self.scheduler.step()
         comm = self._comm_seconds() - comm_before

@@ -66,13 +66,15 @@ def test_the_trainer_prints_a_window_of_medians_only_under_the_orchestrator(monk
     out = io.StringIO()
     monkeypatch.delenv("MULTINODE_RUN_ID", raising=False)
     quiet = steptimes.StepTimes(3, out, window=0.0)
-    for _ in range(steptimes.MIN_STEPS):
-        quiet.add(0.05, 0.01)
+    for i in range(steptimes.MIN_STEPS):
+        quiet.add(0.05, 0.01 * i)
     assert out.getvalue() == ""  # a hand-typed run prints none
     monkeypatch.setenv("MULTINODE_RUN_ID", "r1")
     times = steptimes.StepTimes(3, out, window=0.0)
-    for step, comm in [(0.050, 0.010), (0.060, 0.030), (0.040, 0.050), (0.055, 0.005), (0.045, 0.015)]:
-        times.add(step, comm)
+    # the communication seconds so far after each step: the steps' own are 0 (the first: nothing before it),
+    # 30, 50 (capped at the step's 40), 5, 15 ms
+    for step, total in [(0.050, 1.000), (0.060, 1.030), (0.040, 1.080), (0.055, 1.085), (0.045, 1.100)]:
+        times.add(step, total)
     row = json.loads(out.getvalue().removeprefix("STEPTIMES "))
-    # compute = step - comm, comm capped at the step: 40, 30, 0, 50, 30 ms -> median 30
+    # compute = step - comm: 50, 30, 0, 50, 30 ms -> median 30
     assert row == {"rank": 3, "steps": 5, "step_ms": 50.0, "compute_ms": 30.0, "comm_ms": 15.0}

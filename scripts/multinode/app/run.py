@@ -60,13 +60,17 @@ from multinode.plan.runtime import runtime_for
 from multinode.ssh.runner import RemoteRunner, StopPolicy
 
 
+SURVIVOR_WRITE = 15.0  # seconds for the surviving ranks to write their snapshot once the timeout has ended the collective
+
+
 class Run:
     """One job on one cluster, from plan to report, over as many attempts as recovery allows (module doc)."""
 
     def __init__(self, state: ClusterState, inventory: Inventory, spec: LaunchSpec, out: TextIO | None = None,
                  err: TextIO | None = None, provider=None):
-        if spec.recover and spec.grace is None:  # ranks must take a notice for a coordinated checkpoint
-            spec = replace(spec, grace=DEFAULT_GRACE)
+        if spec.recover and spec.grace is None:  # ranks must take a notice for a coordinated checkpoint, and
+            # outlive a dead peer's process-group timeout to keep their last step (training/survivor.py)
+            spec = replace(spec, grace=max(DEFAULT_GRACE, spec.pg_timeout + SURVIVOR_WRITE))
         self.state, self.spec, self.cluster = state, spec, inventory
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.run_dir = state.run_dir(spec.run_id)

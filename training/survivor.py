@@ -1,0 +1,78 @@
+"""A peer lost without warning costs at most the step in progress: the surviving ranks keep what they hold.
+
+In data parallelism every rank holds the whole model and optimizer state. When a collective fails because a peer
+is gone (its process killed, its node lost, its link cut: gloo's "Connection reset by peer" or the process-group
+timeout, NCCL's watchdog error), the model on every surviving rank is still exactly as the last completed step
+left it: DDP averages the gradients inside ``backward()``, before ``optimizer.step()``, so the step that failed
+changed no weight and no optimizer state. :func:`keep` wraps each step; on such a failure the first rank of each
+surviving node writes a snapshot of the last completed step -- model, optimizer, scheduler, scaler, the RNG states
+as they were when the failed step began, the epoch and the samples of it trained -- into its node's snapshot
+directory, atomically and with its checksum (:mod:`training.snapshot`), then the error goes on as before (the job
+fails; the orchestrator sees which node was lost). The next start (``RECOVER``, or the same run again) resumes from
+the freshest complete copy any rank holds (:func:`training.snapshot.load_freshest`): this one, unless a fresher
+coordinated checkpoint exists.
+
+A failure after the step's optimizer update (the notice agreement's all-reduce, the sample log's gather) keeps that
+step: the update was made on every rank from the same averaged gradients.
+
+NCCL: by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unset, torch's 3 = tear down without cleanup) the
+watchdog ends the process when a collective times out, before Python can see an error; our trainer sets it to 2
+("CleanUpOnly": the communicators are aborted and the error is raised in the training loop) on GPU nodes, see
+docs/recovery.md. Only gloo runs on this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import socket
+
+from training import snapshot
+
+log = logging.getLogger("training")
+
+# What a collective's failure says (gloo, NCCL, the c10d store): anything else is not a lost peer.
+PEER_GONE = re.compile(r"gloo|NCCL|ProcessGroup|c10d|Connection (reset|closed|refused)|[Tt]imed out|Broken pipe|"
+                       r"[Ss]ocket")
+
+
+def lost_peer(err: BaseException) -> bool:
+    import torch.distributed as dist
+
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err))))
+
+
+@contextlib.contextmanager
+def keep(trainer, epoch: int, step):
+    """Around one optimizer step of ``epoch`` (a :class:`training.sampler.Step`): on a lost peer, the last
+    completed step written on this node (module doc), then the error raised again."""
+    if trainer.world.backend is None or not trainer.t.snapshot_dir:
+        yield
+        return
+    rng, steps_before = snapshot.rng_state(), trainer.step
+    try:
+        yield
+    except Exception as err:
+        if not lost_peer(err):
+            raise
+        completed = trainer.step > steps_before  # failed after the update: that step is kept
+        consumed = step.consumed if completed else step.consumed - step.size
+        save(trainer, epoch, consumed, None if completed else rng, err)
+        raise
+
+
+def save(trainer, epoch: int, consumed: int, rng: dict | None, err: BaseException) -> None:
+    """The first rank of this node writes the snapshot (the others on it hold the same state)."""
+    from training import checkpoint
+
+    if trainer.world.local_rank != 0:
+        return
+    state = checkpoint.state_of(trainer, epoch, consumed)
+    if rng is not None:
+        state["rng"] = rng
+    state["survivor"] = {"rank": trainer.world.rank, "host": socket.gethostname(), "error": str(err)[:300]}
+    path = snapshot.save(trainer.t.snapshot_dir, state)
+    trainer.runlog.heartbeat(trainer.step, force=True)
+    log.warning("a peer is gone (%s): the last completed step kept: snapshot %s (epoch %d, %d samples of it "
+                "trained, step %d)", str(err).splitlines()[0][:160], path, epoch, consumed, trainer.step)
