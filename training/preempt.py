@@ -29,6 +29,18 @@ temporary failure; retry later") -- not a failure. A user script::
                 sys.exit(preempt.EXIT_PREEMPTED)
 
 ``preempt.requested()`` says whether this process has seen a notice (no agreement: for one-process scripts).
+
+A peer lost without a notice (its node gone, its process killed, its link cut) makes the step's collective fail on
+every other rank. The weights and the optimizer are still as the last completed step left them (data parallelism
+averages the gradients before the optimizer's update), so a user script keeps them with :func:`on_peer_loss`
+around each step: ``save(err)`` is called on such a failure, then the error goes on (the job fails as before)::
+
+    for step in range(start, steps):
+        with preempt.on_peer_loss(lambda err: save_checkpoint(step)):  # the steps before this one are done
+            train_one_step()
+
+Our trainer does the same (``training/survivor.py``). On NCCL set ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (our trainer
+does), or the watchdog ends the process before the error reaches the loop.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -199,6 +212,36 @@ class Agreement:
                 self.watcher.note(imds.Notice("peer", None, None, "another rank"))
             return True
         return False
+
+
+# What a collective's failure says (gloo, NCCL, the c10d store): anything else is not a lost peer.
+PEER_GONE = re.compile(r"gloo|NCCL|ProcessGroup|c10d|Connection (reset|closed|refused)|[Tt]imed out|Broken pipe|"
+                       r"[Ss]ocket")
+
+
+def lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that failed because a peer is gone (torch's DistError, or gloo's and NCCL's
+    RuntimeError: "Connection reset by peer", a timeout)."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(err, dist.DistError):
+            return True
+    except ImportError:
+        pass
+    return isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err)))
+
+
+@contextlib.contextmanager
+def on_peer_loss(save):
+    """Around one step of a user's loop: ``save(err)`` when the step's collective fails because a peer is gone
+    (:func:`lost_peer`), then the error is raised again (module doc)."""
+    try:
+        yield
+    except Exception as err:
+        if lost_peer(err):
+            save(err)
+        raise
 
 
 def torch_all_reduce_max(device=None):

@@ -25,23 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import socket
 
-from training import snapshot
+from training import preempt, snapshot
 
 log = logging.getLogger("training")
-
-# What a collective's failure says (gloo, NCCL, the c10d store): anything else is not a lost peer.
-PEER_GONE = re.compile(r"gloo|NCCL|ProcessGroup|c10d|Connection (reset|closed|refused)|[Tt]imed out|Broken pipe|"
-                       r"[Ss]ocket")
-
-
-def lost_peer(err: BaseException) -> bool:
-    import torch.distributed as dist
-
-    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err))))
-
 
 @contextlib.contextmanager
 def keep(trainer, epoch: int, step):
@@ -54,7 +42,7 @@ def keep(trainer, epoch: int, step):
     try:
         yield
     except Exception as err:
-        if not lost_peer(err):
+        if not preempt.lost_peer(err):
             raise
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size
