@@ -1,0 +1,27 @@
+"""The order the suite's modules start in: on xdist workers that take whole modules in collection order
+(pyproject's addopts), the modules that take longest start first, so no long one is left for the end while the
+other workers idle (longest-first scheduling). The list is measured, not guessed: the slowest modules of the
+suite's runs on this 2-core machine (`pytest --durations`), the long waits first (a 120 s replacement delay, the
+SLURM daemons, the drills' timeouts, the image builds). Modules not named keep their collection order after them."""
+
+from __future__ import annotations
+
+FIRST = (
+    "test_replace_delay_local.py",  # waits out a 120 s replacement (MULTINODE_REPLACE_DELAY)
+    "test_slurm_local.py",
+    "test_drills.py",
+    "test_images.py",
+    "test_culprit_local.py",
+    "test_notice_batch_local.py",
+    "test_grace_local.py",
+    "test_recover_local.py",
+    "test_linkcheck.py",
+    "test_preempt_local.py",
+    "test_checkpoint_bucket_local.py",
+    "test_survivor_local.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
