@@ -205,7 +205,10 @@ def _settled(args: argparse.Namespace) -> Settled:
     _program_flags(args)
     flags = {name: getattr(args, name) for name in KEYS}
     workdir = flags["workdir"] if flags["workdir"] is not None else env_default("WORKDIR")
-    return settle(flags, os.environ, find_task(_value(settings.TASK, args), workdir))
+    task = find_task(_value(settings.TASK, args), workdir)
+    for warning in task.warnings if task else ():
+        print(f"multinode: {warning}", file=sys.stderr)
+    return settle(flags, os.environ, task)
 
 
 def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> LaunchSpec:
