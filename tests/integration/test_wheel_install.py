@@ -135,6 +135,9 @@ def test_the_install_is_what_runs_and_training_is_not_importable(venv):
                      "print(multinode.__file__, p.__file__, infra_dir(), trainer_dir())")
     assert where.returncode == 0, where.stderr
     assert all(str(venv.root) in path for path in where.stdout.split()), where.stdout
+    guard = venv.run(str(venv.python), "-m", "multinode.trainer.guard", "--grace", "1", "--", "sh", "-c", "exit 7",
+                     MULTINODE_NOTICES="off")
+    assert guard.returncode == 7, guard.stderr  # the guard as docs/preemption.md names it for an installed tool
     help_ = venv.multinode("--help")
     assert help_.returncode == 0 and "multinode train train.py --epochs 3" in help_.stdout
     assert "parsing only" not in help_.stdout
