@@ -57,6 +57,7 @@ TRAIN_DESCRIPTION = """Run the job on the cluster's nodes: the bundled trainer, 
 options (train.py [its args], or -m pkg.mod [its args]) or by --script. Your script's directory (or --workdir) is
 synced to every node; a multinode.yaml task file there gives defaults for these options. Each option also reads
 MULTINODE_<NAME> (--nodes: MULTINODE_NODES); a flag wins over the variable, the variable over the task file."""
+MODULE_FLAG = "-m"  # train's torchrun-style module flag (parse)
 
 
 def _options(pairs: Sequence[str]) -> dict[str, str]:
@@ -92,7 +93,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                            usage="multinode train [options] [script.py [args] | -m pkg.mod [args]]")
     add_flags(train, settings.TRAIN)
     # -m is not an argparse option: one would take --script "-m pkg.train" for itself (-m with " pkg.train" attached).
-    # argparse leaves it over, and main() reads it (MODULE_FLAG).
+    # argparse leaves it over, and parse() reads it (MODULE_FLAG).
     train.add_argument("program", nargs="?", default=None, metavar="script.py | -m pkg.mod",
                        help="your script (a path in your project) or, after -m, a module run as python -m (torchrun's "
                             "-m); unset: the bundled trainer")
@@ -172,9 +173,6 @@ def _value(setting: Setting, args: argparse.Namespace) -> Any:
     return value_of(setting, getattr(args, setting.name), os.environ)
 
 
-MODULE_FLAG = "-m"
-
-
 def _module_flag(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
     """What argparse left over: only ``train``'s ``-m``, once, before the program (after it, it is the program's)."""
     args.as_module = args.command == "train" and extras == [MODULE_FLAG]
@@ -198,6 +196,7 @@ def _program_flags(args: argparse.Namespace) -> None:
     args.script = f"-m {shlex.quote(args.program)}" if getattr(args, "as_module", False) else args.program
     if args.args is None:
         args.args = shlex.join(args.program_args)
+    args.program, args.program_args, args.as_module = None, [], False  # folded: a second call finds nothing
 
 
 def _settled(args: argparse.Namespace) -> Settled:

@@ -81,3 +81,9 @@ def test_m_after_the_program_is_the_programs_and_m_elsewhere_is_refused(capsys):
     with pytest.raises(SystemExit) as stop:
         cli.parse(["status", "-m"])
     assert stop.value.code == 2 and "unrecognized arguments: -m" in capsys.readouterr().err
+
+
+def test_folding_the_program_twice_changes_nothing():
+    args = cli.parse(["train", "--run-id", "r1", "-m", "pkg.train", "--epochs", "3"])
+    first = cli._launch_spec(args)
+    assert cli._launch_spec(args) == first and first.module == "pkg.train"
