@@ -139,7 +139,8 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to E
 	fi
 
 test: setup ## the whole test suite (unit + integration), as CI runs it
-	$(PY) -m pytest -q
+	# The checkout's packages by their repository names (an install maps training/ to multinode.trainer only).
+	PYTHONPATH=scripts:. $(PY) -m pytest -q
 
 lint: setup ## static checks: byte-compile everything, the import contracts (pyproject.toml), then the unit tests
 	$(PY) -m compileall -q scripts training bench tests

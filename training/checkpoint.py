@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from training import preempt, replica, runlog, sampler, snapshot
+from . import preempt, replica, runlog, sampler, snapshot
 
 log = logging.getLogger("training")
 

@@ -38,7 +38,7 @@ def settle_buckets(net, dataset, device: torch.device) -> None:
     """One forward/backward of zero loss on two training samples, so DDP rebuilds its buckets before the first
     real step. Touches no weight (the gradients are zeros and dropped, no optimizer step) and no random stream
     (the RNG states are put back)."""
-    from training.snapshot import rng_state, set_rng_state
+    from .snapshot import rng_state, set_rng_state
 
     saved = rng_state()
     x = torch.stack([dataset[i][0] for i in range(2)]).to(device)

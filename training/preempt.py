@@ -18,9 +18,9 @@ checks there is no extra communication. A notice costs at most one check interva
 lost: the snapshot holds every step taken.
 
 The exit status of a preempted rank is :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL`` of sysexits.h: "a
-temporary failure; retry later") -- not a failure. A user script::
+temporary failure; retry later") -- not a failure. A user script (this module is ``multinode.trainer.preempt``
+where multinode is installed, ``training.preempt`` in its repository)::
 
-    from training import preempt
     with preempt.guard() as stop:
         for step in range(start, steps):
             train_one_step()

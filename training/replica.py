@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from training import snapshot
+from . import snapshot
 
 
 @dataclass(frozen=True)

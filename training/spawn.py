@@ -22,7 +22,7 @@ LOOPBACK = "127.0.0.1"
 
 def _rank_main(index: int, entry: Callable, nprocs: int, port: int, argv: list[str]) -> None:
     """One child: rank ``index`` of ``nprocs``; its exit code is ``entry``'s."""
-    from training import dist_env
+    from . import dist_env
 
     code = entry(argv, launch=dist_env.Launch("spawn", index, nprocs, index, LOOPBACK, port))
     sys.stdout.flush()

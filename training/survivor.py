@@ -27,7 +27,7 @@ import contextlib
 import logging
 import socket
 
-from training import preempt, snapshot
+from . import preempt, snapshot
 
 log = logging.getLogger("training")
 
@@ -52,7 +52,7 @@ def keep(trainer, epoch: int, step):
 
 def save(trainer, epoch: int, consumed: int, rng: dict | None, err: BaseException) -> None:
     """The first rank of this node writes the snapshot (the others on it hold the same state)."""
-    from training import checkpoint
+    from . import checkpoint
 
     if trainer.world.local_rank != 0:
         return

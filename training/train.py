@@ -32,19 +32,24 @@ import sys
 from pathlib import Path
 
 if __package__ in (None, ""):
-    # Run as a script (`python training/train.py`, cwd = a copy of training/ and nothing else):
-    # import our siblings as `training.x` from the parent directory, and take training/ itself off
-    # the path so its module names (config, snapshot, ...) cannot shadow anyone's.
+    # Run as a script (`python training/train.py`, cwd = a copy of training/ and nothing else): our siblings are
+    # imported relatively, as a package named after this directory (training/ in the repository and on a node),
+    # from its parent; training/ itself comes off the path so its module names (config, snapshot, ...) cannot
+    # shadow anyone's.
+    import importlib
+
     _here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _here]
     sys.path.insert(0, str(_here.parent))
+    __package__ = _here.name
+    importlib.import_module(__package__)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from training import dist_env, runlog  # noqa: E402
-from training.config import Config, ConfigError, load  # noqa: E402
+from . import dist_env, runlog  # noqa: E402
+from .config import Config, ConfigError, load  # noqa: E402
 
 
 def seed_everything(seed: int) -> None:
@@ -123,7 +128,7 @@ def spawn_ranks(cfg: Config, launch: dist_env.Launch, argv: list[str] | None) ->
                           f"{launch.world_size} processes; drop --spawn or the launcher")
     as_rank = dist_env.Launch("spawn", 0, cfg.distributed.spawn, 0, "127.0.0.1")
     plan(cfg, as_rank, pick_device(cfg, as_rank))  # every rank's checks, once, before anything starts
-    from training import spawn
+    from . import spawn
 
     return spawn.run(main, sys.argv[1:] if argv is None else list(argv), cfg.distributed.spawn,
                      cfg.distributed.timeout)
@@ -133,8 +138,8 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
                  result: dict) -> int:
     """Our Trainer on ``workload``, its figures added to ``result``; 0, or the exit code of a run stopped
     early: 3 by ``--stop-after-epoch``, 75 (``preempt.EXIT_PREEMPTED``) by a notice."""
-    from training.preempt import EXIT_PREEMPTED
-    from training.trainer import Preempted, StoppedAfterEpoch, Trainer
+    from .preempt import EXIT_PREEMPTED
+    from .trainer import Preempted, StoppedAfterEpoch, Trainer
 
     log = logging.getLogger("training")
     t = cfg.training
@@ -160,7 +165,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
 
 
 def _check_grace() -> None:
-    from training import preempt
+    from . import preempt
 
     try:
         preempt.grace_from_env()
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
             return spawn_ranks(cfg, launch, argv)
         device = pick_device(cfg, launch)
         backend, plane = plan(cfg, launch, device)
-        from training import workloads
+        from . import workloads
 
         seed_everything(cfg.training.seed)  # before the model exists: its initial weights follow the seed
         workload = None if cfg.training.workload == "hello" else workloads.build(cfg.training)

@@ -38,14 +38,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from training import checkpoint, preempt, replica, sampler, survivor
-from training.ddp_comm import CommTimer, settle_buckets
-from training.config import Config
-from training.dist_env import World
-from training.mpi_plane import MpiGradients
-from training.runlog import RunLog, announce
-from training.steptimes import StepTimes
-from training.workloads import Workload
+from . import checkpoint, preempt, replica, sampler, survivor
+from .ddp_comm import CommTimer, settle_buckets
+from .config import Config
+from .dist_env import World
+from .mpi_plane import MpiGradients
+from .runlog import RunLog, announce
+from .steptimes import StepTimes
+from .workloads import Workload
 
 log = logging.getLogger("training")
 

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
-from training.config import ConfigError, TrainConfig
+from .config import ConfigError, TrainConfig
 
 SPLIT_SEED = 1234
 

@@ -5,6 +5,7 @@
                      [--script PATH|"-m pkg.mod"] [--args "..."] [--workdir DIR] [--setup "CMD"] [--env "NAME OTHER=value"]
                      [--launcher auto|torchrun|static] [--grace S] [--resume] [--recover N] [--recover-wait S]
                      [--dry-run] [--queue] ...   (python -m multinode.core.settings --markdown lists them all)
+                     [script.py [script args] | -m pkg.mod [module args]]   (as torchrun takes them)
     multinode down | status | logs [--run ID] [--node I] | stacks [--run ID] | ssh NODE [CMD...] | reap --region R [--yes]
 
 The flags of ``up`` and ``train`` (and ``--yes``) are their settings, declared once
@@ -12,6 +13,10 @@ The flags of ``up`` and ``train`` (and ``--yes``) are their settings, declared o
 from ``NODES=...``) > default; for ``train``: flag > environment > task file (``WORKDIR/multinode.yaml`` or
 ``--task``) > default. A switch (``--dry-run``, ``DRY_RUN=1``) takes 1/0, yes/no or true/false and refuses
 anything else.
+The program typed torchrun's way (``train [options] script.py [args]``, ``train [options] -m pkg.mod [args]``) is
+the ``--script`` and ``--args`` flags it stands for (:func:`_program_flags`): one path into the LaunchSpec. Giving
+the script both ways, or its arguments both ways, is refused. ``--help`` shows :data:`DESCRIPTION` and the
+verbs' own texts, written for users; this docstring is the module's contract.
 User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -34,6 +40,24 @@ from multinode.core.sources import Settled, pick, settle, value_of
 from multinode.core.taskfile import KEYS, find_task
 
 log = logging.getLogger("multinode")
+
+DESCRIPTION = """Run a PyTorch data-parallel job on every node of a cluster: simulated nodes on this machine
+(--provider local), EC2 instances (--provider aws) or an existing cluster (--provider hosts). Run it from your
+project's directory: a cluster's state lives in .multinode/<cluster>/ there (or under $MULTINODE_HOME)."""
+EPILOG = """examples:
+  multinode up --nodes 2                        two simulated nodes on this machine
+  multinode train                               the bundled trainer (digits, 10 epochs) on them
+  multinode train train.py --epochs 3           your script, its arguments after it (as torchrun takes them)
+  multinode train --nodes 2 -m pkg.train --lr 1 a module of your project (python -m)
+  multinode logs                                the latest run's logs
+  multinode down                                destroy the cluster and check that nothing is left
+  multinode up --provider aws -o region=us-east-1 -o ssh_cidr=203.0.113.4/32
+Each verb's options: multinode <verb> --help. Every setting also reads MULTINODE_<NAME> from the environment."""
+TRAIN_DESCRIPTION = """Run the job on the cluster's nodes: the bundled trainer, or your script given after the
+options (train.py [its args], or -m pkg.mod [its args]) or by --script. Your script's directory (or --workdir) is
+synced to every node; a multinode.yaml task file there gives defaults for these options. Each option also reads
+MULTINODE_<NAME> (--nodes: MULTINODE_NODES); a flag wins over the variable, the variable over the task file."""
+MODULE_FLAG = "-m"  # train's torchrun-style module flag (parse)
 
 
 def _options(pairs: Sequence[str]) -> dict[str, str]:
@@ -65,8 +89,16 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     """``train``: the job; its flags are its settings (:data:`multinode.core.settings.TRAIN`), each None when not
     typed: :func:`multinode.core.sources.settle` picks flag > make variable > task file > default and knows which
     one it took."""
-    train = sub.add_parser("train", help="run the training job on the cluster")
+    train = sub.add_parser("train", help="run the training job on the cluster", description=TRAIN_DESCRIPTION,
+                           usage="multinode train [options] [script.py [args] | -m pkg.mod [args]]")
     add_flags(train, settings.TRAIN)
+    # -m is not an argparse option: one would take --script "-m pkg.train" for itself (-m with " pkg.train" attached).
+    # argparse leaves it over, and parse() reads it (MODULE_FLAG).
+    train.add_argument("program", nargs="?", default=None, metavar="script.py | -m pkg.mod",
+                       help="your script (a path in your project) or, after -m, a module run as python -m (torchrun's "
+                            "-m); unset: the bundled trainer")
+    train.add_argument("program_args", nargs=argparse.REMAINDER, metavar="args",
+                       help="the program's own arguments: everything after it")
 
 
 def _add_logs(sub: argparse._SubParsersAction) -> None:
@@ -109,10 +141,11 @@ def _add_reap(sub: argparse._SubParsersAction) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="multinode", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="multinode", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(settings.CLUSTER.option, default=value_of(settings.CLUSTER, None, os.environ),
                         help=f"{settings.CLUSTER.help} (default %(default)s)")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging (SSH included)")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_up(sub)
     _add_down(sub)
@@ -127,16 +160,54 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, parsed (argparse's own errors: usage and one line, exit 2)."""
+    parser = build_parser()
+    args, extras = parser.parse_known_args(argv)
+    _module_flag(parser, args, extras)
+    return args
+
+
 def _value(setting: Setting, args: argparse.Namespace) -> Any:
     """flag > MULTINODE_<VARIABLE> > default, typed (a bad value: one line naming the variable)."""
     return value_of(setting, getattr(args, setting.name), os.environ)
 
 
+def _module_flag(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
+    """What argparse left over: only ``train``'s ``-m``, once, before the program (after it, it is the program's)."""
+    args.as_module = args.command == "train" and extras == [MODULE_FLAG]
+    if extras and not args.as_module:
+        parser.error(f"unrecognized arguments: {' '.join(extras)}")
+
+
+def _program_flags(args: argparse.Namespace) -> None:
+    """A program typed torchrun's way (``script.py [args]``, ``-m pkg.mod [args]``) becomes the ``--script`` and
+    ``--args`` flags it stands for: the arguments after the program are all of its arguments (none: none)."""
+    if args.program is None:
+        if getattr(args, "as_module", False):
+            raise UserError("-m needs a module after it: multinode train -m pkg.train [its arguments]")
+        return
+    if args.script is not None:
+        raise UserError(f"the program is given twice: --script {args.script} and {args.program}; "
+                        f"drop --script or the program after the options")
+    if args.args is not None and args.program_args:
+        raise UserError(f"the arguments are given twice: --args {args.args!r} and after {args.program}; "
+                        f"give them after the program only")
+    args.script = f"-m {shlex.quote(args.program)}" if getattr(args, "as_module", False) else args.program
+    if args.args is None:
+        args.args = shlex.join(args.program_args)
+    args.program, args.program_args, args.as_module = None, [], False  # folded: a second call finds nothing
+
+
 def _settled(args: argparse.Namespace) -> Settled:
     """The train settings from their sources (flag > make variable > task file > default)."""
+    _program_flags(args)
     flags = {name: getattr(args, name) for name in KEYS}
     workdir = flags["workdir"] if flags["workdir"] is not None else env_default("WORKDIR")
-    return settle(flags, os.environ, find_task(_value(settings.TASK, args), workdir))
+    task = find_task(_value(settings.TASK, args), workdir)
+    for warning in task.warnings if task else ():
+        print(f"multinode: {warning}", file=sys.stderr)
+    return settle(flags, os.environ, task)
 
 
 def _launch_spec(args: argparse.Namespace, settled: Settled | None = None) -> LaunchSpec:
@@ -184,8 +255,7 @@ def dispatch(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     logging.getLogger("paramiko").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:

@@ -8,7 +8,7 @@ import pytest
 from multinode.checks import gpu
 from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
-from multinode.providers.aws.bootstrap_inputs import REQUIREMENTS, gpu_smoke_script, host_requirements
+from multinode.providers.aws.bootstrap_inputs import gpu_smoke_script, host_requirements, requirements_path
 from multinode.providers.aws.bootstrap_inputs import bootstrap_tfvars
 from multinode.providers.aws.settings import AwsSettings
 
@@ -19,7 +19,7 @@ def test_the_smoke_script_is_the_one_make_train_runs():
 
 def test_host_requirements_are_docker_requirements_pins():
     pins = host_requirements()
-    assert pins == [line.strip() for line in REQUIREMENTS.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    assert pins == [line.strip() for line in requirements_path().read_text().splitlines() if line.strip() and not line.startswith("#")]
     assert all("==" in pin for pin in pins) and any(pin.startswith("mpi4py==") for pin in pins)
 
 

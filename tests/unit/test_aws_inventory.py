@@ -12,7 +12,7 @@ from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory
 from multinode.providers.aws.keys import new_ed25519
-from multinode.providers.aws.settings import (PRICES, ROOT_VOLUME_GB, AwsSettings, cost_line, ecr_repository_of,
+from multinode.providers.aws.settings import (ROOT_VOLUME_GB, AwsSettings, cost_line, ecr_repository_of, prices_path,
                                               registry_of)
 from multinode.providers.aws.terraform import inventory_from_outputs, known_hosts_lines
 from multinode.core.state import ClusterState
@@ -123,7 +123,7 @@ def test_settings_fall_back_to_environment(clean_env):
 
 
 def test_cost_line_adds_public_ipv4_and_gp3_root_volumes(clean_env):
-    prices = json.loads(PRICES.read_text())
+    prices = json.loads(prices_path().read_text())
     assert prices["date"] and prices["source"] and set(prices["sources"]) >= {
         "public_ipv4_usd_per_hour", "gp3_usd_per_gb_month", "on_demand_usd_per_hour.eu-west-1"}
     spec = ClusterSpec(name="gpu", provider="aws", nodes=2, cluster_type="g4dn",
@@ -138,7 +138,7 @@ def test_cost_line_in_another_region_names_what_has_no_price(clean_env):
     spec = ClusterSpec(name="gpu", provider="aws", nodes=3, cluster_type="g4ad",
                        options={"region": "eu-west-1", "ssh_cidr": "203.0.113.4/32"})
     clean_env.setenv("TF_VAR_root_volume_gb", "200")
-    line = cost_line(spec, AwsSettings.from_spec(spec), json.loads(PRICES.read_text()))
+    line = cost_line(spec, AwsSettings.from_spec(spec), json.loads(prices_path().read_text()))
     # 3 x 0.42263 + 3 x 0.005 = 1.28289; no verified gp3 price for eu-west-1: named, not added.
     assert line.startswith("3 x g4ad.xlarge on-demand $1.27/h + 3 public IPv4 $0.01/h + "
                            "3 x 200 GiB gp3 (no price for eu-west-1 in infra/prices.json) = $1.28/h")
@@ -148,7 +148,7 @@ def test_a_bad_root_volume_override_is_one_line(clean_env):
     clean_env.setenv("TF_VAR_root_volume_gb", "big")
     spec = ClusterSpec(name="gpu", provider="aws", options={"region": "us-east-1", "ssh_cidr": "203.0.113.4/32"})
     with pytest.raises(UserError, match="TF_VAR_root_volume_gb='big' must be a whole number"):
-        cost_line(spec, AwsSettings.from_spec(spec), json.loads(PRICES.read_text()))
+        cost_line(spec, AwsSettings.from_spec(spec), json.loads(prices_path().read_text()))
 
 
 def test_generated_host_key_is_openssh_ed25519():

@@ -189,3 +189,36 @@ def test_a_plan_error_caused_by_the_task_file_names_it(tmp_path, monkeypatch, ca
     assert err.startswith(f"multinode: {path}: nodes: NODES=3 but cluster 'dev' has 2 nodes") and err.count("\n") == 1
     assert cli.main(["train", "--task", str(path), "--dry-run", "--nodes", "3"]) == 2  # a flag: its own message
     assert capsys.readouterr().err.startswith("multinode: NODES=3 but cluster 'dev' has 2 nodes")
+
+
+@pytest.mark.parametrize("env, named", [
+    ("env: [HF_TOKEN=hf_secret, EPOCHS=3]\n", "HF_TOKEN"),
+    ("env: {WANDB_API_KEY: k1, DB_PASSWORD: p2, LR: '0.1'}\n", "WANDB_API_KEY, DB_PASSWORD"),
+    ("env: [AWS_SECRET_ACCESS_KEY=abc, GH_CREDENTIALS=x]\n", "AWS_SECRET_ACCESS_KEY, GH_CREDENTIALS"),
+])
+def test_a_secret_written_inline_gets_one_warning_line_with_the_fix(tmp_path, env, named):
+    path = task(tmp_path, env)
+    loaded = load_task(path)
+    assert len(loaded.warnings) == 1 and "\n" not in loaded.warnings[0]
+    warning = loaded.warnings[0]
+    assert warning.startswith(f"warning: {path}: env writes the value of {named} into the file")
+    assert "every node's disk" in warning and "git" in warning and f"env: [{named}]" in warning
+    assert not any(value in warning for value in ("hf_secret", "k1", "p2", "abc"))  # names only, never a value
+    assert "env" in loaded.values  # a warning, not a refusal: the run goes on
+
+
+@pytest.mark.parametrize("env", ["env: [HF_TOKEN, EPOCHS=3]\n", "env: {HF_TOKEN: null, LR: '0.1'}\n", "nodes: 2\n"])
+def test_names_alone_and_inline_values_of_ordinary_names_get_no_warning(tmp_path, env):
+    assert load_task(task(tmp_path, env)).warnings == ()
+
+
+def test_the_command_line_prints_the_warning_once_and_goes_on(tmp_path, monkeypatch, capsys):
+    from multinode import cli
+
+    monkeypatch.setenv("MULTINODE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("MULTINODE_TASK", raising=False)
+    path = task(tmp_path, "env: [HF_TOKEN=hf_secret]\n")
+    assert cli.main(["--cluster", "nope", "train", "--task", str(path)]) == 2  # on to the next check: no cluster
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith(f"multinode: warning: {path}: env writes the value of HF_TOKEN") and len(err) == 2
+    assert err[1] == "multinode: cluster 'nope' is not up; run 'make up' first" and "hf_secret" not in "".join(err)

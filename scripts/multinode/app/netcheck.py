@@ -19,10 +19,10 @@ from typing import TextIO
 
 from multinode.app.run import Run
 from multinode.checks import iperf
-from multinode.code.project import TRAINING_DIR
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import MultinodeError, UserError
 from multinode.core.inventory import Inventory
+from multinode.core.resources import trainer_dir
 from multinode.core.state import ClusterState
 from multinode.ssh.runner import RemoteRunner
 
@@ -65,7 +65,7 @@ def collectives(state: ClusterState, inventory: Inventory, spec: LaunchSpec, out
     """The all_reduce sweep as a normal run on the same nodes; its rows from the head's log."""
     gpus = inventory.head.accelerator != "none"
     backend = "nccl" if gpus else "gloo"
-    job = replace(spec, mode="gpu" if gpus else "cpu", script=str(TRAINING_DIR / "allreduce_perf.py"), workdir=None,
+    job = replace(spec, mode="gpu" if gpus else "cpu", script=str(trainer_dir() / "allreduce_perf.py"), workdir=None,
                   args=("--backend", backend, "--sizes", ",".join(map(str, SIZES)), "--budget-mb", str(BUDGET_MB)))
     summary = Run(state, inventory, job, out).execute()
     if summary.exit_code:

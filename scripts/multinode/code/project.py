@@ -19,12 +19,13 @@ from pathlib import Path
 from multinode.code.workdir import DEFAULT_LIMIT_MB, Project, ignored_by_work_tree, load_project
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import UserError
+from multinode.core.resources import trainer_dir
 from multinode.core.state import state_root
 from multinode.plan.launchers import EntryPoint
 
 PROJECT_SUBDIR = "project"  # WORKDIR's place under each node's code directory
-TRAINING_DIR = Path(__file__).resolve().parents[3] / "training"  # our trainer, synced as code/training
-OUR_ENTRY = "training/train.py"
+TRAINER_SUBDIR = "training"  # our trainer's place under each node's code directory, wherever it was installed
+OUR_ENTRY = f"{TRAINER_SUBDIR}/train.py"
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,8 @@ class ResolvedProject:
 def resolve_entry(spec: LaunchSpec) -> ResolvedProject:
     """Our trainer (no SCRIPT), or the user's project (SCRIPT in WORKDIR, or a -m module)."""
     if spec.script is None:
-        trainer = load_project(str(TRAINING_DIR), DEFAULT_LIMIT_MB)
-        return ResolvedProject(EntryPoint(OUR_ENTRY, spec.args, ours=True), trainer, subdir="training")
+        trainer = load_project(str(trainer_dir()), DEFAULT_LIMIT_MB)
+        return ResolvedProject(EntryPoint(OUR_ENTRY, spec.args, ours=True), trainer, subdir=TRAINER_SUBDIR)
     return resolve_project(spec)
 
 

@@ -24,7 +24,8 @@ from typing import TextIO
 from multinode.core.errors import NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import code_dir
-from multinode.code.project import PROJECT_SUBDIR, TRAINING_DIR
+from multinode.code.project import PROJECT_SUBDIR
+from multinode.core.resources import trainer_dir
 from multinode.plan.launchers.base import GUARD_FILES, GUARD_SUBDIR
 from multinode.ssh.runner import RemoteRunner
 from multinode.code.workdir import Manifest, Project, SyncPlan, build_manifest, plan_sync
@@ -103,7 +104,8 @@ def read_manifests(runner: RemoteRunner, names: list[str], subdir: str = PROJECT
 
 def guard_tree() -> Project:
     """The notice guard as a tree to sync: :data:`GUARD_FILES` of our ``training/``."""
-    return Project(TRAINING_DIR, build_manifest(TRAINING_DIR, GUARD_FILES), "the notice guard, standard library only")
+    trainer = trainer_dir()
+    return Project(trainer, build_manifest(trainer, GUARD_FILES), "the notice guard, standard library only")
 
 
 def sync_project(runner: RemoteRunner, project: Project, names: list[str] | None = None,

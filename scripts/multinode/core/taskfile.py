@@ -18,6 +18,11 @@ Contract:
   file and the key (a close match is suggested).
 * Paths (``workdir``, a ``script`` path) are relative to the file's directory; ``workdir`` defaults to that
   directory when the file names a script.
+* A value written in the file's ``env:`` under a name that looks like a secret (``TOKEN``, ``KEY``, ``SECRET``,
+  ``PASSWORD``..., :func:`multinode.core.envvars.looks_secret`) is kept, with one warning line in
+  :attr:`TaskFile.warnings` (the command line prints it): the file is part of the project, synced with it to
+  every node's disk and committed with it; the fix is the name alone (``env: [HF_TOKEN]``), its value taken from
+  the caller's environment.
 * The values come back typed as LaunchSpec wants them (``args`` a tuple, ``env`` the text of ``ENV``); the
   values' own checks (a mode that does not exist, ``nodes: 0``) stay in LaunchSpec, validated once.
   Which source wins (flag > make variable > task file > default) is :mod:`multinode.core.sources`.
@@ -26,6 +31,7 @@ Contract:
 from __future__ import annotations
 
 import difflib
+import shlex
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from multinode.core.envvars import looks_secret
 from multinode.core.errors import UserError
 from multinode.core.setting import Refused, Setting
 from multinode.core.settings import TASK_KEYS
@@ -59,6 +66,7 @@ class TaskFile:
     path: Path  # absolute
     values: Mapping[str, Any]
     implied: frozenset[str] = frozenset()  # keys set by the rules above, not written in the file (workdir)
+    warnings: tuple[str, ...] = ()  # one line each, for the user (a secret written inline in env:)
 
     @property
     def shown(self) -> str:
@@ -114,7 +122,19 @@ def load_task(path: Path) -> TaskFile:
     implied = frozenset({"workdir"}) if "script" in values and "workdir" not in values else frozenset()
     if implied:
         values["workdir"] = str(path.parent)
-    return TaskFile(path, values, implied)
+    return TaskFile(path, values, implied, inline_secrets(path, values.get("env")))
+
+
+def inline_secrets(path: Path, env: str | None) -> tuple[str, ...]:
+    """One warning line when ``env`` (the task file's, as ENV text) gives a value inline to a secret-looking name."""
+    names = [item.partition("=")[0] for item in shlex.split(env or "") if "=" in item]
+    secret = [name for name in names if looks_secret(name)]
+    if not secret:
+        return ()
+    listed = ", ".join(secret)
+    return (f"warning: {path}: env writes the value of {listed} into the file, which goes where the file goes: with "
+            f"your project to every node's disk, and into git; write env: [{listed}] and set "
+            f"{'them' if len(secret) > 1 else 'it'} in your environment instead",)
 
 
 class _DuplicateKey(Exception):

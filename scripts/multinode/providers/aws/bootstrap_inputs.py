@@ -18,15 +18,24 @@ from typing import Any
 
 from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
+from multinode.core.resources import docker_dir, package_dir
 from multinode.providers.aws.settings import AwsSettings
 
-REPO = Path(__file__).resolve().parents[4]
-REQUIREMENTS = REPO / "docker" / "requirements.txt"
-GPU_CHECK = REPO / "scripts" / "multinode" / "checks" / "gpu.py"
+
+def requirements_path() -> Path:
+    """``docker/requirements.txt``, where it ships (:mod:`multinode.core.resources`)."""
+    return docker_dir() / "requirements.txt"
 
 
-def host_requirements(path: Path = REQUIREMENTS) -> list[str]:
-    """The pinned requirement lines of ``path`` (comments and blank lines dropped)."""
+def gpu_check_path() -> Path:
+    """``multinode/checks/gpu.py`` of the package Python imported (installed or the checkout's)."""
+    return package_dir() / "checks" / "gpu.py"
+
+
+def host_requirements(path: Path | None = None) -> list[str]:
+    """The pinned requirement lines of ``path`` (default: :func:`requirements_path`; comments and blank lines
+    dropped)."""
+    path = path or requirements_path()
     try:
         lines = path.read_text().splitlines()
     except OSError as err:
@@ -35,8 +44,9 @@ def host_requirements(path: Path = REQUIREMENTS) -> list[str]:
     return [line for line in found if line]
 
 
-def gpu_smoke_script(path: Path = GPU_CHECK) -> str:
-    """The string assigned to ``SMOKE_SCRIPT`` at the top level of ``path``."""
+def gpu_smoke_script(path: Path | None = None) -> str:
+    """The string assigned to ``SMOKE_SCRIPT`` at the top level of ``path`` (default: :func:`gpu_check_path`)."""
+    path = path or gpu_check_path()
     try:
         tree = ast.parse(path.read_text(), filename=str(path))
     except (OSError, SyntaxError) as err:

@@ -55,9 +55,9 @@ from multinode.providers.aws.bootstrap_inputs import bootstrap_tfvars
 from multinode.providers.aws.keys import new_ed25519, write_secret
 from multinode.providers.aws.reap import verify_gone
 from multinode.providers.aws.replace import capacity_code, instance_address, planned_ami, unexpected_changes
-from multinode.providers.aws.settings import PRICES, AwsSettings, cost_line, ecr_repository_of
-from multinode.providers.aws.terraform import (MODULE_DIR, Terraform, TerraformFailed, inventory_from_outputs,
-                                               known_hosts_lines, run_terraform, terraform_binary)
+from multinode.providers.aws.settings import AwsSettings, cost_line, ecr_repository_of, prices_path
+from multinode.providers.aws.terraform import (Terraform, TerraformFailed, inventory_from_outputs, known_hosts_lines,
+                                               module_dir, run_terraform, terraform_binary)
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class AwsProvider:
     def confirm(self, spec: ClusterSpec, assume_yes: bool = False) -> None:
         """Print what the cluster costs per hour; ask unless ``assume_yes``."""
         settings = AwsSettings.from_spec(spec)
-        print(cost_line(spec, settings, json.loads(PRICES.read_text())))
+        print(cost_line(spec, settings, json.loads(prices_path().read_text())))
         print(f"nodes end themselves after {settings.ttl_hours} h (TTL_HOURS); 'make down' ends them sooner")
         if assume_yes:
             return
@@ -109,7 +109,7 @@ class AwsProvider:
         cluster_id = secrets.token_hex(3)  # account-wide names and the cluster-id tag: no collision between same-named clusters
         (state.provider_dir / "aws.json").write_text(
             json.dumps({"region": settings.region, "cluster": spec.name, "cluster_id": cluster_id}))
-        for source in MODULE_DIR.iterdir():
+        for source in module_dir().iterdir():
             if source.is_file():
                 shutil.copy2(source, tf_dir / source.name)
         host_keys = self._make_keys(spec, state)

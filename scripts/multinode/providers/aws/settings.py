@@ -19,10 +19,15 @@ from typing import Any
 
 from multinode.core.config import ClusterSpec, env_default
 from multinode.core.errors import UserError
+from multinode.core.resources import infra_dir
 
-PRICES = Path(__file__).resolve().parents[4] / "infra" / "prices.json"
 FIX = "make up PROVIDER=aws SSH_CIDR=203.0.113.4/32 REGION=us-east-1"
 ROOT_VOLUME_GB = 100  # infra/ec2/variables.tf root_volume_gb's default (TF_VAR_root_volume_gb overrides it)
+
+
+def prices_path() -> Path:
+    """``infra/prices.json``, where it ships (:mod:`multinode.core.resources`)."""
+    return infra_dir() / "prices.json"
 
 
 @dataclass(frozen=True)

@@ -19,14 +19,20 @@ from pathlib import Path
 
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory, Node
+from multinode.core.resources import infra_dir
 from multinode.core.state import ClusterState
 
 log = logging.getLogger(__name__)
 
-MODULE_DIR = Path(__file__).resolve().parents[4] / "infra" / "ec2"
 WORKDIR = "/opt/multinode"
 MPI_SSH_PORT = 2222  # the images' sshd (docker/sshd_config)
 HOST_PYTHON = f"{WORKDIR}/venv/bin/python"  # the host runtime's virtualenv (infra/ec2/user_data.sh.tftpl)
+
+
+def module_dir() -> Path:
+    """The Terraform module ``infra/ec2``, where it ships (:mod:`multinode.core.resources`); ``up`` copies its files
+    into the cluster's state directory and runs Terraform there."""
+    return infra_dir() / "ec2"
 
 
 def terraform_binary() -> str:
