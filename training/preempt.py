@@ -29,6 +29,13 @@ temporary failure; retry later") -- not a failure. A user script::
                 sys.exit(preempt.EXIT_PREEMPTED)
 
 ``preempt.requested()`` says whether this process has seen a notice (no agreement: for one-process scripts).
+
+With CHECKPOINT_URL, a user script's own checkpoint goes to the bucket the same way as our trainer's
+(:mod:`training.upload`: from this node, on a background thread, with its sha256)::
+
+    preempt.upload_checkpoint("ckpt.pt", step)      # returns at once; the freshest submitted file wins
+    preempt.wait_for_uploads(60)                   # before exiting 75, within the grace
+    url = preempt.fetch_checkpoint("ckpt.pt")       # a start on a new cluster: the freshest complete copy, or None
 """
 
 from __future__ import annotations
@@ -237,3 +244,41 @@ def guard(device=None):
         yield _Guard(Agreement(watcher, torch_all_reduce_max(device)))
     finally:
         watcher.close()
+
+
+_UPLOADER = None
+
+
+def upload_checkpoint(path, step: int) -> bool:
+    """CHECKPOINT_URL: upload the file at ``path`` as this run's copy ``step`` (later steps are fresher) in the
+    background; False (nothing done) when no CHECKPOINT_URL was given."""
+    global _UPLOADER
+    from . import upload  # only here: the notice guard's private copy of this file has no upload module
+
+    _UPLOADER = _UPLOADER or upload.Uploader.from_env()
+    if _UPLOADER is None:
+        return False
+    with open(path, "rb") as fh:
+        blob = fh.read()
+    _UPLOADER.submit(blob, int(step))
+    return True
+
+
+def wait_for_uploads(timeout: float | None = None) -> bool:
+    """Wait until the checkpoints handed to :func:`upload_checkpoint` are in the bucket (False: ``timeout`` first)."""
+    return True if _UPLOADER is None else _UPLOADER.drain(timeout)
+
+
+def fetch_checkpoint(path) -> str | None:
+    """Write this run's freshest complete copy from CHECKPOINT_URL to ``path``; its ``s3://`` URL, or None when
+    there is no bucket or no copy (nothing written)."""
+    from . import upload
+
+    found = upload.fetch_freshest()
+    if found is None:
+        return None
+    tmp = f"{path}.part"
+    with open(tmp, "wb") as fh:
+        fh.write(found[0])
+    os.replace(tmp, path)
+    return found[1]

@@ -133,6 +133,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
                  result: dict) -> int:
     """Our Trainer on ``workload``, its figures added to ``result``; 0, or the exit code of a run stopped
     early: 3 by ``--stop-after-epoch``, 75 (``preempt.EXIT_PREEMPTED``) by a notice."""
+    from training.checkpoint import finish_uploads
     from training.preempt import EXIT_PREEMPTED
     from training.trainer import Preempted, StoppedAfterEpoch, Trainer
 
@@ -153,6 +154,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
         log.warning("%s: exit %d (preempted, not failed)", stop, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
     finally:
+        result.update(finish_uploads(trainer))
         trainer.close()
         del trainer
         gc.collect()
