@@ -137,15 +137,15 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
               "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch, "consumed": consumed},
               "copies": copies.places if copies else [], "exit_code": preempt.EXIT_PREEMPTED}
     if uploaded is not None:
-        done = trainer.uploader.uploaded
-        report["uploaded"] = done[-1]["url"] if uploaded and done else None  # None: not (yet) in the bucket
+        last = trainer.uploader.uploaded[-1:]
+        ours = last and last[0]["order"] == epoch * snapshot.BATCH_SPAN + consumed
+        report["uploaded"] = last[0]["url"] if uploaded and ours else None  # None: not (yet) in the bucket
     if trainer.world.rank == 0:
         runlog.announce("PREEMPTED", report)
         if trainer.t.metrics_dir:
             Path(trainer.t.metrics_dir).mkdir(parents=True, exist_ok=True)
             (Path(trainer.t.metrics_dir) / "preempted.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
-
 
 
 def finish_uploads(trainer, timeout: float = 120.0) -> dict:

@@ -126,6 +126,8 @@ def test_resume_on_a_new_cluster_from_the_bucket(moto, tmp_path):
                 code = proc.wait(timeout=600)
             text = "".join(out.lines) + "".join(err.lines)
         assert code == 0, text[-4000:]
+        assert f"RESUME=1: continuing run {RUN_ID} from its freshest snapshot (on the nodes, else in CHECKPOINT_URL)" \
+            in text, text[:2000]
         resumed = _json_lines(re.compile(r"RESUMED (\{.*\})"), text)
         assert len(resumed) == 1 and resumed[0]["snapshot_from"] == last, (resumed, last)
         assert resumed[0]["step"] == preempted["stopped_at"]["step"], (resumed, preempted)

@@ -19,8 +19,8 @@ and run id (:mod:`multinode.plan.runtime`).
    A refused first attempt has started nothing and leaves no run directory;
    **prepare**: one incremental sync of the code, SETUP, the -m module check, DATA mirrored by every node
    (:mod:`multinode.code.data`), the run directory, the plan's files, the ENV files, the MPI credentials;
-   **launch** and **watch**: the backend's, with the stall watchdog and, on fewer nodes than asked, the grow-back (:mod:`multinode.app.growback`); a failure, stall or deadline first lets
-   the run look at the live ranks; **sweep**: every process tagged with the run id (and the runtime's containers)
+   **launch** and **watch**: the backend's, with the stall watchdog and, on fewer nodes than asked, the grow-back
+   (:mod:`multinode.app.growback`); a failure, stall or deadline first lets the run look at the live ranks; **sweep**: every process tagged with the run id (and the runtime's containers)
    stopped, however the job ended; **summarize**: the backend's :class:`~multinode.core.outcome.Outcome` made a
    :class:`~multinode.diagnose.summary.RunSummary` (the root cause of a failure from the ranks alive at failure
    time and the nodes' logs) and saved -- ``summary.json`` is written here and nowhere else;

@@ -197,7 +197,8 @@ class LaunchSpec:
                                "(only what changed, by ETag and size)", task=True, metavar="s3://BUCKET/PREFIX",
                                see="[data.md](data.md)")
     data_dir: str | None = setting(None, TEXT, "where DATA lands on each node, an absolute path (unset: "
-                                   "data/ in the node's work directory)", task=True, metavar="PATH", see="[data.md](data.md)")
+                                   "data/ in the node's work directory)", task=True, metavar="PATH",
+                                   see="[data.md](data.md)")
     checkpoint_url: str | None = setting(None, TEXT, "s3://bucket/prefix: every snapshot of our trainer is uploaded "
                                          "there from its node; RESUME=1 on a new cluster continues from it",
                                          task=True, metavar="s3://BUCKET/PREFIX",

@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, collective_env, entry_dir,
-                                           bucket_env, grace_env, guard_argv, iface_for_subnet, node_python, trainer_args)
+from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, bucket_env, collective_env,
+                                           entry_dir, grace_env, guard_argv, iface_for_subnet, node_python,
+                                           trainer_args)
 from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, as_user, env_contract
 from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join

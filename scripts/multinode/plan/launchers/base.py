@@ -263,7 +263,8 @@ def per_node_plan(name: str, inv: Inventory, spec: LaunchSpec,
         argv, own_env = node_command(node_rank, node)
         commands.append(NodeCommand(node=node.name, argv=argv, cwd=entry_dir(inv, node.name, entry),
                                     env={**BASE_ENV, **grace_env(spec), **bucket_env(spec), **own_env, **network},
-                                    node_env={**project_node_env(inv, node.name, entry), **data_env(inv, node.name, spec), **node_env},
+                                    node_env={**project_node_env(inv, node.name, entry),
+                                              **data_env(inv, node.name, spec), **node_env},
                                     nproc=nproc_of(spec, node),
                                     env_file=env_file(inv, node.name, spec.run_id) if spec.env else None,
                                     secret_env=tuple(var.name for var in spec.env)))
