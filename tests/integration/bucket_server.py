@@ -66,16 +66,19 @@ def bridge_address(inventory) -> str:
 
 
 @contextlib.contextmanager
-def relay(host: str, target_port: int):
-    """``http://host:<port>``: a TCP relay on ``host`` to 127.0.0.1:``target_port``, until the block ends."""
+def relay(host: str, target_port: int, pause: float = 0.0):
+    """``http://host:<port>``: a TCP relay on ``host`` to 127.0.0.1:``target_port``, until the block ends; ``pause``
+    seconds after each 16 KiB relayed (a slow link, for a sync that is still running when it is stopped)."""
     listener = socket.create_server((host, 0))
     listener.settimeout(0.2)
     stop, open_sockets = threading.Event(), []
 
     def pump(src: socket.socket, dst: socket.socket) -> None:
         try:
-            while chunk := src.recv(65536):
+            while not stop.is_set() and (chunk := src.recv(16384 if pause else 65536)):
                 dst.sendall(chunk)
+                if pause:
+                    time.sleep(pause)
         except OSError:
             pass
         finally:

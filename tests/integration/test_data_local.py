@@ -2,18 +2,21 @@
 every node mirrors the prefix itself, with the credentials passed by name in ENV; the job's ranks find the files at
 MULTINODE_DATA_DIR; a second run fetches nothing (the step's own lines, and moto's log of the requests it served:
 listings only, no object read); a changed object is fetched again, a removed one deleted; the credentials are in no
-output, log or plan. Bad DATA is one line: not a bucket URL (before anything), a bucket that does not exist
+output, log or plan; Ctrl-C while the nodes fetch leaves no sync running and no ENV file. Bad DATA is one line: not a bucket URL (before anything), a bucket that does not exist
 (pre-flight, no run directory)."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
+import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
+from bench.drills.common import watched
 from bucket_server import CREDENTIALS, ENV_NAMES, bridge_address, moto_s3, relay, requests, s3_client
 
 pytestmark = pytest.mark.integration
@@ -141,3 +144,32 @@ def test_bad_data_is_one_line_before_anything_runs(shared_cluster3, bucket, tmp_
     assert "Traceback" not in res.stderr
     assert not shared_cluster3.state.run_dir("databad2").exists()
     assert urllib.parse.urlparse(node_url).hostname == bridge_address(shared_cluster3.inventory())
+
+
+def test_ctrl_c_while_the_nodes_fetch_leaves_nothing_running(shared_cluster3, bucket, tmp_path):
+    url, recording, _node_url = bucket
+    s3 = s3_client(url)
+    s3.create_bucket(Bucket="slow")
+    s3.put_object(Bucket="slow", Key="big/blob.bin", Body=bytes(8 << 20))
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "count_data.py").write_text(COUNT_SCRIPT)
+    recording.write_text("")
+    port = int(url.rsplit(":", 1)[1])
+    with relay(bridge_address(shared_cluster3.inventory()), port, pause=0.05) as slow_url:  # 8 MiB: ~25 s a node
+        proc = shared_cluster3.popen("train", "--nodes", "3", "--run-id=dataint", "--script=count_data.py",
+                                     f"--workdir={project}", "--data=s3://slow/big", f"--env={ENV_NAMES}",
+                                     AWS_ENDPOINT_URL=slow_url, **CREDENTIALS)
+        with watched(proc) as (out, err):
+            deadline = time.monotonic() + 120
+            while not any(path.startswith("slow/big/blob.bin") for method, path in requests(recording)
+                          if method == "GET"):
+                assert proc.poll() is None and time.monotonic() < deadline, "".join(out.lines + err.lines)
+                time.sleep(0.2)
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait(timeout=120)
+        text = "".join(out.lines) + "".join(err.lines)
+    assert code != 0 and "DATA_FILES" not in text, text[-3000:]
+    inv = shared_cluster3.inventory()
+    for node in inv.nodes:  # no ENV file left (the shared cluster's own check: no process of the run anywhere)
+        assert not (Path(inv.workdir_for(node.name)) / "runs" / "dataint" / "env").exists()

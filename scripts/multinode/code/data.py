@@ -10,11 +10,14 @@ While it runs, each node's ``PROGRESS`` lines become one line per node on a term
 anything else only the end is printed. Either way each node ends with one plain line (:func:`describe`):
 ``data s3://b/p -> <dir> on node-0: 3 files (1.2 KiB) fetched, 0 unchanged, 0 deleted, 3 in all``.
 A node that fails stops the run before any rank starts: one line naming the node and its error's last line.
+The syncs carry the run id like a job's processes: Ctrl-C while they run stops them on every node and removes the
+ENV files (test_data_local.py shows nothing left; closing the connections alone also ends them there).
 """
 
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 from typing import TextIO
 
@@ -109,7 +112,9 @@ def sync_data(runner: RemoteRunner, spec: LaunchSpec, out: TextIO, names: list[s
     inv = runner.inventory
     names = names or [n.name for n in inv.nodes]
     runtime = runtime_for(inv, spec.run_id)
-    commands = {name: runtime.wrap(cmd) for name, cmd in plan_data(inv, spec, names).items()}
+    # Tagged with the run id, as a job is (multinode.ssh.job): a stop of the run finds the syncs too.
+    commands = {name: f"export MULTINODE_RUN_ID={shlex.quote(spec.run_id)} && {runtime.wrap(cmd)}"
+                for name, cmd in plan_data(inv, spec, names).items()}
     board, reports = Board(out, names), {}
 
     def one(name: str) -> None:
@@ -129,6 +134,9 @@ def sync_data(runner: RemoteRunner, spec: LaunchSpec, out: TextIO, names: list[s
     write_env_files(runner, spec, names)
     try:
         errors = runner.parallel(one, names, timeout=spec.deadline or 24 * 3600)
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) while the nodes fetch: no sync left running anywhere
+        runner.stop_all(spec.run_id, extra_stop=runtime.stop_line, names=names)
+        raise
     finally:
         remove_env_files(runner, spec, names)
     for name in names:
