@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from multinode.code.bucketcheck import verdict, wanted
+from multinode.code import data
 from multinode.code.data import Board, describe, plan_data
 from multinode.core.config import LaunchSpec, split_bucket_url
 from multinode.core.envvars import parse_env
@@ -84,7 +85,7 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_a_terminal_gets_one_line_per_node_rewritten_and_a_pipe_only_the_last_lines():
+def test_a_terminal_gets_one_line_per_node_rewritten_and_a_pipe_plain_lines(monkeypatch):
     tty = _Terminal()
     board = Board(tty, ["node-0", "node-1"])
     board.progress("node-1", {"files_done": 1, "files": 4, "bytes_done": 10, "bytes": 40})
@@ -97,7 +98,10 @@ def test_a_terminal_gets_one_line_per_node_rewritten_and_a_pipe_only_the_last_li
     board = Board(pipe, ["node-0", "node-1"])
     board.progress("node-1", {"files_done": 1, "files": 4, "bytes_done": 10, "bytes": 40})
     board.show("node-0", "done 0", final=True)
-    assert pipe.getvalue() == "done 0\n"
+    assert pipe.getvalue() == "done 0\n"  # within PLAIN_EVERY of the start: the progress was not printed
+    monkeypatch.setattr(data, "PLAIN_EVERY", 0.0)
+    board.progress("node-1", {"files_done": 2, "files": 4, "bytes_done": 20, "bytes": 40})
+    assert pipe.getvalue() == "done 0\ndata on node-1: 2/4 files, 20 B of 40 B\n"
 
 
 def test_preflight_reads_each_urls_answer_in_order():

@@ -7,7 +7,7 @@ Credentials are the node's: the run's ENV file is sourced first when ENV is set 
 removed after it, as for SETUP), else boto3 finds the instance profile; no value is printed or put in argv.
 
 While it runs, each node's ``PROGRESS`` lines become one line per node on a terminal, rewritten in place; on
-anything else only the end is printed. Either way each node ends with one plain line (:func:`describe`):
+anything else (a pipe, CI) a plain line per node at most every :data:`PLAIN_EVERY` seconds. Either way each node ends with one plain line (:func:`describe`):
 ``data s3://b/p -> <dir> on node-0: 3 files (1.2 KiB) fetched, 0 unchanged, 0 deleted, 3 in all``.
 A node that fails stops the run before any rank starts: one line naming the node and its error's last line.
 The syncs carry the run id like a job's processes: Ctrl-C while they run stops them on every node and removes the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import shlex
 import threading
+import time
 from typing import TextIO
 
 from multinode.core.config import LaunchSpec
@@ -31,6 +32,7 @@ from multinode.plan.launchers.base import BASE_ENV, NodeCommand
 from multinode.plan.runtime import runtime_for
 from multinode.ssh.runner import RemoteRunner
 
+PLAIN_EVERY = 30.0  # seconds between a node's progress lines when the output is not a terminal
 # $1: the ENV file ("" if none); then the command. Sourced in a shell of its own: its values reach boto3 only.
 WITH_ENV = '[ -z "$1" ] || . "$1" || exit 1; shift; exec "$@"'
 
@@ -68,12 +70,14 @@ def describe(url: str, directory: str, node: str, report: dict) -> str:
 
 
 class Board:
-    """One line per node: rewritten in place on a terminal (ANSI cursor moves), printed once at the end otherwise."""
+    """One line per node: rewritten in place on a terminal (ANSI cursor moves); otherwise plain lines, a node's
+    progress at most every :data:`PLAIN_EVERY` seconds and its last line."""
 
     def __init__(self, out: TextIO, names: list[str]):
         self.out, self.names = out, names
         self.live = hasattr(out, "isatty") and out.isatty()
         self.lines = {name: f"data on {name}: listing" for name in names}
+        self.said = {name: time.monotonic() for name in names}
         self.lock = threading.Lock()
         if self.live:
             print("\n".join(self.lines.values()), file=out, flush=True)
@@ -85,7 +89,8 @@ class Board:
                 up = len(self.names) - self.names.index(node)
                 self.out.write(f"\x1b[{up}A\r\x1b[2K{line}\x1b[{up}B\r")
                 self.out.flush()
-            elif final:
+            elif final or time.monotonic() - self.said[node] >= PLAIN_EVERY:
+                self.said[node] = time.monotonic()
                 print(line, file=self.out, flush=True)
 
     def progress(self, node: str, done: dict) -> None:
