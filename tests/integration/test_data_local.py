@@ -24,8 +24,8 @@ pytestmark = pytest.mark.integration
 BUCKET, PREFIX = "dset", "train"
 DATA = f"s3://{BUCKET}/{PREFIX}"
 FILES = {"a.bin": 70_000, "b.bin": 1_000, "sub/c.bin": 5_000, "sub/deeper/d.txt": 12}
-LINE = re.compile(r"data s3://\S+ -> (\S+) on (node-\d+): (\d+) files? \((\d+) bytes, [^)]*\) fetched, (\d+) unchanged, "
-                  r"(\d+) deleted, (\d+) in all")
+LINE = re.compile(r"data on (node-\d+): (\d+) files? \((\d+) bytes, [^)]*\) fetched, (\d+) unchanged, (\d+) deleted, "
+                  r"(\d+) in all, s3://\S+ -> (\S+)")
 
 COUNT_SCRIPT = """import hashlib, json, os
 root = os.environ["MULTINODE_DATA_DIR"]
@@ -60,7 +60,7 @@ def _train(cluster, project: Path, node_url: str, run_id: str, data: str = DATA)
 
 
 def _lines(text: str) -> dict[str, tuple]:
-    return {m[2]: (m[1], int(m[3]), int(m[4]), int(m[5]), int(m[6]), int(m[7])) for m in LINE.finditer(text)}
+    return {m[1]: (m[7], int(m[2]), int(m[3]), int(m[4]), int(m[5]), int(m[6])) for m in LINE.finditer(text)}
 
 
 def _object_reads(recording: Path) -> list[str]:

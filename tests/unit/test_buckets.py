@@ -77,7 +77,7 @@ def test_the_ranks_are_told_where_the_data_and_the_bucket_are():
 def test_a_node_line_says_what_was_fetched():
     report = {"files": 4, "bytes": 9, "fetched": 1, "fetched_bytes": 2048, "unchanged": 3, "deleted": 0}
     assert describe("s3://b/p", "/d", "node-0", report) == (
-        "data s3://b/p -> /d on node-0: 1 file (2048 bytes, 2.0 KiB) fetched, 3 unchanged, 0 deleted, 4 in all")
+        "data on node-0: 1 file (2048 bytes, 2.0 KiB) fetched, 3 unchanged, 0 deleted, 4 in all, s3://b/p -> /d")
 
 
 class _Terminal(io.StringIO):
@@ -86,14 +86,17 @@ class _Terminal(io.StringIO):
 
 
 def test_a_terminal_gets_one_line_per_node_rewritten_and_a_pipe_plain_lines(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "50")  # shutil.get_terminal_size reads it first
     tty = _Terminal()
     board = Board(tty, ["node-0", "node-1"])
     board.progress("node-1", {"files_done": 1, "files": 4, "bytes_done": 10, "bytes": 40})
     board.show("node-0", "done 0", final=True)
+    board.show("node-0", "x" * 60, final=True)
     text = tty.getvalue()
     assert text.startswith("data on node-0: listing\ndata on node-1: listing\n")
     assert "\x1b[1A\r\x1b[2Kdata on node-1: 1/4 files, 10 B of 40 B\x1b[1B\r" in text
     assert "\x1b[2A\r\x1b[2Kdone 0\x1b[2B\r" in text
+    assert f"\x1b[2A\r\x1b[2K{'x' * 49}\x1b[2B\r" in text  # cut to the terminal's width: no wrapped line
     pipe = io.StringIO()
     board = Board(pipe, ["node-0", "node-1"])
     board.progress("node-1", {"files_done": 1, "files": 4, "bytes_done": 10, "bytes": 40})

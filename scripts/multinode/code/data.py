@@ -8,7 +8,8 @@ removed after it, as for SETUP), else boto3 finds the instance profile; no value
 
 While it runs, each node's ``PROGRESS`` lines become one line per node on a terminal, rewritten in place; on
 anything else (a pipe, CI) a plain line per node at most every :data:`PLAIN_EVERY` seconds. Either way each node ends with one plain line (:func:`describe`):
-``data s3://b/p -> <dir> on node-0: 3 files (1.2 KiB) fetched, 0 unchanged, 0 deleted, 3 in all``.
+``data on node-0: 3 files (1234 bytes, 1.2 KiB) fetched, 0 unchanged, 0 deleted, 3 in all, s3://b/p -> <dir>``
+(on a terminal cut to its width, the paths last).
 A node that fails stops the run before any rank starts: one line naming the node and its error's last line.
 The syncs carry the run id like a job's processes: Ctrl-C while they run stops them on every node and removes the
 ENV files (test_data_local.py shows nothing left; closing the connections alone also ends them there).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import shutil
 import threading
 import time
 from typing import TextIO
@@ -64,9 +66,9 @@ def _size(n: float) -> str:
 def describe(url: str, directory: str, node: str, report: dict) -> str:
     """The node's last line (module doc)."""
     fetched = report["fetched"]
-    return (f"data {url} -> {directory} on {node}: {fetched} file{'s' * (fetched != 1)} "
-            f"({report['fetched_bytes']} bytes, {_size(report['fetched_bytes'])}) fetched, {report['unchanged']} "
-            f"unchanged, {report['deleted']} deleted, {report['files']} in all")
+    return (f"data on {node}: {fetched} file{'s' * (fetched != 1)} ({report['fetched_bytes']} bytes, "
+            f"{_size(report['fetched_bytes'])}) fetched, {report['unchanged']} unchanged, {report['deleted']} deleted, "
+            f"{report['files']} in all, {url} -> {directory}")
 
 
 class Board:
@@ -85,9 +87,10 @@ class Board:
     def show(self, node: str, line: str, final: bool = False) -> None:
         with self.lock:
             self.lines[node] = line
-            if self.live:
+            if self.live:  # a line longer than the terminal would wrap and move the others: cut it
                 up = len(self.names) - self.names.index(node)
-                self.out.write(f"\x1b[{up}A\r\x1b[2K{line}\x1b[{up}B\r")
+                width = shutil.get_terminal_size().columns - 1
+                self.out.write(f"\x1b[{up}A\r\x1b[2K{line[:width]}\x1b[{up}B\r")
                 self.out.flush()
             elif final or time.monotonic() - self.said[node] >= PLAIN_EVERY:
                 self.said[node] = time.monotonic()
