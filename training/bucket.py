@@ -45,9 +45,11 @@ def split(url: str) -> tuple[str, str]:
 
 
 def client():
+    """An S3 client of a session of its own: boto3's default session is not safe to share between threads (the
+    uploader's and the trainer's), and a new session reads the environment again."""
     import boto3  # pinned in pyproject.toml (boto3==1.44.5)
 
-    return boto3.client("s3")
+    return boto3.session.Session().client("s3")
 
 
 def _objects(s3, bucket: str, prefix: str):
