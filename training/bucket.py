@@ -201,7 +201,7 @@ def _code(err: BaseException) -> str:
 
 def missing(url: str, need_objects: bool) -> str | None:
     """What keeps this node from using ``url``, in a few words (None: nothing): boto3, credentials, the
-    endpoint, the bucket, or (``need_objects``) any object under the prefix."""
+    endpoint, the bucket, listing the prefix, or (``need_objects``) any object under it."""
     bucket, prefix = split(url)
     try:
         s3 = client()
@@ -209,14 +209,15 @@ def missing(url: str, need_objects: bool) -> str | None:
         return "boto3 is not installed in this node's Python (pip install boto3==1.44.5, e.g. in SETUP or the image)"
     try:
         s3.head_bucket(Bucket=bucket)
-        if need_objects and not s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1).get("KeyCount"):
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)  # both read the prefix by listing it
+        if need_objects and not listed.get("KeyCount"):
             return f"no object under {prefix or '/'} in bucket {bucket}"
     except Exception as err:  # noqa: BLE001 -- one line for any of boto3's errors, by its code only
         code = _code(err)
         if code in ("404", "NoSuchBucket"):
             return f"bucket {bucket} does not exist"
         if code in ("403", "AccessDenied"):
-            return f"access to bucket {bucket} is denied with this node's credentials"
+            return f"access to bucket {bucket} (prefix {prefix or '/'}) is denied with this node's credentials"
         if code == "NoCredentialsError":
             return "no AWS credentials on this node (pass them by name with ENV, or give the instance a profile)"
         if code == "EndpointConnectionError":

@@ -47,6 +47,8 @@ def restore(trainer) -> dict | None:
     remote = upload.fetch_freshest if upload.where() else None  # when no rank holds a snapshot
     loaded = snapshot.load_freshest(t.snapshot_dir, world.rank, trainer.gather, trainer.broadcast, remote)
     if loaded is None:
+        if remote is not None:
+            log.info("no snapshot on any rank nor of this run in %s: a fresh start", upload.where()[0])
         return None
     state = loaded.state
     trainer.model.load_state_dict(state["model"])
