@@ -83,6 +83,27 @@ def test_a_user_script_uploads_and_fetches_its_checkpoint_with_the_helper(shared
     assert "UPLOADED_STEP 10" in runs[1], runs[1]
 
 
+def test_the_freshest_complete_copy_is_the_one_whose_bytes_match(moto, monkeypatch):
+    """training/bucket.py against moto from this process: a copy without its checksum object, or whose bytes do not
+    match it, is passed over for the next freshest; only the two newest complete copies are kept."""
+    from training import bucket
+
+    url, _port = moto
+    monkeypatch.setenv("AWS_ENDPOINT_URL", url)
+    for key, value in CREDENTIALS.items():
+        monkeypatch.setenv(key, value)
+    s3 = s3_client(url)
+    where = f"s3://{BUCKET}/layout"
+    for order in (1, 2, 3):
+        bucket.put_copy(where, "r", f"copy {order}".encode(), order)
+    listed = {o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET, Prefix="layout/")["Contents"]}
+    assert listed == {f"layout/r/ckpt-{o:020d}/{name}" for o in (2, 3) for name in ("snapshot.pt", "snapshot.sha256")}
+    s3.put_object(Bucket=BUCKET, Key=f"layout/r/ckpt-{4:020d}/snapshot.pt", Body=b"copy 4, no checksum yet")
+    s3.put_object(Bucket=BUCKET, Key=f"layout/r/ckpt-{3:020d}/snapshot.pt", Body=b"copy 3, torn")
+    assert bucket.freshest_copy(where, "r") == (b"copy 2", f"{where}/r/ckpt-{2:020d}/snapshot.pt")
+    assert bucket.freshest_copy(where, "another-run") is None
+
+
 def test_a_missing_checkpoint_bucket_is_one_line_at_preflight(shared_cluster3, moto):
     _url, port = moto
     with relay(bridge_address(shared_cluster3.inventory()), port) as node_url:

@@ -151,3 +151,31 @@ def test_no_snapshot_on_any_rank_takes_the_remote_copy(tmp_path):
     asked = []
     local = snapshot.load_freshest(tmp_path, 0, lambda x: [x], lambda x, src: x, remote=lambda: asked.append(1))
     assert local.state["next_epoch"] == 1 and not asked
+
+
+@pytest.mark.parametrize("error, said", [
+    ({"Error": {"Code": "404"}}, "bucket bkt does not exist"),
+    ({"Error": {"Code": "403"}}, "access to bucket bkt (prefix p/) is denied with this node's credentials"),
+    ({"Error": {"Code": "SlowDown"}}, "bucket bkt: SlowDown"),
+])
+def test_preflight_names_what_keeps_a_node_from_its_bucket(monkeypatch, error, said):
+    from botocore.exceptions import ClientError
+
+    class Refusing:
+        def head_bucket(self, Bucket):
+            raise ClientError(error, "HeadBucket")
+
+    monkeypatch.setattr(bucket, "client", Refusing)
+    assert bucket.missing("s3://bkt/p", need_objects=False) == said
+
+
+def test_preflight_without_credentials_says_how_to_give_them(monkeypatch):
+    from botocore.exceptions import NoCredentialsError
+
+    class Anonymous:
+        def head_bucket(self, Bucket):
+            raise NoCredentialsError()
+
+    monkeypatch.setattr(bucket, "client", Anonymous)
+    assert bucket.missing("s3://bkt/p", need_objects=True).startswith(
+        "no AWS credentials on this node (pass them by name with ENV")
