@@ -12,6 +12,11 @@ size continues bitwise; another one re-shards the rest of the epoch and recomput
 logs the plan and prints ``RESUMED {json}`` (epoch, consumed, step, world_size_before, world_size,
 global_batch, accum, micro_batch, snapshot_from).
 
+With CHECKPOINT_URL (``MULTINODE_CHECKPOINT_URL``), rank 0 hands every snapshot it wrote, with the checksum written
+beside it, to the background uploader (:mod:`training.upload`); a start that finds no snapshot on any rank takes
+the run's freshest complete copy from the bucket (``snapshot_from`` is then its ``s3://`` URL), and
+:func:`finish_uploads` waits for the uploads in flight and reports their time.
+
 ``--crash-during-snapshot k`` (a drill) SIGKILLs rank 0 halfway through writing the snapshot that follows
 epoch k, on the job's first attempt only, so the restarted job resumes from the previous snapshot.
 """
@@ -30,6 +35,8 @@ import torch
 
 from . import preempt, replica, runlog, sampler, snapshot
 
+from . import upload
+
 log = logging.getLogger("training")
 
 
@@ -37,8 +44,11 @@ def restore(trainer) -> dict | None:
     """Load the freshest snapshot any rank holds into ``trainer``, its batch plan included; what rank 0 prints
     as ``RESUMED`` (None when there is no snapshot: a fresh start)."""
     t, world = trainer.t, trainer.world
-    loaded = snapshot.load_freshest(t.snapshot_dir, world.rank, trainer.gather, trainer.broadcast)
+    remote = upload.fetch_freshest if upload.where() else None  # when no rank holds a snapshot
+    loaded = snapshot.load_freshest(t.snapshot_dir, world.rank, trainer.gather, trainer.broadcast, remote)
     if loaded is None:
+        if remote is not None:
+            log.info("no snapshot on any rank nor of this run in %s: a fresh start", upload.where()[0])
         return None
     state = loaded.state
     trainer.model.load_state_dict(state["model"])
@@ -64,7 +74,7 @@ def restore(trainer) -> dict | None:
     return {"epoch": trainer.start_epoch, "consumed": done, "step": trainer.step, "world_size_before": before,
             "world_size": world.world_size, "global_batch": trainer.plan.global_batch,
             "accum": trainer.plan.accum, "micro_batch": trainer.plan.micro_batch,
-            "snapshot_from": f"{loaded.host}:{loaded.path}"}
+            "snapshot_from": f"{loaded.host}:{loaded.path}" if loaded.host else loaded.path}
 
 
 def state_of(trainer, next_epoch: int, consumed: int) -> dict:
@@ -93,6 +103,9 @@ def save(trainer, next_epoch: int, consumed: int = 0) -> replica.Copies | None:
             crash = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731  (a drill: die mid-write)
         blob = snapshot.encode(state_of(trainer, next_epoch, consumed))
         path = snapshot.write(trainer.t.snapshot_dir, blob, before_rename=crash)
+        if trainer.uploader is not None:  # the checksum written beside it goes up with it
+            digest = (path.parent / snapshot.SUM).read_text().split()[0]
+            trainer.uploader.submit(blob, next_epoch * snapshot.BATCH_SPAN + consumed, digest)
         log.info("snapshot saved: %s (next epoch %d%s)", path, next_epoch,
                  f" consumed {consumed} samples" if consumed else "")
     if trainer.world.backend is None:
@@ -116,12 +129,20 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
     seen = trainer.gather(mine)
     start = time.time()
     copies = save(trainer, epoch, consumed)
+    uploaded = None
+    if trainer.uploader is not None:  # the coordinated checkpoint goes up before the rank exits, within the grace
+        left = watcher.seconds_left()
+        uploaded = trainer.uploader.drain(max(1.0, left - 5.0) if left is not None else 90.0)
     first = min(((n, r) for r, n in enumerate(seen) if n), default=(None, None))
     report = {"notice": first[0][1] if first[0] else None, "noticed_by_rank": first[1],
               "noticed_on": first[0][2] if first[0] else None, "noticed_at": first[0][0] if first[0] else None,
               "stopped_at": {"epoch": epoch, "batch": batch, "step": step}, "stopped_time": start,
               "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch, "consumed": consumed},
               "copies": copies.places if copies else [], "exit_code": preempt.EXIT_PREEMPTED}
+    if uploaded is not None:
+        last = trainer.uploader.uploaded[-1:]
+        ours = last and last[0]["order"] == epoch * snapshot.BATCH_SPAN + consumed
+        report["uploaded"] = last[0]["url"] if uploaded and ours else None  # None: not (yet) in the bucket
     if trainer.world.rank == 0:
         runlog.announce("PREEMPTED", report)
         if trainer.t.metrics_dir:
@@ -129,3 +150,13 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
             (Path(trainer.t.metrics_dir) / "preempted.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
+
+def finish_uploads(trainer, timeout: float = 120.0) -> dict:
+    """Rank 0 with CHECKPOINT_URL: wait for the uploads in flight (at most ``timeout`` seconds); what RESULT
+    carries of them (``checkpoint_uploads``, ``checkpoint_upload_seconds``: their time, spent beside the steps)."""
+    uploader = getattr(trainer, "uploader", None)
+    if uploader is None:
+        return {}
+    if not uploader.drain(timeout):
+        log.warning("checkpoint upload to %s still running after %.0f s; not waiting longer", uploader.url, timeout)
+    return {"checkpoint_uploads": len(uploader.uploaded), "checkpoint_upload_seconds": round(uploader.seconds, 3)}

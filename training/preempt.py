@@ -30,17 +30,19 @@ where multinode is installed, ``training.preempt`` in its repository)::
 
 ``preempt.requested()`` says whether this process has seen a notice (no agreement: for one-process scripts).
 
-A peer lost without a notice (its node gone, its process killed, its link cut) makes the step's collective fail on
-every other rank. The weights and the optimizer are still as the last completed step left them (data parallelism
-averages the gradients before the optimizer's update), so a user script keeps them with :func:`on_peer_loss`
-around each step: ``save(err)`` is called on such a failure, then the error goes on (the job fails as before)::
+A peer lost without a notice makes the step's collective fail on every other rank, whose weights are still the last
+completed step's: :func:`on_peer_loss` around each step calls ``save(err)`` then (``training/survivor.py``)::
 
     for step in range(start, steps):
         with preempt.on_peer_loss(lambda err: save_checkpoint(step)):  # the steps before this one are done
             train_one_step()
 
-Our trainer does the same (``training/survivor.py``). On NCCL set ``TORCH_NCCL_ASYNC_ERROR_HANDLING=2`` (our trainer
-does), or the watchdog ends the process before the error reaches the loop.
+With CHECKPOINT_URL, a user script's own checkpoint goes to the bucket the same way as our trainer's
+(:mod:`training.upload`: from this node, on a background thread, with its sha256)::
+
+    preempt.upload_checkpoint("ckpt.pt", step)      # returns at once; the freshest submitted file wins
+    preempt.wait_for_uploads(60)                   # before exiting 75, within the grace
+    url = preempt.fetch_checkpoint("ckpt.pt")       # a start on a new cluster: the freshest complete copy, or None
 """
 
 from __future__ import annotations
@@ -48,7 +50,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
 import threading
 import time
@@ -214,34 +215,12 @@ class Agreement:
         return False
 
 
-# What a collective's failure says (gloo, NCCL, the c10d store): anything else is not a lost peer.
-PEER_GONE = re.compile(r"gloo|NCCL|ProcessGroup|c10d|Connection (reset|closed|refused)|[Tt]imed out|Broken pipe|"
-                       r"[Ss]ocket")
-
-
-def lost_peer(err: BaseException) -> bool:
-    """Whether ``err`` is a collective that failed because a peer is gone (torch's DistError, or gloo's and NCCL's
-    RuntimeError: "Connection reset by peer", a timeout)."""
-    try:
-        import torch.distributed as dist
-
-        if isinstance(err, dist.DistError):
-            return True
-    except ImportError:
-        pass
-    return isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err)))
-
-
-@contextlib.contextmanager
 def on_peer_loss(save):
-    """Around one step of a user's loop: ``save(err)`` when the step's collective fails because a peer is gone
-    (:func:`lost_peer`), then the error is raised again (module doc)."""
-    try:
-        yield
-    except Exception as err:
-        if lost_peer(err):
-            save(err)
-        raise
+    """Around one step of a user's loop: ``save(err)`` when its collective fails because a peer is gone, then the
+    error is raised again (:func:`training.survivor.on_peer_loss`; module doc)."""
+    from .survivor import on_peer_loss as around
+
+    return around(save)
 
 
 def torch_all_reduce_max(device=None):
@@ -280,3 +259,41 @@ def guard(device=None):
         yield _Guard(Agreement(watcher, torch_all_reduce_max(device)))
     finally:
         watcher.close()
+
+
+_UPLOADER = None
+
+
+def upload_checkpoint(path, step: int) -> bool:
+    """CHECKPOINT_URL: upload the file at ``path`` as this run's copy ``step`` (later steps are fresher) in the
+    background; False (nothing done) when no CHECKPOINT_URL was given."""
+    global _UPLOADER
+    from . import upload  # only here: the notice guard's private copy of this file has no upload module
+
+    _UPLOADER = _UPLOADER or upload.Uploader.from_env()
+    if _UPLOADER is None:
+        return False
+    with open(path, "rb") as fh:
+        blob = fh.read()
+    _UPLOADER.submit(blob, int(step))
+    return True
+
+
+def wait_for_uploads(timeout: float | None = None) -> bool:
+    """Wait until the checkpoints handed to :func:`upload_checkpoint` are in the bucket (False: ``timeout`` first)."""
+    return True if _UPLOADER is None else _UPLOADER.drain(timeout)
+
+
+def fetch_checkpoint(path) -> str | None:
+    """Write this run's freshest complete copy from CHECKPOINT_URL to ``path``; its ``s3://`` URL, or None when
+    there is no bucket or no copy (nothing written)."""
+    from . import upload
+
+    found = upload.fetch_freshest()
+    if found is None:
+        return None
+    tmp = f"{path}.part"
+    with open(tmp, "wb") as fh:
+        fh.write(found[0])
+    os.replace(tmp, path)
+    return found[1]

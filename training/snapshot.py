@@ -169,13 +169,18 @@ class Loaded:
     path: str
 
 
-def load_freshest(directory: str | Path | None, rank: int, gather, broadcast) -> Loaded | None:
-    """:func:`load_everywhere`, and where the snapshot came from (the rank, its host and the file)."""
+def load_freshest(directory: str | Path | None, rank: int, gather, broadcast, remote=None) -> Loaded | None:
+    """:func:`load_everywhere`, and where the snapshot came from (the rank, its host and the file). When no rank
+    holds one, ``remote() -> (blob, where) | None`` (a bucket's freshest complete copy) is asked on rank 0 and
+    broadcast; its ``host`` is then empty and its ``path`` the copy's URL."""
     key, blob, path = freshest_copy_here(directory)
     offers = gather((key, socket.gethostname(), path))
     keys = [offer[0] for offer in offers]
     if max(keys) < 0:
-        return None
+        if remote is None:
+            return None
+        found = broadcast(remote() if rank == 0 else None, 0)
+        return None if found is None else Loaded(decode(found[0]), 0, "", found[1])
     src = keys.index(max(keys))
     blob = broadcast(blob if rank == src else None, src)
     return Loaded(decode(blob), src, offers[src][1], offers[src][2])

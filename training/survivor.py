@@ -25,11 +25,37 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import socket
 
-from . import preempt, snapshot
+from . import snapshot
 
 log = logging.getLogger("training")
+
+# What a collective's failure says (gloo, NCCL, the c10d store): anything else is not a lost peer.
+PEER_GONE = re.compile(r"gloo|NCCL|ProcessGroup|c10d|Connection (reset|closed|refused)|[Tt]imed out|Broken pipe|"
+                       r"[Ss]ocket")
+
+
+def lost_peer(err: BaseException) -> bool:
+    """Whether ``err`` is a collective that failed because a peer is gone (torch's DistError, or gloo's and NCCL's
+    RuntimeError: "Connection reset by peer", a timeout)."""
+    import torch.distributed as dist
+
+    return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err))))
+
+
+@contextlib.contextmanager
+def on_peer_loss(save):
+    """Around one step of a user's loop (``training.preempt.on_peer_loss``): ``save(err)`` on a lost peer, then the
+    error raised again."""
+    try:
+        yield
+    except Exception as err:
+        if lost_peer(err):
+            save(err)
+        raise
+
 
 @contextlib.contextmanager
 def keep(trainer, epoch: int, step):
@@ -42,7 +68,7 @@ def keep(trainer, epoch: int, step):
     try:
         yield
     except Exception as err:
-        if not preempt.lost_peer(err):
+        if not lost_peer(err):
             raise
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size

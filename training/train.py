@@ -138,6 +138,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
                  result: dict) -> int:
     """Our Trainer on ``workload``, its figures added to ``result``; 0, or the exit code of a run stopped
     early: 3 by ``--stop-after-epoch``, 75 (``preempt.EXIT_PREEMPTED``) by a notice."""
+    from .checkpoint import finish_uploads
     from .preempt import EXIT_PREEMPTED
     from .trainer import Preempted, StoppedAfterEpoch, Trainer
 
@@ -158,6 +159,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
         log.warning("%s: exit %d (preempted, not failed)", stop, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
     finally:
+        result.update(finish_uploads(trainer))
         trainer.close()
         del trainer
         gc.collect()

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from . import checkpoint, preempt, replica, sampler, survivor
+from . import checkpoint, preempt, replica, sampler, survivor, upload
 from .ddp_comm import CommTimer, settle_buckets
 from .config import Config
 from .dist_env import World
@@ -89,6 +89,7 @@ class Trainer:
         self.plan = sampler.BatchPlan.fresh(self.t.batch_size, self.t.grad_accum, world.world_size)
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
+        self.uploader = upload.Uploader.from_env() if world.rank == 0 else None  # CHECKPOINT_URL: rank 0 uploads
         resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
         log.info("%s", self.plan.describe())
         if resumed is not None and world.rank == 0:

@@ -1,6 +1,6 @@
 """``training.preempt.on_peer_loss`` in a user's loop, on a real gloo process group (two processes on this machine,
 DDP, one SIGKILLed mid-loop): the survivor's ``save`` is called once, with the last completed step, and the error
-still ends its loop. Also what :func:`training.preempt.lost_peer` takes for a lost peer and what it does not."""
+still ends its loop. Also what :func:`training.survivor.lost_peer` takes for a lost peer and what it does not."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from bench.drills.common import REPO
-from training import preempt
+from training import survivor
 
 pytestmark = pytest.mark.integration
 
@@ -64,14 +64,14 @@ def test_the_survivor_saves_its_last_completed_step_when_a_peer_is_killed(tmp_pa
     assert not (tmp_path / "saved.json.1").exists(), res.stderr[-2000:]
     saved = json.loads((tmp_path / "saved.json.0").read_text())
     assert len(saved) == 1 and saved[0]["step"] == 20, (saved, res.stderr[-2000:])  # steps 0-19 done: step 20 failed
-    assert preempt.lost_peer(RuntimeError(saved[0]["error"])), saved
+    assert survivor.lost_peer(RuntimeError(saved[0]["error"])), saved
 
 
 def test_what_is_a_lost_peer():
     import torch.distributed as dist
 
-    assert preempt.lost_peer(RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:10139: "
+    assert survivor.lost_peer(RuntimeError("[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:10139: "
                                           "Connection reset by peer"))
-    assert preempt.lost_peer(dist.DistBackendError("NCCL communicator was aborted"))
-    assert not preempt.lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 8x16)"))
-    assert not preempt.lost_peer(ValueError("Connection reset by peer"))  # not a collective's error type
+    assert survivor.lost_peer(dist.DistBackendError("NCCL communicator was aborted"))
+    assert not survivor.lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x16 and 8x16)"))
+    assert not survivor.lost_peer(ValueError("Connection reset by peer"))  # not a collective's error type

@@ -15,11 +15,12 @@ and run id (:mod:`multinode.plan.runtime`).
    opened once, with the run's stop policy (GRACE), and held as long;
 3. per attempt -- **pre-flight**, every node in parallel: SSH, the runtime's checks, the MPI SSH mesh, the
    rendezvous port, and in the same round the software probe (skew) and what each node holds of the code; then
-   the link check and the GPU smoke test. A refused first attempt has started nothing and leaves no run directory;
-   **prepare**: one incremental sync of the code, SETUP, the -m module check, the run directory, the plan's files,
-   the ENV files, the MPI credentials; **launch** and **watch**: the backend's, with the stall watchdog and, on
-   fewer nodes than asked, the grow-back (:mod:`multinode.app.growback`); a failure, stall or deadline first lets
-   the run look at the live ranks; **sweep**: every process tagged with the run id (and the runtime's containers)
+   the buckets (DATA, CHECKPOINT_URL: :mod:`multinode.code.bucketcheck`), the link check and the GPU smoke test.
+   A refused first attempt has started nothing and leaves no run directory;
+   **prepare**: one incremental sync of the code, SETUP, the -m module check, DATA mirrored by every node
+   (:mod:`multinode.code.data`), the run directory, the plan's files, the ENV files, the MPI credentials;
+   **launch** and **watch**: the backend's, with the stall watchdog and, on fewer nodes than asked, the grow-back
+   (:mod:`multinode.app.growback`); a failure, stall or deadline first lets the run look at the live ranks; **sweep**: every process tagged with the run id (and the runtime's containers)
    stopped, however the job ended; **summarize**: the backend's :class:`~multinode.core.outcome.Outcome` made a
    :class:`~multinode.diagnose.summary.RunSummary` (the root cause of a failure from the ranks alive at failure
    time and the nodes' logs) and saved -- ``summary.json`` is written here and nowhere else;
@@ -44,7 +45,9 @@ from multinode.backends.base import Claim, JobPlan, RunContext
 from multinode.checks.gpu import gpu_smoke
 from multinode.checks.preflight import preflight, start_mpi_sshds
 from multinode.checks.software import check_code
+from multinode.code.bucketcheck import check_buckets
 from multinode.code.credentials import sync_mpi_credentials
+from multinode.code.data import sync_data
 from multinode.code.prepare import prepare_project, remove_env_files, write_env_files
 from multinode.code.project import ResolvedProject, resolve_entry
 from multinode.code.sync import read_manifest
@@ -160,6 +163,7 @@ class Run:
                             port=attempt.backend.rendezvous_port(ctx.spec), timeout=ctx.spec.preflight_timeout,
                             reads=reads)
         reach.check_software(ctx, answers.get("versions"))
+        check_buckets(ctx.runner, ctx.spec)  # DATA and CHECKPOINT_URL usable from every node
         self.phases.mark("pre-flight")
         attempt.links = reach.link_check(ctx, ctx.spec.linkcheck)
         if attempt.links is not None:
@@ -180,6 +184,9 @@ class Run:
                        ctx.spec.skew)
         plan = backend.finish_plan(ctx, attempt.plan)
         self.phases.mark("sync")
+        if ctx.spec.data:  # DATA mirrored by every node into its DATA_DIR
+            sync_data(ctx.runner, ctx.spec, self.out)
+            self.phases.mark("data")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         backend.record(ctx, plan)
         if ctx.spec.uses_mpi:
@@ -225,6 +232,8 @@ class Run:
         """A node that comes back (rebooted or replaced) gets the code, the job's files and the ENV file again."""
         ctx = attempt.ctx
         prepare_project(ctx.runner, ctx.spec, self.code, self.out, names=[node])
+        if ctx.spec.data:
+            sync_data(ctx.runner, ctx.spec, self.out, names=[node])
         write_env_files(ctx.runner, ctx.spec, names=[node])
         attempt.backend.write_files(ctx, attempt.plan, names=[node])
 

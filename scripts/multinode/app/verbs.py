@@ -138,7 +138,8 @@ def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Se
     task = settled.task if settled else None
     if spec.resume and not spec.dry_run:
         spec = replace(spec, run_id=resumable_run(state))
-        print(f"RESUME=1: continuing run {spec.run_id} from its freshest snapshot", file=out or sys.stdout)
+        where = " (on the nodes, else in CHECKPOINT_URL)" if spec.checkpoint_url else ""
+        print(f"RESUME=1: continuing run {spec.run_id} from its freshest snapshot{where}", file=out or sys.stdout)
     try:
         inventory = state.load_inventory()
         run = Run(state, inventory, spec, out)

@@ -107,6 +107,34 @@ def _check_preemption(spec: "LaunchSpec") -> None:
                         f"node, e.g. RECOVER_WAIT={DEFAULT_RECOVER_WAIT:g}")
 
 
+BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")  # S3's bucket naming rules (3-63 characters)
+
+
+def split_bucket_url(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix/"); ("bucket", "") for the whole bucket."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def _check_buckets(spec: "LaunchSpec") -> None:
+    """DATA, DATA_DIR, CHECKPOINT_URL: the form only (whether the bucket exists is pre-flight's, on the nodes)."""
+    for name, url in (("DATA", spec.data), ("CHECKPOINT_URL", spec.checkpoint_url)):
+        if url is None:
+            continue
+        if not url.startswith("s3://"):
+            raise UserError(f"{name}={url!r} is not a bucket URL; give it as s3://bucket/prefix")
+        if not BUCKET.match(split_bucket_url(url)[0]):
+            raise UserError(f"{name}={url!r}: {split_bucket_url(url)[0]!r} is not a bucket name (3-63 lower-case "
+                            f"letters, digits, dots and hyphens); give it as s3://bucket/prefix")
+    if spec.data_dir is not None and spec.data is None:
+        raise UserError(f"DATA_DIR={spec.data_dir} says where DATA lands on the nodes, but DATA is not set; set "
+                        f"DATA=s3://bucket/prefix or drop DATA_DIR")
+    if spec.data_dir is not None and not spec.data_dir.startswith("/"):
+        raise UserError(f"DATA_DIR={spec.data_dir!r} must be an absolute path on the nodes, e.g. /data; leave it "
+                        f"unset for each node's work directory's data/")
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What `train` runs. ``nodes`` is how many of the cluster's nodes take part (head first)."""
@@ -164,6 +192,17 @@ class LaunchSpec:
     recover_wait: float = setting(DEFAULT_RECOVER_WAIT, SECONDS, "seconds to wait for a replacement node before "
                                   "going on without it; also how often a run on fewer nodes asks again", task=True,
                                   metavar="SECONDS")
+    # Buckets (docs/data.md, docs/checkpoints.md): each node reads and writes them itself.
+    data: str | None = setting(None, TEXT, "s3://bucket/prefix synced to DATA_DIR on every node before the job "
+                               "(only what changed, by ETag and size)", task=True, metavar="s3://BUCKET/PREFIX",
+                               see="[data.md](data.md)")
+    data_dir: str | None = setting(None, TEXT, "where DATA lands on each node, an absolute path (unset: "
+                                   "data/ in the node's work directory)", task=True, metavar="PATH",
+                                   see="[data.md](data.md)")
+    checkpoint_url: str | None = setting(None, TEXT, "s3://bucket/prefix: every snapshot of our trainer is uploaded "
+                                         "there from its node; RESUME=1 on a new cluster continues from it",
+                                         task=True, metavar="s3://BUCKET/PREFIX",
+                                         see="[checkpoints.md](checkpoints.md)")
     # Per command, not part of a task:
     run_id: str = setting(None, TEXT, "the run's id (unset: a new one, date-time-random)", default_factory=new_run_id,
                           make=None)
@@ -229,6 +268,7 @@ class LaunchSpec:
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")
         _check_preemption(self)
+        _check_buckets(self)
 
     @property
     def module(self) -> str | None:

@@ -5,6 +5,7 @@ disk, as cloud nodes have separate disks):
 
     <workdir>/code/            what was synced: our trainer (``training/``) or the user's project (``project/``)
     <workdir>/env/             the node's SETUP environment (multinode.code.setup)
+    <workdir>/data/            DATA's copy, kept between runs (unless DATA_DIR says elsewhere; multinode.code.data)
     <workdir>/runs/<run id>/   what a run writes on that node: snapshots, metrics, heartbeats, the ENV file
 """
 
@@ -32,3 +33,8 @@ def setup_env_dir(inventory: Inventory, node_name: str) -> str:
     """The node's own SETUP environment."""
     return f"{inventory.workdir_for(node_name)}/env"
 
+
+
+def data_dir(inventory: Inventory, node_name: str, chosen: str | None = None) -> str:
+    """Where DATA lands on a node: DATA_DIR (``chosen``) or the node's own ``data/``, kept between runs."""
+    return chosen or f"{inventory.workdir_for(node_name)}/data"

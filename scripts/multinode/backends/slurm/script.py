@@ -33,8 +33,9 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, collective_env, entry_dir,
-                                           grace_env, guard_argv, iface_for_subnet, node_python, trainer_args)
+from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, bucket_env, collective_env,
+                                           entry_dir, grace_env, guard_argv, iface_for_subnet, node_python,
+                                           trainer_args)
 from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, as_user, env_contract
 from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
@@ -243,7 +244,7 @@ def _sbatch_script(spec: LaunchSpec, head_dir: str, partition: str | None, launc
         f"mkdir -p {shlex.quote(head_dir)}",
         # GRACE: SIGTERM (scancel, preemption, --signal) is a notice to the ranks; SLURM sends SIGKILL after the
         # site's KillWait or GraceTime (slurm.conf), which a job cannot lengthen (multinode.backends.slurm.grace).
-        *[f"export {k}={shlex.quote(v)}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()],
+        *[f"export {k}={shlex.quote(v)}" for k, v in {**BASE_ENV, **grace_env(spec), **bucket_env(spec)}.items()],
         f"export MULTINODE_RUN_ID={shlex.quote(spec.run_id)}",
         *launch.env_lines,
         'MULTINODE_HEAD=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',

@@ -24,7 +24,7 @@ from multinode.core.config import LaunchSpec
 from multinode.core.envvars import MASK
 from multinode.core.errors import EXIT_PREEMPTED
 from multinode.core.inventory import Inventory, Node
-from multinode.core.nodepaths import code_dir, env_file, setup_env_dir
+from multinode.core.nodepaths import code_dir, data_dir, env_file, setup_env_dir
 from multinode.plan.launchers.words import cat, shell_join
 
 # GRACE (docs/preemption.md): every rank gets it as MULTINODE_GRACE, which training/preempt.py reads -- SIGTERM is
@@ -151,6 +151,16 @@ def grace_env(spec: LaunchSpec) -> dict[str, str]:
     return {GRACE_ENV: f"{spec.grace:g}"} if spec.grace is not None else {}
 
 
+def bucket_env(spec: LaunchSpec) -> dict[str, str]:
+    """MULTINODE_CHECKPOINT_URL for every rank when CHECKPOINT_URL is set (training/upload.py reads it)."""
+    return {"MULTINODE_CHECKPOINT_URL": spec.checkpoint_url} if spec.checkpoint_url else {}
+
+
+def data_env(inventory: Inventory, node_name: str, spec: LaunchSpec) -> dict[str, str]:
+    """MULTINODE_DATA_DIR, where DATA lies on ``node_name`` (multinode.code.data), when DATA is set."""
+    return {"MULTINODE_DATA_DIR": data_dir(inventory, node_name, spec.data_dir)} if spec.data else {}
+
+
 def preempt_mark(run_directory: str) -> str:
     """The file training.guard writes in the node's run directory when its command ended preempted."""
     return cat(run_directory, "/preempted")
@@ -252,8 +262,9 @@ def per_node_plan(name: str, inv: Inventory, spec: LaunchSpec,
     for node_rank, node in enumerate(inv.nodes):
         argv, own_env = node_command(node_rank, node)
         commands.append(NodeCommand(node=node.name, argv=argv, cwd=entry_dir(inv, node.name, entry),
-                                    env={**BASE_ENV, **grace_env(spec), **own_env, **network},
-                                    node_env={**project_node_env(inv, node.name, entry), **node_env},
+                                    env={**BASE_ENV, **grace_env(spec), **bucket_env(spec), **own_env, **network},
+                                    node_env={**project_node_env(inv, node.name, entry),
+                                              **data_env(inv, node.name, spec), **node_env},
                                     nproc=nproc_of(spec, node),
                                     env_file=env_file(inv, node.name, spec.run_id) if spec.env else None,
                                     secret_env=tuple(var.name for var in spec.env)))

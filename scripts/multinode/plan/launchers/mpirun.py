@@ -56,6 +56,8 @@ from multinode.plan.launchers.base import (
     LaunchPlan,
     NodeCommand,
     entry_dir,
+    bucket_env,
+    data_env,
     grace_env,
     guard_argv,
     guard_script,
@@ -197,7 +199,9 @@ def app_context(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, node: Node,
         # them): the run id goes into the environment the rank starts with, where the gang-stop and the stack
         # capture find ranks by it (/proc/<pid>/environ); so do BASE_ENV and the env:// variables, which torch and
         # accelerate read before any MPI call.
-        "env", f"MULTINODE_RUN_ID={spec.run_id}", *(f"{k}={v}" for k, v in {**BASE_ENV, **grace_env(spec)}.items()),
+        "env", f"MULTINODE_RUN_ID={spec.run_id}",
+        *(f"{k}={v}" for k, v in {**BASE_ENV, **grace_env(spec), **bucket_env(spec),
+                                  **data_env(inv, node.name, spec)}.items()),
         # The env:// contract: the values known here as words, the ones Open MPI gives read by RANK_ENV's shell.
         *(f"{k}={v}" for k, v in fixed(env_contract(OPEN_MPI, str(group_rank), inv.head.private_ip,
                                                      spec.rdzv_port)).items()),

@@ -1,0 +1,243 @@
+"""A bucket as a node uses it: DATA mirrored down, snapshots copied up, the freshest complete copy read back.
+
+Runs on the node, with the standard library and boto3 only, and imports nothing of ours: the orchestrator runs
+this file's text with the node's Python (``python -c <this file> sync|check ...``: :func:`main`) for DATA and
+for the pre-flight check, and the trainer imports it (:mod:`training.upload`).
+
+Credentials and endpoint are boto3's own chain, read on the node: the environment (``AWS_ACCESS_KEY_ID``... passed
+by name with ENV), else the instance profile through the metadata service (EC2). ``AWS_ENDPOINT_URL`` points every
+client at another S3 (the tests' moto server): botocore 1.44's ``configprovider.py`` reads it (``name=
+'AWS_ENDPOINT_URL'``), as the AWS SDKs reference guide's "Service-specific endpoints" page documents. Nothing here
+prints a credential: messages name the bucket, the prefix and boto3's error code only.
+
+The mirror (:func:`sync`): every object under the prefix lands at ``<dir>/<key less the prefix>``; a file is fetched
+only when its ETag or size differ from what ``<dir>/.multinode-data.json`` recorded at its last fetch (or the file
+is gone), so a second run with nothing changed fetches nothing; a file this mirror fetched whose object is gone is
+deleted; files of your own in the directory are left alone. Each file is written to ``.part`` and renamed.
+
+Checkpoint copies (:func:`put_copy`, :func:`freshest_copy`): ``<prefix><run id>/ckpt-<order>/snapshot.pt`` and then
+``snapshot.sha256`` (``<sha256> <size>``, the snapshot's own checksum line) -- a copy is complete once its checksum
+object exists and the bytes match it. ``order`` is the snapshot's freshness (later is larger). The two newest
+complete copies of a run are kept; older ones are deleted after a newer one is complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+STATE = ".multinode-data.json"
+BLOB, SUM = "snapshot.pt", "snapshot.sha256"
+KEEP = 2  # complete copies of a run kept in the bucket
+PROGRESS_SECONDS = 0.5
+
+
+def split(url: str) -> tuple[str, str]:
+    """``s3://bucket/some/prefix`` -> ("bucket", "some/prefix/"); ("bucket", "") for the whole bucket."""
+    bucket, _, prefix = url.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    return bucket, f"{prefix}/" if prefix else ""
+
+
+def client():
+    """An S3 client of a session of its own: boto3's default session is not safe to share between threads (the
+    uploader's and the trainer's), and a new session reads the environment again."""
+    import boto3  # pinned in pyproject.toml (boto3==1.44.5)
+
+    return boto3.session.Session().client("s3")
+
+
+def _objects(s3, bucket: str, prefix: str):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        yield from page.get("Contents", [])
+
+
+# --- DATA: the mirror --------------------------------------------------------------------------------------
+
+
+def _safe(rel: str) -> bool:
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and ".." not in parts and STATE not in parts
+
+
+def _fetch(s3, bucket: str, key: str, path: str, counted) -> int:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    part, size = f"{path}.part", 0
+    body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    with open(part, "wb") as fh:
+        for chunk in iter(lambda: body.read(1 << 20), b""):
+            fh.write(chunk)
+            size += len(chunk)
+            counted(len(chunk))
+    os.replace(part, path)
+    return size
+
+
+def _write_state(directory: str, state: dict) -> None:
+    tmp = os.path.join(directory, f".{STATE}.tmp")
+    with open(tmp, "w") as fh:
+        json.dump(state, fh)
+    os.replace(tmp, os.path.join(directory, STATE))
+
+
+def sync(url: str, directory: str, say=print) -> dict:
+    """Mirror ``url`` into ``directory`` (module doc); ``say`` gets ``PROGRESS {json}`` lines (at most two a
+    second) and the last line, ``SYNCED {json}``: files, bytes, fetched, fetched_bytes, unchanged, deleted,
+    seconds. The report is returned too."""
+    start = time.monotonic()
+    bucket, prefix = split(url)
+    s3 = client()
+    os.makedirs(directory, exist_ok=True)
+    try:
+        with open(os.path.join(directory, STATE)) as fh:
+            state = json.load(fh)
+    except (OSError, ValueError):
+        state = {}
+    listed = {o["Key"][len(prefix):]: o for o in _objects(s3, bucket, prefix) if not o["Key"].endswith("/")}
+    listed = {rel: o for rel, o in listed.items() if _safe(rel)}
+    wanted = {rel: [o["ETag"], o["Size"]] for rel, o in listed.items()}
+    todo = [rel for rel, tag in wanted.items()
+            if state.get(rel) != tag or not os.path.isfile(os.path.join(directory, rel))]
+    total = sum(wanted[rel][1] for rel in todo)
+    done, lock = {"bytes": 0, "files": 0, "said": 0.0}, threading.Lock()
+
+    def counted(n: int) -> None:
+        with lock:
+            done["bytes"] += n
+            now = time.monotonic()
+            if now - done["said"] < PROGRESS_SECONDS:
+                return
+            done["said"] = now
+            say("PROGRESS " + json.dumps({"files_done": done["files"], "files": len(todo),
+                                          "bytes_done": done["bytes"], "bytes": total}))
+
+    def one(rel: str) -> None:
+        state.pop(rel, None)  # not vouched for until fetched whole
+        _fetch(s3, bucket, prefix + rel, os.path.join(directory, rel), counted)
+        with lock:
+            state[rel] = wanted[rel]
+            done["files"] += 1
+
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            list(pool.map(one, todo))
+    finally:
+        _write_state(directory, state)
+    gone = [rel for rel in state if rel not in wanted]
+    for rel in gone:
+        try:
+            os.unlink(os.path.join(directory, rel))
+        except FileNotFoundError:
+            pass
+        del state[rel]
+    _write_state(directory, state)
+    report = {"files": len(wanted), "bytes": sum(size for _tag, size in wanted.values()), "fetched": len(todo),
+              "fetched_bytes": done["bytes"], "unchanged": len(wanted) - len(todo), "deleted": len(gone),
+              "seconds": round(time.monotonic() - start, 3)}
+    say("SYNCED " + json.dumps(report))
+    return report
+
+
+# --- checkpoint copies --------------------------------------------------------------------------------------
+
+
+def _copies(s3, bucket: str, base: str) -> dict[int, set[str]]:
+    """{order: the names present} of a run's copies under ``base`` (``<prefix><run id>/``)."""
+    found: dict[int, set[str]] = {}
+    for obj in _objects(s3, bucket, f"{base}ckpt-"):
+        folder, _, name = obj["Key"][len(base):].partition("/")
+        if folder[5:].isdigit():
+            found.setdefault(int(folder[5:]), set()).add(name)
+    return found
+
+
+def _key(base: str, order: int, name: str) -> str:
+    return f"{base}ckpt-{order:020d}/{name}"
+
+
+def put_copy(url: str, run_id: str, blob: bytes, order: int, digest: str | None = None) -> str:
+    """Upload ``blob`` as the run's copy ``order``, then its checksum (which makes it complete), then delete the
+    copies older than the :data:`KEEP` newest complete ones; the snapshot's ``s3://`` URL."""
+    bucket, prefix = split(url)
+    base, s3 = f"{prefix}{run_id}/", client()
+    digest = digest or hashlib.sha256(blob).hexdigest()
+    s3.put_object(Bucket=bucket, Key=_key(base, order, BLOB), Body=blob)
+    s3.put_object(Bucket=bucket, Key=_key(base, order, SUM), Body=f"{digest} {len(blob)}\n".encode())
+    complete = sorted((o for o, names in _copies(s3, bucket, base).items() if {BLOB, SUM} <= names), reverse=True)
+    for old in complete[KEEP:]:
+        for name in (SUM, BLOB):  # the checksum first: a half-deleted copy is never taken for complete
+            s3.delete_object(Bucket=bucket, Key=_key(base, old, name))
+    return f"s3://{bucket}/{_key(base, order, BLOB)}"
+
+
+def freshest_copy(url: str, run_id: str) -> tuple[bytes, str] | None:
+    """(bytes, s3 URL) of the run's freshest complete copy whose bytes match their checksum; None if none."""
+    bucket, prefix = split(url)
+    base, s3 = f"{prefix}{run_id}/", client()
+    for order in sorted(_copies(s3, bucket, base), reverse=True):
+        try:
+            line = s3.get_object(Bucket=bucket, Key=_key(base, order, SUM))["Body"].read().decode().split()
+            blob = s3.get_object(Bucket=bucket, Key=_key(base, order, BLOB))["Body"].read()
+        except Exception as err:  # noqa: BLE001 -- an object gone between the listing and the read
+            if _code(err) in ("NoSuchKey", "404"):
+                continue
+            raise
+        if line[:2] == [hashlib.sha256(blob).hexdigest(), str(len(blob))]:
+            return blob, f"s3://{bucket}/{_key(base, order, BLOB)}"
+    return None
+
+
+# --- pre-flight -------------------------------------------------------------------------------------------
+
+
+def _code(err: BaseException) -> str:
+    return str(getattr(err, "response", {}).get("Error", {}).get("Code", "")) or type(err).__name__
+
+
+def missing(url: str, need_objects: bool) -> str | None:
+    """What keeps this node from using ``url``, in a few words (None: nothing): boto3, credentials, the
+    endpoint, the bucket, listing the prefix, or (``need_objects``) any object under it."""
+    bucket, prefix = split(url)
+    try:
+        s3 = client()
+    except ImportError:
+        return "boto3 is not installed in this node's Python (pip install boto3==1.44.5, e.g. in SETUP or the image)"
+    try:
+        s3.head_bucket(Bucket=bucket)
+        listed = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)  # both read the prefix by listing it
+        if need_objects and not listed.get("KeyCount"):
+            return f"no object under {prefix or '/'} in bucket {bucket}"
+    except Exception as err:  # noqa: BLE001 -- one line for any of boto3's errors, by its code only
+        code = _code(err)
+        if code in ("404", "NoSuchBucket"):
+            return f"bucket {bucket} does not exist"
+        if code in ("403", "AccessDenied"):
+            return f"access to bucket {bucket} (prefix {prefix or '/'}) is denied with this node's credentials"
+        if code == "NoCredentialsError":
+            return "no AWS credentials on this node (pass them by name with ENV, or give the instance a profile)"
+        if code == "EndpointConnectionError":
+            return f"S3 is not reachable from this node ({os.environ.get('AWS_ENDPOINT_URL') or 'AWS'})"
+        return f"bucket {bucket}: {code}"
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """``sync URL DIR`` (the mirror) or ``check URL data|checkpoint`` (prints ``MISSING <what>``, exit 3)."""
+    if len(argv) == 3 and argv[0] == "sync":
+        sync(argv[1], argv[2], say=lambda line: print(line, flush=True))
+        return 0
+    if len(argv) == 3 and argv[0] == "check":
+        what = missing(argv[1], need_objects=argv[2] == "data")
+        print(f"MISSING {what}" if what else "OK", flush=True)
+        return 3 if what else 0
+    print("usage: bucket.py sync URL DIR | check URL data|checkpoint", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,99 @@
+"""Snapshots copied to a bucket (CHECKPOINT_URL) from the node that wrote them, on a thread of their own.
+
+``MULTINODE_CHECKPOINT_URL`` (the orchestrator sets it from CHECKPOINT_URL) and ``MULTINODE_RUN_ID`` say where, in
+:mod:`training.bucket`'s layout. :meth:`Uploader.submit` hands a snapshot's bytes and checksum to one background
+thread and returns at once, so the steps go on while it uploads; a snapshot submitted while an older one still
+waits replaces it (only the freshest matters). Each upload ends in one line on stdout, ``CHECKPOINT_UPLOADED
+{json}`` (url, bytes, sha256, order, seconds) or ``CHECKPOINT_UPLOAD_FAILED {json}`` (order, error: boto3's error
+code and message, never a credential); :attr:`Uploader.seconds` totals the uploads' time (the trainer's RESULT
+carries it as ``checkpoint_upload_seconds``). :meth:`Uploader.drain` waits for what is in flight: at the end of
+training, and after the coordinated checkpoint of a notice, within what is left of the grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+from . import bucket, runlog
+
+URL_ENV, RUN_ENV = "MULTINODE_CHECKPOINT_URL", "MULTINODE_RUN_ID"
+
+log = logging.getLogger("training")
+
+
+def where(env=None) -> tuple[str, str] | None:
+    """(CHECKPOINT_URL, run id) from the environment; None when no bucket was asked for."""
+    env = os.environ if env is None else env
+    url = env.get(URL_ENV)
+    return (url, env.get(RUN_ENV) or "run") if url else None
+
+
+def fetch_freshest(env=None) -> tuple[bytes, str] | None:
+    """(bytes, s3 URL) of this run's freshest complete copy in the bucket; None without a bucket or a copy."""
+    place = where(env)
+    return bucket.freshest_copy(*place) if place else None
+
+
+class Uploader:
+    """One background thread uploading the freshest submitted snapshot (module doc)."""
+
+    def __init__(self, url: str, run_id: str):
+        self.url, self.run_id = url, run_id
+        self.seconds = 0.0
+        self.uploaded: list[dict] = []
+        self._pending: tuple[bytes, int, str | None] | None = None
+        self._busy = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._loop, name="checkpoint-upload", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls, env=None) -> Uploader | None:
+        place = where(env)
+        return cls(*place) if place else None
+
+    def submit(self, blob: bytes, order: int, digest: str | None = None) -> None:
+        """Queue ``blob`` (freshness ``order``) for upload; returns at once."""
+        with self._cond:
+            self._pending = (blob, order, digest)
+            self._cond.notify_all()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until nothing is pending or uploading (True), or ``timeout`` seconds (False)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._pending is not None or self._busy:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+        return True
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._pending is None:
+                    self._cond.wait()
+                (blob, order, digest), self._pending = self._pending, None
+                self._busy = True
+            self._upload(blob, order, digest)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
+
+    def _upload(self, blob: bytes, order: int, digest: str | None) -> None:
+        start = time.monotonic()
+        try:
+            url = bucket.put_copy(self.url, self.run_id, blob, order, digest)
+        except Exception as err:  # noqa: BLE001 -- a failed upload is reported, never fatal to training
+            log.warning("checkpoint upload to %s failed: %s", self.url, bucket._code(err))
+            runlog.announce("CHECKPOINT_UPLOAD_FAILED", {"order": order, "error": f"{bucket._code(err)}: {err}"})
+            return
+        took = time.monotonic() - start
+        self.seconds += took
+        report = {"url": url, "bytes": len(blob), "sha256": digest, "order": order, "seconds": round(took, 3)}
+        self.uploaded.append(report)
+        runlog.announce("CHECKPOINT_UPLOADED", report)
