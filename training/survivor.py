@@ -58,9 +58,10 @@ def on_peer_loss(save):
 
 
 @contextlib.contextmanager
-def keep(trainer, epoch: int, step):
+def keep(trainer, epoch: int, step, state_of):
     """Around one optimizer step of ``epoch`` (a :class:`training.sampler.Step`): on a lost peer, the last
-    completed step written on this node (module doc), then the error raised again."""
+    completed step written on this node (module doc), then the error raised again. ``state_of(trainer, epoch,
+    consumed)``: what a snapshot holds (:func:`training.checkpoint.state_of`)."""
     if trainer.world.backend is None or not trainer.t.snapshot_dir:
         yield
         return
@@ -72,21 +73,19 @@ def keep(trainer, epoch: int, step):
             raise
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size
-        save(trainer, epoch, consumed, None if completed else rng, err)
+        save(trainer, state_of(trainer, epoch, consumed), None if completed else rng, err)
         raise
 
 
-def save(trainer, epoch: int, consumed: int, rng: dict | None, err: BaseException) -> None:
-    """The first rank of this node writes the snapshot (the others on it hold the same state)."""
-    from . import checkpoint
-
+def save(trainer, state: dict, rng: dict | None, err: BaseException) -> None:
+    """The first rank of this node writes ``state`` (the others on it hold the same)."""
     if trainer.world.local_rank != 0:
         return
-    state = checkpoint.state_of(trainer, epoch, consumed)
     if rng is not None:
         state["rng"] = rng
     state["survivor"] = {"rank": trainer.world.rank, "host": socket.gethostname(), "error": str(err)[:300]}
     path = snapshot.save(trainer.t.snapshot_dir, state)
     trainer.runlog.heartbeat(trainer.step, force=True)
     log.warning("a peer is gone (%s): the last completed step kept: snapshot %s (epoch %d, %d samples of it "
-                "trained, step %d)", str(err).splitlines()[0][:160], path, epoch, consumed, trainer.step)
+                "trained, step %d)", str(err).splitlines()[0][:160], path, state["next_epoch"], state["consumed"],
+                trainer.step)

@@ -214,7 +214,7 @@ class Trainer:
         total_loss, samples, step_times = 0.0, 0, []
         start = step_start = time.perf_counter()
         for step in self._steps(epoch):
-            with survivor.keep(self, epoch, step):  # a peer lost mid-step: the last completed step written here
+            with survivor.keep(self, epoch, step, checkpoint.state_of):  # a lost peer: the last step kept
                 total_loss += self._run_step(step)
                 samples += len(step.ids)
                 now = time.perf_counter()
