@@ -128,3 +128,15 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
             (Path(trainer.t.metrics_dir) / "preempted.json").write_text(json.dumps(report, indent=1) + "\n")
     return report
 
+
+def save_rebalance(trainer, epoch: int, consumed: int) -> replica.Copies | None:
+    """Every rank, at the step they agreed on for a rebalance recommendation: the snapshot :func:`save_preempted`
+    would write (mid-epoch, replicated), and the job goes on -- no report, no exit. Rank 0 says who noticed it."""
+    mine = trainer.agreement.rebalance
+    seen = trainer.gather(None if mine is None else (mine.describe(), socket.gethostname()))
+    first = next((entry for entry in seen if entry), ("a rebalance recommendation", "?"))
+    batch = -(-consumed // trainer.plan.global_batch)
+    if trainer.world.rank == 0:
+        log.info("%s on %s: one coordinated checkpoint at epoch %d batch %d (step %d); the job goes on",
+                 first[0], first[1], epoch, batch, trainer.step)
+    return save(trainer, epoch, consumed)

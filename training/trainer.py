@@ -18,7 +18,8 @@
   a copy of every snapshot is kept on a second node (:mod:`training.replica`);
 * a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
   snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
-  world size bitwise, on another one with the same global batch;
+  world size bitwise, on another one with the same global batch; a rebalance recommendation: the same snapshot
+  at the same step on every rank, and training goes on;
 * ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``) and the step heartbeat -- :mod:`training.runlog`.
 """
 
@@ -198,8 +199,11 @@ class Trainer:
         if self.t.log_samples:
             self.runlog.step_samples(epoch, self.step, self.gather(step.ids))
         self.runlog.heartbeat(self.step)
-        if self.agreement.step():  # the same step on every rank
+        decision = self.agreement.check()  # the same on every rank
+        if decision == "stop":
             raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
+        if decision == "save":  # a rebalance recommendation: one coordinated checkpoint, and the job goes on
+            checkpoint.save_rebalance(self, epoch, step.consumed)
 
     def _run_epoch(self, epoch: int) -> dict:
         self.net.train()
