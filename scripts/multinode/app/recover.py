@@ -33,9 +33,10 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from multinode.app import notices
 from multinode.app.growback import GrowBack, job_trains
 from multinode.app.timeline import Timeline, checkpoint_time
 from multinode.backends.base import Backend, RunContext
@@ -79,6 +80,7 @@ class Recovery:
         self.pending: Loss | None = None  # what the attempt under way recovers from
         self.growing = GrowBack.idle()  # the attempt under way's grow-back
         self.label = ""  # where the ended attempt's files are kept
+        self.started = time.time()  # the run's start: a notice older than it is not this run's
 
     @property
     def recovered(self) -> bool:
@@ -133,6 +135,7 @@ class Recovery:
         loss = self._what_was_lost(ctx, outcome, summary)
         if loss is None or self.attempt >= self.spec.recover:
             return None
+        loss = self._with_the_batch(ctx, loss, summary)
         self.attempt += 1
         self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}")
         self.label, self.pending = f"attempt-{self.attempt - 1}", loss
@@ -171,6 +174,22 @@ class Recovery:
         self.timeline.add("node lost", f"{', '.join(lost)} (no SSH: {silent[lost[0]]})")
         alive = [n.name for n in ctx.inv.nodes if n.name not in silent]
         return Loss(lost, "lost", self._last_step(ctx, alive))
+
+    def _with_the_batch(self, ctx: RunContext, loss: Loss, summary: RunSummary) -> Loss:
+        """Notices come in batches: after the coalescing window, every other node of the attempt with a spot
+        interruption notice joins this recovery (:mod:`multinode.app.notices`)."""
+        if loss.cause != "notice":
+            return loss
+        at = (summary.preempted or {}).get("noticed_at")
+        found = notices.collect(ctx, float(at) if isinstance(at, (int, float)) else None, self.started)
+        more = [name for name in found if name not in loss.nodes]
+        if not more:
+            return loss
+        self.timeline.add("notice", f"spot interruption notice on {', '.join(more)} (within the "
+                          f"{notices.COALESCE_SECONDS:g} s window: the same recovery)")
+        self.say(f"{', '.join(more)} got a notice too (within {notices.COALESCE_SECONDS:g} s of the first): one "
+                 f"recovery replaces {', '.join(loss.nodes + more)}")
+        return replace(loss, nodes=loss.nodes + more)
 
     @staticmethod
     def _silent(active: Inventory) -> dict[str, str]:
@@ -252,6 +271,7 @@ class Recovery:
         resumed = resumed or {}
         self.timeline.add("job started again", f"from step {resumed.get('step', '?')} on "
                           f"{resumed.get('world_size', '?')} rank(s)", at=started_at)
+        self.say(f"the job started again from {snapshot_kind(resumed)}")
         if loss.last_step is not None and isinstance(resumed.get("step"), int):
             self.timeline.steps_lost.append(max(0, loss.last_step - resumed["step"]))
 
@@ -263,3 +283,15 @@ class Recovery:
         for path in list(run_dir.iterdir()):
             if not path.name.startswith(("attempt-", "grow-")):
                 shutil.move(str(path), keep / path.name)
+
+
+def snapshot_kind(resumed: dict) -> str:
+    """Which complete snapshot a recovered job resumed from, in words, from its ``RESUMED`` report: a coordinated
+    checkpoint (mid-epoch: a notice's or a rebalance's) or a periodic one (an epoch's end), and where it was."""
+    where = resumed.get("snapshot_from", "?")
+    if not isinstance(resumed.get("step"), int):
+        return "no snapshot (a fresh start)"
+    if resumed.get("consumed"):
+        return (f"the coordinated checkpoint of step {resumed['step']} (epoch {resumed.get('epoch')}, "
+                f"{resumed['consumed']} samples in), {where}")
+    return f"the periodic snapshot of step {resumed['step']} (before epoch {resumed.get('epoch')}), {where}"
