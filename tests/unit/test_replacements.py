@@ -86,3 +86,14 @@ def test_a_slow_replacement_goes_on_without_the_node_at_once_then_grows_back(tmp
         except StillUnderWay:
             threading.Event().wait(0.05)
     assert provider.asked == ["node-2"] and rec.timeline.events[-1]["event"] == "node back"
+
+
+def test_a_bad_replace_delay_stops_a_recovering_run_before_it_starts(tmp_path, monkeypatch):
+    from multinode.app.run import Run
+    from multinode.providers.local.provider import LocalProvider
+
+    monkeypatch.setenv("MULTINODE_REPLACE_DELAY", "two minutes")
+    state = ClusterState.for_cluster("dev", root=tmp_path)
+    with pytest.raises(UserError, match="MULTINODE_REPLACE_DELAY='two minutes' must be 0 or more seconds"):
+        Run(state, make_inventory(3), LaunchSpec(nodes=3, recover=1), provider=LocalProvider())
+    assert not any(tmp_path.iterdir())  # nothing written
