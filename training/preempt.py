@@ -56,6 +56,18 @@ MAX_CHECK_STEPS = 1000
 log = logging.getLogger("training")
 
 
+def process_started(pid: int | None = None) -> float:
+    """When this process started, in Unix seconds (Linux: ``/proc/<pid>/stat``'s starttime after boot, ``/proc/stat``'s
+    btime), so a notice that came while the rank imported torch is this run's; now where /proc cannot say."""
+    try:
+        stat = open(f"/proc/{pid or os.getpid()}/stat", encoding="ascii").read()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name in () may hold spaces
+        boot = next(int(line.split()[1]) for line in open("/proc/stat", encoding="ascii") if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
 class Watcher:
     """A process's notices: the metadata service polled on a thread, SIGTERM caught (each if enabled). ``notice``
     is the first that stops the job; ``rebalance`` a rebalance recommendation not yet taken (:meth:`take_rebalance`)."""
@@ -63,7 +75,7 @@ class Watcher:
     def __init__(self, client: imds.MetadataClient | None, grace: float | None, poll: float = imds.POLL_SECONDS,
                  started: float | None = None):
         self.client, self.grace, self.poll = client, grace, poll
-        self.started = time.time() if started is None else started  # notices before it are not this run's
+        self.started = process_started() if started is None else started  # notices before it are not this run's
         self.notice: imds.Notice | None = None
         self.noticed_at: float | None = None  # time.time() when this process first saw it
         self.rebalance: imds.Notice | None = None  # a recommendation not yet saved for
