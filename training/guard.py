@@ -1,8 +1,8 @@
 """``python -m training.guard --grace SECONDS -- COMMAND ...``: a notice for a job that does nothing about one.
 
 A script that never imports :mod:`training.preempt` still gets what every program understands: on a spot
-interruption notice (the node's metadata service, :mod:`training.imds`) or a SIGTERM to the guard itself, the guard sends
-SIGTERM to the command's process group, waits ``--grace`` seconds for it to end (saving what it can), then
+interruption notice (the node's metadata service, :mod:`training.imds`) or a SIGTERM to the guard itself, the
+guard sends SIGTERM to the command's process group, waits ``--grace`` seconds for it to end (saving what it can), then
 SIGKILLs what is left. Without a notice it only waits for the command; a rebalance recommendation is said in one
 line and the command goes on (no signal: it is a risk, not a stop), as is a notice older than the guard.
 

@@ -3,9 +3,10 @@
 Notice sources (one watcher per process, started by :func:`watch`):
 
 * the instance metadata service (:mod:`training.imds`): a spot interruption notice (stop) or a rebalance
-  recommendation (save and go on: AWS's "elevated risk", :attr:`training.imds.Notice.stops`). Polled on a daemon thread every 5 s (AWS's advice; ``MULTINODE_NOTICE_POLL=<seconds>``
-  changes it) when ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` is set (the local provider's nodes serve it at the EC2
-  address) or the machine is an EC2 instance;
+  recommendation (save and go on: AWS's "elevated risk", :attr:`training.imds.Notice.stops`). Polled on a daemon
+  thread every 5 s (AWS's advice; ``MULTINODE_NOTICE_POLL=<seconds>`` changes it) when
+  ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` is set (the local provider's nodes serve it at the EC2 address) or the
+  machine is an EC2 instance;
 * SIGTERM (a scheduler, ``docker stop``, SLURM's ``--signal``) when ``MULTINODE_GRACE=<seconds>`` is set:
   the rank then has that long before it is killed. Without it SIGTERM keeps its default (the process ends),
   so jobs that never asked for this behave as before.

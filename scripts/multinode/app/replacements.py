@@ -65,8 +65,8 @@ class Replacements:
         worker.start()
 
     def wait(self, name: str, seconds: float) -> tuple[Inventory | None, str, float | None]:
-        """(the new inventory, "", when it was ready) once ``name``'s replacement is done within ``seconds``; else (None,
-        why not, None) -- a refusal ends the ask, a replacement not ready yet stays under way."""
+        """(the new inventory, "", when it was ready) once ``name``'s replacement is done within ``seconds``; else
+        (None, why not, None) -- a refusal ends the ask, a replacement not ready yet stays under way."""
         worker, box = self._under_way[name]
         worker.join(seconds)
         if worker.is_alive():

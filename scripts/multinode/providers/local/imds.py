@@ -15,8 +15,9 @@ network namespace, on port 80:
 Ranks find it at ``AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254`` (the AWS SDKs' variable; setting
 it is what tells the trainer to poll on a machine that is not EC2). :func:`arm_notice` writes the node's notice
 file (``provider/<node>/imds/notice.json``), which the server reads on every request: ``make preempt NODE=1
-IN=s [NOTICE=rebalance]`` is :func:`preempt`. The server is a process of the node: it ends with :func:`stop_endpoint`, on its
-own after ``lifetime`` seconds, and with the node at ``down`` (every process of a namespace is stopped there).
+IN=s [NOTICE=rebalance]`` is :func:`preempt`. The server is a process of the node: it ends with
+:func:`stop_endpoint`, on its own after ``lifetime`` seconds, and with the node at ``down`` (every process of a
+namespace is stopped there).
 """
 
 from __future__ import annotations
