@@ -31,6 +31,14 @@ def test_only_interruptions_of_this_run_join_the_batch():
     assert notices.interrupted(answers, T0 + 0.5) == ["node-1", "node-5"]
 
 
+def test_the_batch_starts_at_its_first_notice_seen_or_issued():
+    issued_early = {"node-1": _answer("interruption", "2026-11-25T10:02:00Z")}  # issued 10:00:00
+    assert notices.first_notice(T0 + 3.0, issued_early) == T0  # EC2 issued it before the rank saw it
+    assert notices.first_notice(T0 - 1.0, issued_early) == T0 - 1.0
+    assert notices.first_notice(None, {"node-2": _answer("rebalance", "2026-11-25T10:00:00Z")}) is None
+    assert notices.first_notice(T0, {}) == T0  # a SIGTERM: only the rank's time
+
+
 def test_the_window_is_what_is_left_of_5_s_after_the_first_notice():
     assert notices.COALESCE_SECONDS == 5.0
     assert notices.window_left(None, T0) == 0.0

@@ -7,11 +7,13 @@ arrives a moment later, during the checkpoint or the stop, would otherwise start
 first one's job starts on that node (seen: two recoveries 8.7 s apart, the job restarted twice). So recovery
 (:meth:`Recovery.after`) first runs this step:
 
-1. **wait for the window**: until :data:`COALESCE_SECONDS` after the first notice (only what is left of it: the
-   checkpoint, the stop and the sweep usually used it up already);
-2. **read every node's metadata service once**, over the run's own connections, with the node's interpreter and the
+1. **read every node's metadata service**, over the run's own connections, with the node's interpreter and the
    guard's copy of ``training/imds.py`` (synced to ``<code dir>/guard/`` whenever GRACE is set, which RECOVER
    implies): the same IMDSv2 reads the ranks make, ``python imds.py`` printing the notice as JSON;
+2. **the window**: :data:`COALESCE_SECONDS` from the batch's first notice -- the earliest of the time a rank saw it
+   and the time EC2 issued one (an interruption notice's ``time`` minus its two minutes of warning). Only what is
+   left of it is waited, then the nodes are read once more; usually the ranks' own polling, the checkpoint, the stop
+   and the sweep have used it up, and nothing is waited;
 3. every node showing a **spot interruption notice** of this run (its time not before the run started; a
    rebalance recommendation is no stop, :attr:`training.imds.Notice.stops`) is replaced in the same recovery.
 
@@ -36,6 +38,7 @@ from multinode.core.nodepaths import code_dir
 from multinode.plan.launchers.base import GUARD_SUBDIR
 
 COALESCE_SECONDS = 5.0  # AWS: "check for these interruption notices every 5 seconds" (training/imds.py cites it)
+WARNING_SECONDS = 120.0  # AWS: the interruption notice comes two minutes before the action (training/imds.py)
 ENDPOINT_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT"  # as training/imds.py reads it
 
 
@@ -56,21 +59,31 @@ def _epoch(text: object) -> float | None:
         return None
 
 
-def interrupted(answers: Mapping[str, str], since: float) -> list[str]:
-    """The nodes whose answer (``python imds.py``'s JSON) is a spot interruption notice not older than ``since``
-    (Unix seconds; whole seconds, as AWS writes its times), in the answers' order. Pure."""
-    found = []
+def _interruptions(answers: Mapping[str, str]) -> dict[str, float | None]:
+    """{node: its interruption's action time} for the answers (``python imds.py``'s JSON) that are one."""
+    found: dict[str, float | None] = {}
     for name, text in answers.items():
         try:
             notice = json.loads(text.strip() or "null")
         except ValueError:
             continue
-        if not isinstance(notice, dict) or notice.get("kind") != "interruption":
-            continue
-        at = _epoch(notice.get("time"))
-        if at is None or at >= int(since):
-            found.append(name)
+        if isinstance(notice, dict) and notice.get("kind") == "interruption":
+            found[name] = _epoch(notice.get("time"))
     return found
+
+
+def interrupted(answers: Mapping[str, str], since: float) -> list[str]:
+    """The nodes whose answer is a spot interruption notice not older than ``since`` (Unix seconds; whole seconds, as
+    AWS writes its times), in the answers' order. Pure."""
+    return [name for name, at in _interruptions(answers).items() if at is None or at >= int(since)]
+
+
+def first_notice(noticed_at: float | None, answers: Mapping[str, str]) -> float | None:
+    """When the batch's first notice came: the earliest of a rank's ``noticed_at`` and the issue time of each
+    interruption in ``answers`` (its action time less the two minutes' warning); None when neither is known. Pure."""
+    times = [at - WARNING_SECONDS for at in _interruptions(answers).values() if at is not None]
+    times += [noticed_at] if noticed_at is not None else []
+    return min(times) if times else None
 
 
 def window_left(first_notice_at: float | None, now: float) -> float:
@@ -80,11 +93,20 @@ def window_left(first_notice_at: float | None, now: float) -> float:
     return max(0.0, min(COALESCE_SECONDS, first_notice_at + COALESCE_SECONDS - now))
 
 
-def collect(ctx: RunContext, first_notice_at: float | None, since: float) -> list[str]:
-    """The window's wait, then one read of every node of the ended attempt: the nodes with a spot interruption notice
-    of this run (``since``: the run's start)."""
-    time.sleep(window_left(first_notice_at, time.time()))
+def _read(ctx: RunContext) -> dict[str, str]:
+    """Every node's notice as ``python imds.py`` prints it (the nodes whose service cannot be read left out)."""
     env = {var.name: var.value for var in ctx.spec.env}
     commands = {n.name: poll_command(ctx.inv, n.name, env) for n in ctx.inv.nodes}
     answers = ctx.runner.run_each(commands, timeout=10)
-    return interrupted({name: res.stdout for name, res in answers.items() if res.ok}, since)
+    return {name: res.stdout for name, res in answers.items() if res.ok}
+
+
+def collect(ctx: RunContext, noticed_at: float | None, since: float) -> list[str]:
+    """Every node of the ended attempt read, the rest of the window waited (and the nodes read again) if any is
+    left: the nodes with a spot interruption notice of this run (``since``: the run's start)."""
+    answers = _read(ctx)
+    wait = window_left(first_notice(noticed_at, answers), time.time())
+    if wait > 0:
+        time.sleep(wait)
+        answers = _read(ctx)
+    return interrupted(answers, since)
