@@ -4,7 +4,7 @@
 #   make train [TASK=multinode.yaml] [MODE=cpu|gpu|mpi|mpi-gpu] [NODES=2] [NPROC=1|auto] [SCRIPT=path|"-m pkg.mod"] [ARGS="..."] [LAUNCHER=static] [DRY_RUN=1] [QUEUE=1]
 #              [WORKDIR=dir] [SETUP="pip install -r requirements.txt"] [ENV="HF_TOKEN EPOCHS=3"] [WORKDIR_LIMIT_MB=200]
 #              [GRACE=seconds] [RESUME=1] [RECOVER=N] [RECOVER_WAIT=seconds]
-#   make preempt NODE=1 [IN=seconds]           a spot interruption notice on a local node, as EC2 sends one
+#   make preempt NODE=1 [IN=s] [NOTICE=rebalance] a spot interruption notice (or rebalance) on a local node
 #   make netcheck [NODES=n]                     the links (iperf3 matrix) and an all_reduce sweep, tables and a plot
 #   make stacks [RUN=id]                        Python stacks of every rank of a running job, grouped
 #   make down
@@ -97,7 +97,7 @@ status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM c
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)
 	$(MN) logs $(if $(RUN),--run $(RUN)) $(if $(NODE),--node $(NODE))
 
-preempt: setup ## arm a spot interruption notice on a local node's metadata endpoint (NODE=n, IN=seconds from now)
+preempt: setup ## arm a spot notice on a local node's metadata endpoint (NODE=n, IN=seconds from now, NOTICE=interruption|rebalance)
 	$(MN) preempt
 
 netcheck: setup ## the network on demand: iperf3 matrix (1 and 4 flows) + an all_reduce sweep, tables and a plot (NODES=n)

@@ -160,3 +160,16 @@ def finish_uploads(trainer, timeout: float = 120.0) -> dict:
     if not uploader.drain(timeout):
         log.warning("checkpoint upload to %s still running after %.0f s; not waiting longer", uploader.url, timeout)
     return {"checkpoint_uploads": len(uploader.uploaded), "checkpoint_upload_seconds": round(uploader.seconds, 3)}
+
+
+def save_rebalance(trainer, epoch: int, consumed: int) -> replica.Copies | None:
+    """Every rank, at the step they agreed on for a rebalance recommendation: the snapshot :func:`save_preempted`
+    would write (mid-epoch, replicated), and the job goes on -- no report, no exit. Rank 0 says who noticed it."""
+    mine = trainer.agreement.rebalance
+    seen = trainer.gather(None if mine is None else (mine.describe(), socket.gethostname()))
+    first = next((entry for entry in seen if entry), ("a rebalance recommendation", "?"))
+    batch = -(-consumed // trainer.plan.global_batch)
+    if trainer.world.rank == 0:
+        log.info("%s on %s: one coordinated checkpoint at epoch %d batch %d (step %d); the job goes on",
+                 first[0], first[1], epoch, batch, trainer.step)
+    return save(trainer, epoch, consumed)

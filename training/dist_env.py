@@ -107,6 +107,38 @@ class World:
     def local_rank(self) -> int:
         return self.launch.local_rank
 
+    def broadcast(self, obj, src: int = 0):
+        """``obj`` as rank ``src`` has it, on every rank (itself where there is no process group)."""
+        if self.backend is None:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank."""
+        if self.backend is None:
+            return [obj]
+        import torch.distributed as dist
+
+        everyone = [None] * self.world_size
+        dist.all_gather_object(everyone, obj)
+        return everyone
+
+    def all_sum(self, values: list[float], device) -> list[float]:
+        """``values`` summed over the ranks (float64; on ``device`` under NCCL)."""
+        import torch
+        import torch.distributed as dist
+
+        tensor = torch.tensor(values, dtype=torch.float64)
+        if self.backend is not None:
+            if self.backend == "nccl":
+                tensor = tensor.to(device)
+            dist.all_reduce(tensor)
+        return tensor.cpu().tolist()
+
 
 def resolve_backend(requested: str, launch: Launch, use_gpu: bool) -> str:
     import torch.distributed as dist

@@ -1,9 +1,10 @@
 """``python -m training.guard --grace SECONDS -- COMMAND ...``: a notice for a job that does nothing about one.
 
 A script that never imports :mod:`training.preempt` still gets what every program understands: on a spot
-notice (the node's metadata service, :mod:`training.imds`) or a SIGTERM to the guard itself, the guard sends
-SIGTERM to the command's process group, waits ``--grace`` seconds for it to end (saving what it can), then
-SIGKILLs what is left. Without a notice it only waits for the command.
+interruption notice (the node's metadata service, :mod:`training.imds`) or a SIGTERM to the guard itself, the
+guard sends SIGTERM to the command's process group, waits ``--grace`` seconds for it to end (saving what it can), then
+SIGKILLs what is left. Without a notice it only waits for the command; a rebalance recommendation is said in one
+line and the command goes on (no signal: it is a risk, not a stop), as is a notice older than the guard.
 
 It honours the switches the ranks do (:mod:`training.preempt`): with ``MULTINODE_NOTICES=off`` the metadata
 service is never asked (a SIGTERM to the guard itself is still passed on to the command: a wrapper that died of it
@@ -112,6 +113,10 @@ def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:
         while not watcher.wait(0.2):
             if done.is_set():
                 return
+            rebalance = watcher.take_rebalance()
+            if rebalance is not None:  # an elevated risk, not a stop (training.imds.Notice.stops)
+                print(f"training.guard: {rebalance.describe()}: the job goes on (a rebalance is not a stop)",
+                      file=sys.stderr, flush=True)
         print(f"training.guard: {watcher.notice.describe()}: SIGTERM to the job, SIGKILL in {grace:g} s",
               file=sys.stderr, flush=True)
         _signal_group(child.pid, signal.SIGTERM)

@@ -26,8 +26,10 @@ tested on the answers of AWS's own mock, aws/amazon-ec2-metadata-mock (tests/uni
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -47,8 +49,9 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 @dataclass(frozen=True)
 class Notice:
-    """A reason to checkpoint and stop: ``kind`` is ``interruption``, ``rebalance`` or ``signal``;
-    ``action``/``time`` as AWS gives them (``time`` is when the instance goes; None when unknown)."""
+    """A reason to checkpoint: ``kind`` is ``interruption``, ``rebalance``, ``signal`` or ``peer``; ``action``/``time``
+    as AWS gives them (``time``: when the instance goes, or when a rebalance recommendation was emitted; None when
+    unknown). Every kind but ``rebalance`` stops the job (:attr:`stops`)."""
 
     kind: str
     action: str | None = None
@@ -61,6 +64,30 @@ class Notice:
         if self.kind == "rebalance":
             return f"rebalance recommendation (noticed {self.time})"
         return f"{self.action or 'signal'} ({self.source})"
+
+    @property
+    def stops(self) -> bool:
+        """Whether the job stops for it. A rebalance recommendation does not: AWS's page calls it a signal "that a
+        Spot Instance is at elevated risk of interruption", which "can arrive sooner than the two-minute Spot Instance
+        interruption notice", and lists saving work to resume later among what to do; the instance is not taken
+        until an interruption notice comes (which can arrive with it). So: save state, keep running
+        (https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/rebalance-recommendations.html, read 2026-11-25)."""
+        return self.kind != "rebalance"
+
+    def epoch(self) -> float | None:
+        """``time`` as Unix seconds (AWS writes whole seconds, UTC, ``%Y-%m-%dT%H:%M:%SZ``); None if it has none."""
+        if not self.time:
+            return None
+        try:
+            return float(calendar.timegm(time.strptime(self.time, "%Y-%m-%dT%H:%M:%SZ")))
+        except ValueError:
+            return None
+
+    def older_than(self, started: float) -> bool:
+        """Whether its time is before ``started`` (Unix seconds): a notice left from before the run, ignored.
+        Compared in whole seconds, as AWS writes the time (a notice of the run's own first second is not older)."""
+        at = self.epoch()
+        return at is not None and at < int(started)
 
 
 class BadNotice(ValueError):
@@ -172,3 +199,15 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def process_started(pid: int | None = None) -> float:
+    """When this process started, in Unix seconds (Linux: ``/proc/<pid>/stat``'s starttime after boot, ``/proc/stat``'s
+    btime), so a notice that came while the rank imported torch is this run's; now where /proc cannot say."""
+    try:
+        stat = open(f"/proc/{pid or os.getpid()}/stat", encoding="ascii").read()
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22; the name in () may hold spaces
+        boot = next(int(line.split()[1]) for line in open("/proc/stat", encoding="ascii") if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()

@@ -2,20 +2,21 @@
 
 Notice sources (one watcher per process, started by :func:`watch`):
 
-* the instance metadata service (:mod:`training.imds`): a spot interruption notice or a rebalance
-  recommendation. Polled on a daemon thread every 5 s (AWS's advice; ``MULTINODE_NOTICE_POLL=<seconds>``
-  changes it) when ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` is set (the local provider's nodes serve it at the EC2
-  address) or the machine is an EC2 instance;
+* the instance metadata service (:mod:`training.imds`): a spot interruption notice (stop) or a rebalance
+  recommendation (save and go on: AWS's "elevated risk", :attr:`training.imds.Notice.stops`). Polled on a daemon
+  thread every 5 s (AWS's advice; ``MULTINODE_NOTICE_POLL=<seconds>`` changes it) when
+  ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` is set (the local provider's nodes serve it at the EC2 address) or the
+  machine is an EC2 instance;
 * SIGTERM (a scheduler, ``docker stop``, SLURM's ``--signal``) when ``MULTINODE_GRACE=<seconds>`` is set:
   the rank then has that long before it is killed. Without it SIGTERM keeps its default (the process ends),
   so jobs that never asked for this behave as before.
-``MULTINODE_NOTICES=off`` turns both off.
+``MULTINODE_NOTICES=off`` turns both off. A notice whose time is before this process started (a notice left from
+before the run: a rebalance already saved for, an interruption of an earlier attempt) is ignored, said in one line.
 
 Agreement (:class:`Agreement`): every ``k`` steps each rank all-reduces ``[notice here?, seconds per step]``
-with MAX -- one 2-number collective, so a notice seen by any rank is seen by all at the same step, and the
-next ``k`` (from the same reduced step time, about one check a second) is the same on every rank. Between
-checks there is no extra communication. A notice costs at most one check interval of reaction; no work is
-lost: the snapshot holds every step taken.
+with MAX (1 a notice that stops, 0.5 a rebalance not yet saved for, 0 none): a notice seen by any rank is seen by
+all at the same step (a stop wins over a save), and the next ``k`` (about one check a second) is the same on every
+rank. No other communication; a notice costs at most one check interval; the snapshot holds every step taken.
 
 The exit status of a preempted rank is :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL`` of sysexits.h: "a
 temporary failure; retry later") -- not a failure. A user script (this module is ``multinode.trainer.preempt``
@@ -28,21 +29,15 @@ where multinode is installed, ``training.preempt`` in its repository)::
                 save_checkpoint(step + 1)
                 sys.exit(preempt.EXIT_PREEMPTED)
 
-``preempt.requested()`` says whether this process has seen a notice (no agreement: for one-process scripts).
+On a rebalance recommendation ``stop.now()`` stays False and ``stop.save_requested`` is True on that step, on every
+rank: save, and go on. ``preempt.requested()`` says whether this process has seen a notice that stops (no
+agreement: for one-process scripts).
 
-A peer lost without a notice makes the step's collective fail on every other rank, whose weights are still the last
-completed step's: :func:`on_peer_loss` around each step calls ``save(err)`` then (``training/survivor.py``)::
-
-    for step in range(start, steps):
-        with preempt.on_peer_loss(lambda err: save_checkpoint(step)):  # the steps before this one are done
-            train_one_step()
-
-With CHECKPOINT_URL, a user script's own checkpoint goes to the bucket the same way as our trainer's
-(:mod:`training.upload`: from this node, on a background thread, with its sha256)::
-
-    preempt.upload_checkpoint("ckpt.pt", step)      # returns at once; the freshest submitted file wins
-    preempt.wait_for_uploads(60)                   # before exiting 75, within the grace
-    url = preempt.fetch_checkpoint("ckpt.pt")       # a start on a new cluster: the freshest complete copy, or None
+The user's other helpers, loaded from their own modules on first use (:data:`USER_HELPERS`):
+``preempt.on_peer_loss(save)`` around a step keeps the last completed step when a peer is lost without a notice
+(:mod:`training.survivor`, docs/recovery.md); with CHECKPOINT_URL, ``upload_checkpoint(path, step)``,
+``wait_for_uploads(timeout)`` and ``fetch_checkpoint(path)`` put a checkpoint in the bucket and take the freshest
+back (:mod:`training.upload`, docs/checkpoints.md).
 """
 
 from __future__ import annotations
@@ -67,12 +62,17 @@ log = logging.getLogger("training")
 
 
 class Watcher:
-    """A process's notices: the metadata service polled on a thread, SIGTERM caught (each if enabled)."""
+    """A process's notices: the metadata service polled on a thread, SIGTERM caught (each if enabled). ``notice``
+    is the first that stops the job; ``rebalance`` a rebalance recommendation not yet taken (:meth:`take_rebalance`)."""
 
-    def __init__(self, client: imds.MetadataClient | None, grace: float | None, poll: float = imds.POLL_SECONDS):
+    def __init__(self, client: imds.MetadataClient | None, grace: float | None, poll: float = imds.POLL_SECONDS,
+                 started: float | None = None):
         self.client, self.grace, self.poll = client, grace, poll
+        self.started = imds.process_started() if started is None else started  # notices before it are not this run's
         self.notice: imds.Notice | None = None
         self.noticed_at: float | None = None  # time.time() when this process first saw it
+        self.rebalance: imds.Notice | None = None  # a recommendation not yet saved for
+        self._known: set[tuple[str, str | None]] = set()  # rebalances taken and stale notices told, once each
         self._event = threading.Event()
         self._stop = threading.Event()
         self.thread: threading.Thread | None = None
@@ -93,13 +93,35 @@ class Watcher:
         self._stop.set()
 
     def note(self, notice: imds.Notice) -> None:
-        """Record the first notice (later ones add nothing: one checkpoint is enough)."""
+        """Record the first notice that stops (later ones add nothing: one checkpoint is enough); a rebalance
+        recommendation once per its time (the service shows it until the instance goes)."""
+        if not notice.stops:
+            if (notice.kind, notice.time) not in self._known:
+                self._known.add((notice.kind, notice.time))
+                self.rebalance = notice
+            return
         if self.notice is None:
             self.notice, self.noticed_at = notice, time.time()
             self._event.set()
 
     def requested(self) -> bool:
+        """Whether this process has a notice that stops the job."""
         return self._event.is_set()
+
+    def take_rebalance(self) -> imds.Notice | None:
+        """The rebalance recommendation not yet saved for, if any; it is then taken."""
+        notice, self.rebalance = self.rebalance, None
+        return notice
+
+    def stale(self, notice: imds.Notice) -> bool:
+        """Whether ``notice`` is older than this process (its time before :attr:`started`): said once, ignored."""
+        if not notice.older_than(self.started):
+            return False
+        if ("stale", notice.time) not in self._known:
+            self._known.add(("stale", notice.time))
+            log.warning("ignoring a %s: it is older than this run (started %s)", notice.describe(),
+                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)))
+        return True
 
     def wait(self, timeout: float) -> bool:
         """Until a notice (True) or ``timeout`` seconds (False)."""
@@ -121,9 +143,8 @@ class Watcher:
                 notice = self.client.poll()
             except (OSError, imds.BadNotice):
                 notice = None  # not reachable (yet): no notice; keep looking
-            if notice is not None:
-                self.note(notice)
-                return
+            if notice is not None and not self.stale(notice):
+                self.note(notice)  # a stop ends the loop; a rebalance does not (the interruption may follow)
             self._stop.wait(self.poll)
 
 
@@ -131,33 +152,28 @@ _WATCHER: Watcher | None = None
 
 
 def grace_from_env(env=None) -> float | None:
-    env = os.environ if env is None else env
-    text = env.get(GRACE_ENV)
-    if not text:
-        return None
-    try:
-        grace = float(text)
-    except ValueError:
-        raise ValueError(f"{GRACE_ENV}={text!r} is not a number of seconds, e.g. {GRACE_ENV}=60") from None
-    if grace <= 0:
-        raise ValueError(f"{GRACE_ENV}={text!r} must be a positive number of seconds")
-    return grace
+    """MULTINODE_GRACE: a rank's seconds between SIGTERM and SIGKILL (None: SIGTERM keeps its default)."""
+    return _seconds(os.environ if env is None else env, GRACE_ENV, None, 60)
 
 
 def poll_from_env(env=None) -> float:
     """MULTINODE_NOTICE_POLL: seconds between the metadata service's polls (a local cluster's drills poll faster
-    than the 5 s AWS advises); ValueError with the fix when it is not a positive number."""
-    env = os.environ if env is None else env
-    text = env.get(POLL_ENV)
+    than the 5 s AWS advises)."""
+    return _seconds(os.environ if env is None else env, POLL_ENV, imds.POLL_SECONDS, 5)
+
+
+def _seconds(env, name: str, default: float | None, example: int) -> float | None:
+    """A positive number of seconds from ``env[name]`` (``default`` when unset); ValueError with the fix."""
+    text = env.get(name)
     if not text:
-        return imds.POLL_SECONDS
+        return default
     try:
-        poll = float(text)
+        seconds = float(text)
     except ValueError:
-        raise ValueError(f"{POLL_ENV}={text!r} is not a number of seconds, e.g. {POLL_ENV}=5") from None
-    if not poll > 0:
-        raise ValueError(f"{POLL_ENV}={text!r} must be a positive number of seconds, e.g. {POLL_ENV}=5")
-    return poll
+        raise ValueError(f"{name}={text!r} is not a number of seconds, e.g. {name}={example}") from None
+    if not seconds > 0:
+        raise ValueError(f"{name}={text!r} must be a positive number of seconds, e.g. {name}={example}")
+    return seconds
 
 
 def notices_off(env) -> bool:
@@ -187,8 +203,9 @@ def requested() -> bool:
 
 
 class Agreement:
-    """Every rank calls :meth:`step` after each optimizer step; it returns True on the same step on all
-    ranks once any rank has a notice. ``all_reduce_max(list) -> list`` is the job's collective (MAX)."""
+    """Every rank calls :meth:`check` (or :meth:`step`) after each optimizer step; the answer is the same on every
+    rank at every step: ``"stop"`` once any rank has a notice that stops, ``"save"`` once any rank has a rebalance
+    recommendation (and none a stop), else None. ``all_reduce_max(list) -> list`` is the job's collective (MAX)."""
 
     def __init__(self, watcher: Watcher, all_reduce_max):
         self.watcher, self.all_reduce_max = watcher, all_reduce_max
@@ -197,30 +214,34 @@ class Agreement:
         self._since = time.perf_counter()
         self._since_steps = 0
         self.stopped_at: int | None = None
+        self.saved_at: list[int] = []  # the steps a rebalance recommendation was saved at
+        self.rebalance: imds.Notice | None = None  # this rank's recommendation at the last "save", if it had one
 
-    def step(self) -> bool:
+    def check(self) -> str | None:
         self.steps += 1
         if not self.watcher.active or self.steps < self.next_check:
-            return False
+            return None
         now = time.perf_counter()
         per_step = (now - self._since) / max(self.steps - self._since_steps, 1)
-        flag, per_step = self.all_reduce_max([1.0 if self.watcher.requested() else 0.0, per_step])
+        stop = self.watcher.requested()
+        rebalance = None if stop else self.watcher.take_rebalance()
+        flag, per_step = self.all_reduce_max([1.0 if stop else 0.5 if rebalance else 0.0, per_step])
         self._since, self._since_steps = now, self.steps
         self.next_check = self.steps + max(1, min(MAX_CHECK_STEPS, int(CHECK_SECONDS / max(per_step, 1e-6))))
-        if flag > 0:
+        if flag >= 1.0:
             self.stopped_at = self.steps
             if not self.watcher.requested():
                 self.watcher.note(imds.Notice("peer", None, None, "another rank"))
-            return True
-        return False
+            return "stop"
+        if flag > 0:
+            self.saved_at.append(self.steps)
+            self.rebalance = rebalance
+            return "save"
+        return None
 
-
-def on_peer_loss(save):
-    """Around one step of a user's loop: ``save(err)`` when its collective fails because a peer is gone, then the
-    error is raised again (:func:`training.survivor.on_peer_loss`; module doc)."""
-    from .survivor import on_peer_loss as around
-
-    return around(save)
+    def step(self) -> bool:
+        """:meth:`check` for a loop that only stops: True on ``"stop"``."""
+        return self.check() == "stop"
 
 
 def torch_all_reduce_max(device=None):
@@ -242,10 +263,14 @@ class _Guard:
     def __init__(self, agreement: Agreement):
         self.agreement = agreement
         self.watcher = agreement.watcher
+        self.save_requested = False
 
     def now(self) -> bool:
-        """Call after every step on every rank: True on the same step everywhere once any rank has a notice."""
-        return self.agreement.step()
+        """Call after every step on every rank: True on the same step everywhere once any rank has a notice that
+        stops; :attr:`save_requested` True on the step every rank agreed to save for a rebalance recommendation."""
+        decision = self.agreement.check()
+        self.save_requested = decision == "save"
+        return decision == "stop"
 
     def requested(self) -> bool:
         return self.watcher.requested()
@@ -261,39 +286,15 @@ def guard(device=None):
         watcher.close()
 
 
-_UPLOADER = None
+USER_HELPERS = {"on_peer_loss": "survivor", "upload_checkpoint": "upload", "wait_for_uploads": "upload",
+                "fetch_checkpoint": "upload"}
 
 
-def upload_checkpoint(path, step: int) -> bool:
-    """CHECKPOINT_URL: upload the file at ``path`` as this run's copy ``step`` (later steps are fresher) in the
-    background; False (nothing done) when no CHECKPOINT_URL was given."""
-    global _UPLOADER
-    from . import upload  # only here: the notice guard's private copy of this file has no upload module
+def __getattr__(name: str):
+    """The user's other helpers (module doc), from their own modules on first use: the notice guard's private copy
+    of this file has neither of them, and needs neither."""
+    if name not in USER_HELPERS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
 
-    _UPLOADER = _UPLOADER or upload.Uploader.from_env()
-    if _UPLOADER is None:
-        return False
-    with open(path, "rb") as fh:
-        blob = fh.read()
-    _UPLOADER.submit(blob, int(step))
-    return True
-
-
-def wait_for_uploads(timeout: float | None = None) -> bool:
-    """Wait until the checkpoints handed to :func:`upload_checkpoint` are in the bucket (False: ``timeout`` first)."""
-    return True if _UPLOADER is None else _UPLOADER.drain(timeout)
-
-
-def fetch_checkpoint(path) -> str | None:
-    """Write this run's freshest complete copy from CHECKPOINT_URL to ``path``; its ``s3://`` URL, or None when
-    there is no bucket or no copy (nothing written)."""
-    from . import upload
-
-    found = upload.fetch_freshest()
-    if found is None:
-        return None
-    tmp = f"{path}.part"
-    with open(tmp, "wb") as fh:
-        fh.write(found[0])
-    os.replace(tmp, path)
-    return found[1]
+    return getattr(importlib.import_module(f".{USER_HELPERS[name]}", __package__), name)

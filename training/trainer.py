@@ -18,7 +18,8 @@
   a copy of every snapshot is kept on a second node (:mod:`training.replica`);
 * a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
   snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
-  world size bitwise, on another one with the same global batch;
+  world size bitwise, on another one with the same global batch; a rebalance recommendation: the same snapshot
+  at the same step on every rank, and training goes on;
 * ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``) and the step heartbeat -- :mod:`training.runlog`.
 """
 
@@ -90,6 +91,7 @@ class Trainer:
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
         self.uploader = upload.Uploader.from_env() if world.rank == 0 else None  # CHECKPOINT_URL: rank 0 uploads
+        self.gather, self.broadcast = world.gather, world.broadcast  # the job's object collectives
         resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
         log.info("%s", self.plan.describe())
         if resumed is not None and world.rank == 0:
@@ -121,28 +123,6 @@ class Trainer:
         (Training batches come from :mod:`training.sampler`.)"""
         shard = range(self.world.rank, len(dataset), self.world.world_size)
         return DataLoader(dataset, batch_size=self.t.batch_size, sampler=shard)
-
-    def broadcast(self, obj, src: int = 0):
-        if self.world.backend is None:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
-
-    def gather(self, obj) -> list:
-        if self.world.backend is None:
-            return [obj]
-        everyone = [None] * self.world.world_size
-        dist.all_gather_object(everyone, obj)
-        return everyone
-
-    def _sum(self, values: list[float]) -> list[float]:
-        tensor = torch.tensor(values, dtype=torch.float64)
-        if self.world.backend is not None:
-            if self.world.backend == "nccl":
-                tensor = tensor.to(self.device)
-            dist.all_reduce(tensor)
-        return tensor.cpu().tolist()
 
     # --- training ---------------------------------------------------------------------
 
@@ -201,8 +181,11 @@ class Trainer:
         if self.t.log_samples:
             self.runlog.step_samples(epoch, self.step, self.gather(step.ids))
         self.runlog.heartbeat(self.step)
-        if self.agreement.step():  # the same step on every rank
+        decision = self.agreement.check()  # the same on every rank
+        if decision == "stop":
             raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
+        if decision == "save":  # a rebalance recommendation: one coordinated checkpoint, and the job goes on
+            checkpoint.save_rebalance(self, epoch, step.consumed)
 
     def _comm_seconds(self) -> float:
         """Seconds spent averaging gradients so far (the DDP buckets' all-reduce, or the MPI data plane's)."""
@@ -225,7 +208,7 @@ class Trainer:
         elapsed = max(time.perf_counter() - start, 1e-9)
         self.scheduler.step()
         comm = self._comm_seconds() - comm_before
-        loss_sum, n = self._sum([total_loss, samples])
+        loss_sum, n = self.world.all_sum([total_loss, samples], self.device)
         step_times.sort()
         steps = len(step_times)
         return {"loss": loss_sum / n if n else float("nan"), "samples_per_s": round(n / elapsed, 1), "steps": steps,
@@ -245,7 +228,7 @@ class Trainer:
                 correct += (out.argmax(1) == y).sum().item()
             n += len(x)
             self.runlog.heartbeat(self.step)
-        loss_sum, correct, n = self._sum([loss_sum, correct, n])
+        loss_sum, correct, n = self.world.all_sum([loss_sum, correct, n], self.device)
         result = {"loss": loss_sum / n}
         if self.workload.classification:
             result["accuracy"] = correct / n

@@ -97,3 +97,39 @@ class Uploader:
         report = {"url": url, "bytes": len(blob), "sha256": digest, "order": order, "seconds": round(took, 3)}
         self.uploaded.append(report)
         runlog.announce("CHECKPOINT_UPLOADED", report)
+
+
+# --- the user script's side (training.preempt.upload_checkpoint, ...) ---
+
+_UPLOADER = None
+
+
+def upload_checkpoint(path, step: int) -> bool:
+    """CHECKPOINT_URL: upload the file at ``path`` as this run's copy ``step`` (later steps are fresher) in the
+    background; False (nothing done) when no CHECKPOINT_URL was given."""
+    global _UPLOADER
+    _UPLOADER = _UPLOADER or Uploader.from_env()
+    if _UPLOADER is None:
+        return False
+    with open(path, "rb") as fh:
+        blob = fh.read()
+    _UPLOADER.submit(blob, int(step))
+    return True
+
+
+def wait_for_uploads(timeout: float | None = None) -> bool:
+    """Wait until the checkpoints handed to :func:`upload_checkpoint` are in the bucket (False: ``timeout`` first)."""
+    return True if _UPLOADER is None else _UPLOADER.drain(timeout)
+
+
+def fetch_checkpoint(path) -> str | None:
+    """Write this run's freshest complete copy from CHECKPOINT_URL to ``path``; its ``s3://`` URL, or None when
+    there is no bucket or no copy (nothing written)."""
+    found = fetch_freshest()
+    if found is None:
+        return None
+    tmp = f"{path}.part"
+    with open(tmp, "wb") as fh:
+        fh.write(found[0])
+    os.replace(tmp, path)
+    return found[1]

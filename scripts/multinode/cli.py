@@ -122,8 +122,9 @@ def _add_netcheck(sub: argparse._SubParsersAction) -> None:
 
 def _add_preempt(sub: argparse._SubParsersAction) -> None:
     """``preempt``: a spot interruption notice on a local node, as EC2 sends one."""
-    pre = sub.add_parser("preempt", help="arm a spot interruption notice on a local node (its metadata endpoint)")
-    add_flags(pre, [settings.NODE, settings.IN])
+    pre = sub.add_parser("preempt", help="arm a spot interruption notice (or a rebalance recommendation) on a local "
+                         "node (its metadata endpoint)")
+    add_flags(pre, [settings.NODE, settings.IN, settings.NOTICE])
 
 
 def _add_ssh(sub: argparse._SubParsersAction) -> None:
@@ -240,7 +241,8 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "stacks":
         return verbs.stacks(args.cluster, run_id=args.run)
     elif args.command == "preempt":
-        print(verbs.preempt(args.cluster, _value(settings.NODE, args) or "1", _value(settings.IN, args)))
+        print(verbs.preempt(args.cluster, _value(settings.NODE, args) or "1", _value(settings.IN, args),
+                            _value(settings.NOTICE, args)))
     elif args.command == "netcheck":
         given = pick(settings.find(settings.UP, "nodes"), args.nodes, os.environ)  # unset: every node
         verbs.netcheck(args.cluster, given[0] if given else None)

@@ -117,15 +117,15 @@ def test_user_script_with_the_helper_checkpoints_on_sigterm(shared_cluster3, tmp
     assert not any(result.left_at_exit.values()), result
 
 
-def _arm_when(started: Path, state, node: str) -> None:
-    """Arm ``node``'s spot notice once ``started`` exists (the guarded command runs)."""
+def _arm_when(started: Path, state, node: str, kind: str = "interruption") -> None:
+    """Arm ``node``'s spot notice (``kind``) once ``started`` exists (the guarded command runs)."""
     from multinode.providers.local.imds import arm_notice
 
     for _ in range(600):
         if started.exists():
             break
         time.sleep(0.1)
-    arm_notice(state, node, 0.0)
+    arm_notice(state, node, 0.0, kind=kind)
 
 
 def test_guard_passes_a_notice_on_as_sigterm_and_ends_a_stubborn_command_75(shared_cluster3, tmp_path):
@@ -181,3 +181,66 @@ def test_make_preempt_ends_the_run_preempted_not_failed(shared_cluster3):
     finally:
         stop_endpoint(shared_cluster3.state, "node-1")
     assert not any(shared_cluster3.job_processes().values())
+
+
+def test_make_preempt_rebalance_saves_once_and_the_run_goes_on(shared_cluster3, uninterrupted):
+    """`make preempt NODE=1 NOTICE=rebalance` mid-run, with RECOVER=1 (a stop would be recovered): every rank takes one
+    coordinated checkpoint at the same step and training goes on -- no PREEMPTED, no recovery, node-1 not replaced
+    (its metadata endpoint is the same process) -- and the run ends 0 with the uninterrupted run's weights, bitwise."""
+    from bench.drills.common import watched
+    from multinode.providers.local.imds import endpoint_pid, start_endpoint, stop_endpoint
+
+    start_endpoint(shared_cluster3.state, "node-1")
+    endpoint = endpoint_pid(shared_cluster3.state, "node-1")
+    proc = shared_cluster3.popen(*train_args("rebal"), "--recover=1")
+    try:
+        with watched(proc) as (out, err):
+            out.wait_for(r"\[rank0\]: .*epoch 2/", timeout=240)
+            armed = shared_cluster3.cli("preempt", "--node", "1", "--notice", "rebalance", timeout=60)
+            assert armed.returncode == 0 and "node-1: rebalance recommendation at" in armed.stdout, armed.stderr
+            code = proc.wait(timeout=400)
+        text = "".join(out.lines)
+        assert code == 0, text[-3000:] + "".join(err.lines)[-3000:]
+        saves = [line for line in out.lines if "one coordinated checkpoint at epoch" in line]
+        assert len(saves) == 1 and "rebalance recommendation" in saves[0] and "node-1" in saves[0], saves
+        assert "PREEMPTED" not in text and "[recover]" not in text, text[-3000:]
+        assert endpoint_pid(shared_cluster3.state, "node-1") == endpoint  # node-1 was not replaced
+        summary = json.loads((shared_cluster3.state.run_dir("rebal") / "summary.json").read_text())
+        assert summary["exit_code"] == 0 and not summary.get("recovery") and not summary.get("preempted"), summary
+        assert float(text.split("test accuracy: ")[1].split()[0]) >= 0.95, text[-2000:]
+    finally:
+        stop_endpoint(shared_cluster3.state, "node-1")
+    again = torch.load(run_files(shared_cluster3, "rebal", "final_model.pt")["node-0"])
+    assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted), "weights differ from the full run"
+    assert not any(shared_cluster3.job_processes().values())
+
+
+def test_guard_does_not_signal_a_command_on_a_rebalance_and_ignores_an_older_notice(shared_cluster3, tmp_path):
+    """A command behind ``python -m training.guard`` in node-2: a rebalance recommendation armed while it runs is said
+    in one line and the command runs on to its own end (no SIGTERM: its trap would write the file); a recommendation
+    armed before the guard started is older than its run: said once, ignored."""
+    from multinode.providers.local.imds import ENDPOINT, arm_notice, start_endpoint, stop_endpoint
+
+    saved = tmp_path / "saved"
+    command = f"trap 'echo term > {saved}; exit 143' TERM; touch {saved}.started; i=0; " \
+              f"while [ $i -lt 40 ]; do sleep 0.2; i=$((i+1)); done"
+    guard = ("-m", "training.guard", "--grace", "10", "--poll", "0.5", "--", "sh", "-c", command)
+    start_endpoint(shared_cluster3.state, "node-2")
+    try:
+        arm_notice(shared_cluster3.state, "node-2", 0.0, kind="rebalance")
+        time.sleep(2.0)  # the recommendation's time (whole seconds) is now before the guard's start
+        older = in_node(shared_cluster3, "node-2", *guard, AWS_EC2_METADATA_SERVICE_ENDPOINT=ENDPOINT)
+        assert older.returncode == 0 and not saved.exists(), older.stderr
+        assert older.stderr.count("older than this run") == 1 and "goes on" not in older.stderr, older.stderr
+        Path(f"{saved}.started").unlink()
+        stop_endpoint(shared_cluster3.state, "node-2")  # forget it
+        start_endpoint(shared_cluster3.state, "node-2")
+        armer = threading.Thread(target=_arm_when, args=(Path(f"{saved}.started"), shared_cluster3.state, "node-2",
+                                                         "rebalance"), daemon=True)
+        armer.start()
+        fresh = in_node(shared_cluster3, "node-2", *guard, AWS_EC2_METADATA_SERVICE_ENDPOINT=ENDPOINT)
+    finally:
+        stop_endpoint(shared_cluster3.state, "node-2")
+    assert fresh.returncode == 0 and not saved.exists(), fresh.stderr
+    assert fresh.stderr.count("rebalance recommendation") == 1 and "the job goes on" in fresh.stderr, fresh.stderr
+    assert "SIGTERM to the job" not in fresh.stderr, fresh.stderr

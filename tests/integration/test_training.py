@@ -230,18 +230,16 @@ def test_slurm_environment_two_tasks(training_copy):
 
 
 SNAPSHOT_RANK = """
-import json, os, sys, types
+import json, os, sys
 from datetime import timedelta
 import torch
 import torch.distributed as dist
 from training import snapshot
-from training.trainer import Trainer
+from training.dist_env import Launch, World
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
-world = types.SimpleNamespace(backend="gloo", rank=dist.get_rank(), world_size=dist.get_world_size())
-me = types.SimpleNamespace(world=world)  # the trainer's own gather/broadcast, on a real process group
-state = snapshot.load_everywhere(sys.argv[1], world.rank, lambda obj: Trainer.gather(me, obj),
-                                 lambda obj, src: Trainer.broadcast(me, obj, src))
+world = World(Launch("torchrun", dist.get_rank(), dist.get_world_size(), 0), "gloo")  # the trainer's gather/broadcast
+state = snapshot.load_everywhere(sys.argv[1], world.rank, world.gather, world.broadcast)
 print("SNAP " + json.dumps({"rank": world.rank, "next_epoch": state["next_epoch"],
                             "blob": state["blob"].tolist(), "pid": os.getpid()}), flush=True)
 dist.destroy_process_group()
@@ -251,7 +249,8 @@ dist.destroy_process_group()
 def test_freshest_snapshot_is_broadcast_from_rank_1_through_gloo(tmp_path):
     """Three ranks, each with its own snapshot directory (nodes share no disk): rank 1 holds the freshest
     snapshot, rank 0 an older one, rank 2 none. Every rank ends with rank 1's, carried by the trainer's
-    all_gather_object and broadcast_object_list on a real gloo process group; no directory is written."""
+    all_gather_object and broadcast_object_list (training.dist_env.World's) on a real gloo process group; no directory
+    is written."""
     from training import snapshot
 
     dirs = [tmp_path / f"rank{r}" for r in range(3)]

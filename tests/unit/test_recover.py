@@ -33,6 +33,9 @@ class Provider:
             raise CapacityRefused(f"{name}: no capacity")
         return inventory
 
+    def replacement_seconds(self, state):
+        return None  # cannot say: recovery waits up to RECOVER_WAIT
+
 
 def _recovery(tmp_path, provider, nodes=3):
     state = ClusterState.for_cluster("dev", root=tmp_path)

@@ -44,14 +44,16 @@ def training_log(monkeypatch):
 
 
 class StopAt:
-    """Stands in for the notice agreement: every rank agrees to stop after step ``at`` of this process."""
+    """Stands in for the notice agreement: every rank agrees to stop (or, ``decision="save"``, to save for a
+    rebalance recommendation and go on) after step ``at`` of this process."""
 
-    def __init__(self, at: int):
-        self.at, self.steps = at, 0
+    def __init__(self, at: int, decision: str = "stop"):
+        self.at, self.steps, self.decision = at, 0, decision
+        self.rebalance = None  # this rank noticed nothing itself (another rank did)
 
-    def step(self) -> bool:
+    def check(self) -> str | None:
         self.steps += 1
-        return self.steps == self.at
+        return self.decision if self.steps == self.at else None
 
 
 def trainer_for(argv: list[str]) -> Trainer:
@@ -60,10 +62,10 @@ def trainer_for(argv: list[str]) -> Trainer:
     return Trainer(cfg, World(Launch("single"), None), build(cfg.training), torch.device("cpu"), "ddp")
 
 
-def run(argv: list[str], stop_at: int | None = None) -> tuple[Trainer, dict | None]:
+def run(argv: list[str], stop_at: int | None = None, decision: str = "stop") -> tuple[Trainer, dict | None]:
     trainer = trainer_for(argv)
     if stop_at is not None:
-        trainer.agreement = StopAt(stop_at)
+        trainer.agreement = StopAt(stop_at, decision)
     try:
         return trainer, trainer.train()
     finally:
@@ -139,3 +141,17 @@ def test_a_snapshot_from_before_consumed_resumes_at_its_batch(tmp_path, capsys, 
     trainer.close()
     assert (trainer.start_epoch, trainer.start_consumed, trainer.plan.global_batch) == (0, 192, 64)
     assert "resumed from snapshot: next epoch 0 batch 3 (consumed 192 samples)" in training_log.text
+
+
+def test_a_rebalance_saves_mid_epoch_and_the_run_goes_on_bitwise(tmp_path, training_log):
+    """A rebalance recommendation agreed at step 50: one snapshot of that step (mid-epoch, as a preemption's), no
+    stop, and the run ends with the weights of a run that had none."""
+    full, _ = run(ARGS)
+    snap = ["--snapshot-dir", str(tmp_path / "snap")]  # save_every 100: only the last epoch saves
+    training_log.text = ""
+    saved, result = run([*ARGS[:3], "100", *ARGS[4:], *snap], stop_at=50, decision="save")
+    assert result["epochs_run"] == 3
+    assert training_log.text.count("one coordinated checkpoint at epoch 1 batch 5 (step 50); the job goes on") == 1
+    assert training_log.text.count("snapshot saved:") == 2  # the rebalance's, then the last epoch's
+    for name, value in full.model.state_dict().items():
+        assert torch.equal(value, saved.model.state_dict()[name]), name

@@ -15,7 +15,8 @@ summary) and answers with the next attempt's nodes, or None for the end of the r
    every node answering is the job's own: recovery does not retry bugs); a job the orchestrator's own stop signal
    ended is not recovered;
 2. **replace it** (the provider's ``replace``: a new namespace, or one new instance; the other nodes untouched),
-   waiting at most ``RECOVER_WAIT`` seconds; a refusal (``CapacityRefused``) or a slow one leaves the run to
+   waiting at most ``RECOVER_WAIT`` seconds, or not at all when it takes longer than a restart of the job
+   (:mod:`multinode.app.replacements`: wait or shrink); a refusal or a slow one leaves the run to
    **go on with the nodes it has** -- our trainer keeps the global batch by accumulation and re-shards the rest
    of the epoch (``training/sampler.py``), so the result does not depend on how many nodes finished it;
 3. **resume**: the next attempt (a new head if node-0 was the lost one) starts from the freshest complete
@@ -33,15 +34,16 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from multinode.app import notices
 from multinode.app.growback import GrowBack, job_trains
+from multinode.app.replacements import Replacements, wait_seconds
 from multinode.app.timeline import Timeline, checkpoint_time
 from multinode.backends.base import Backend, RunContext
 from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import CapacityRefused, MultinodeError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.outcome import Outcome
@@ -79,6 +81,11 @@ class Recovery:
         self.pending: Loss | None = None  # what the attempt under way recovers from
         self.growing = GrowBack.idle()  # the attempt under way's grow-back
         self.label = ""  # where the ended attempt's files are kept
+        self.started = time.time()  # the run's start: a notice older than it is not this run's
+        self.estimate = self.provider.replacement_seconds(state)  # a bad MULTINODE_REPLACE_DELAY: one line, here
+        self.restart_seconds: float | None = None  # measured: the run's start to its first job's launch
+        self.replacements = Replacements(self._provider_replace)
+        self._replacing = threading.Lock()
 
     @property
     def recovered(self) -> bool:
@@ -110,15 +117,24 @@ class Recovery:
         return self.growing
 
     def _replace_now(self, name: str) -> Inventory:
-        self.cluster = self.provider.replace(self.state, self.cluster, name)
-        self.timeline.add("node back", name)
-        return self.cluster
+        """Growing back: ``name``'s replacement once ready (the one under way, or a new ask)."""
+        cluster, done_at = self.replacements.take(name)
+        self.timeline.add("node back", name, at=done_at)
+        return cluster
+
+    def _provider_replace(self, name: str) -> Inventory:
+        """One provider call at a time, each from the inventory the last one wrote (replacements run on threads)."""
+        with self._replacing:
+            self.cluster = self.provider.replace(self.state, self.cluster, name)
+            return self.cluster
 
     # --- between attempts ----------------------------------------------------------------
 
     def after(self, ctx: RunContext, outcome: Outcome, summary: RunSummary, started_at: float | None,
               resumed: dict | None) -> Inventory | None:
         """The nodes of the next attempt, or None: the run ends with this attempt."""
+        if self.restart_seconds is None and started_at is not None:
+            self.restart_seconds = max(0.0, started_at - self.started)
         self._resumed(started_at, resumed)
         grown, self.growing = self.growing.notified, GrowBack.idle()
         if grown:  # our own notice ended the job: every node is back
@@ -133,6 +149,7 @@ class Recovery:
         loss = self._what_was_lost(ctx, outcome, summary)
         if loss is None or self.attempt >= self.spec.recover:
             return None
+        loss = self._with_the_batch(ctx, loss, summary)
         self.attempt += 1
         self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}")
         self.label, self.pending = f"attempt-{self.attempt - 1}", loss
@@ -172,6 +189,22 @@ class Recovery:
         alive = [n.name for n in ctx.inv.nodes if n.name not in silent]
         return Loss(lost, "lost", self._last_step(ctx, alive))
 
+    def _with_the_batch(self, ctx: RunContext, loss: Loss, summary: RunSummary) -> Loss:
+        """Notices come in batches: after the coalescing window, every other node of the attempt with a spot
+        interruption notice joins this recovery (:mod:`multinode.app.notices`)."""
+        if loss.cause != "notice":
+            return loss
+        at = (summary.preempted or {}).get("noticed_at")
+        found = notices.collect(ctx, float(at) if isinstance(at, (int, float)) else None, self.started)
+        more = [name for name in found if name not in loss.nodes]
+        if not more:
+            return loss
+        self.timeline.add("notice", f"spot interruption notice on {', '.join(more)} (within the "
+                          f"{notices.COALESCE_SECONDS:g} s window: the same recovery)")
+        self.say(f"{', '.join(more)} got a notice too (within {notices.COALESCE_SECONDS:g} s of the first): one "
+                 f"recovery replaces {', '.join(loss.nodes + more)}")
+        return replace(loss, nodes=loss.nodes + more)
+
     @staticmethod
     def _silent(active: Inventory) -> dict[str, str]:
         """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS), each on a new connection (the
@@ -205,43 +238,31 @@ class Recovery:
     def _replace_or_shrink(self, active: Inventory, loss: Loss) -> Inventory | None:
         """Each lost node replaced within RECOVER_WAIT, or the run goes on without it; None when no node is left."""
         keep = [n.name for n in active.nodes]
+        wait = wait_seconds(self.estimate, self.restart_seconds, self.spec.recover_wait)
         for name in loss.nodes:
             self.timeline.add("replacement asked", name)
             self.say(f"{name} {'got a notice' if loss.cause == 'notice' else 'is lost'}: asking "
-                     f"{self.cluster.provider} for a replacement (waiting at most {self.spec.recover_wait:.0f} s)")
-            new, why = self._replace(name)
+                     f"{self.cluster.provider} for a replacement ({self._waiting(wait)})")
+            self.replacements.ask(name)
+            new, why, done_at = self.replacements.wait(name, wait)
             if new is not None:
-                self.cluster = new
-                self.timeline.add("node ready", name)
+                self.timeline.add("node ready", name, at=done_at)
                 self.say(f"{name} replaced (the other nodes untouched)")
                 continue
+            if why == "still under way":
+                why = (f"no replacement within RECOVER_WAIT={wait:.0f} s" if wait else
+                       "its replacement is under way; the run grows back when it is ready")
             keep.remove(name)
             self.timeline.add("going on without it", f"{name}: {why}")
             self.say(f"{name}: {why}; going on with {len(keep)} node(s) at the same global batch")
         return self.cluster.only(keep) if keep else None
 
-    def _replace(self, name: str) -> tuple[Inventory | None, str]:
-        """(the new inventory, "") or (None, why not) within RECOVER_WAIT. A replacement still under way then
-        goes on in the background; the node is there for the next run."""
-        box: dict = {}
-        cluster = self.cluster
-
-        def ask() -> None:
-            try:
-                box["inventory"] = self.provider.replace(self.state, cluster, name)
-            except CapacityRefused as err:
-                box["refused"] = str(err)
-            except MultinodeError as err:
-                box["refused"] = f"the replacement failed: {err}"
-
-        worker = threading.Thread(target=ask, name=f"mn-replace-{name}", daemon=True)
-        worker.start()
-        worker.join(self.spec.recover_wait)
-        if worker.is_alive():
-            return None, f"no replacement within RECOVER_WAIT={self.spec.recover_wait:.0f} s"
-        if "refused" in box:
-            return None, box["refused"]
-        return box["inventory"], ""
+    def _waiting(self, wait: float) -> str:
+        """The wait-or-shrink decision in words (:func:`multinode.app.replacements.wait_seconds`)."""
+        if wait or self.estimate is None or self.restart_seconds is None:
+            return f"waiting at most {wait:.0f} s"
+        return (f"it takes about {self.estimate:.0f} s, longer than a restart of the job, about "
+                f"{self.restart_seconds:.0f} s: going on without it at once")
 
     def _resumed(self, started_at: float | None, resumed: dict | None) -> None:
         """The attempt that recovered from ``pending`` on the timeline; steps lost = the last step reached - the
@@ -252,6 +273,7 @@ class Recovery:
         resumed = resumed or {}
         self.timeline.add("job started again", f"from step {resumed.get('step', '?')} on "
                           f"{resumed.get('world_size', '?')} rank(s)", at=started_at)
+        self.say(f"the job started again from {snapshot_kind(resumed)}")
         if loss.last_step is not None and isinstance(resumed.get("step"), int):
             self.timeline.steps_lost.append(max(0, loss.last_step - resumed["step"]))
 
@@ -263,3 +285,15 @@ class Recovery:
         for path in list(run_dir.iterdir()):
             if not path.name.startswith(("attempt-", "grow-")):
                 shutil.move(str(path), keep / path.name)
+
+
+def snapshot_kind(resumed: dict) -> str:
+    """Which complete snapshot a recovered job resumed from, in words, from its ``RESUMED`` report: a coordinated
+    checkpoint (mid-epoch: a notice's or a rebalance's) or a periodic one (an epoch's end), and where it was."""
+    where = resumed.get("snapshot_from", "?")
+    if not isinstance(resumed.get("step"), int):
+        return "no snapshot (a fresh start)"
+    if resumed.get("consumed"):
+        return (f"the coordinated checkpoint of step {resumed['step']} (epoch {resumed.get('epoch')}, "
+                f"{resumed['consumed']} samples in), {where}")
+    return f"the periodic snapshot of step {resumed['step']} (before epoch {resumed.get('epoch')}), {where}"

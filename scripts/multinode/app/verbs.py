@@ -167,14 +167,15 @@ def netcheck(cluster: str, nodes: int | None = None, out: TextIO | None = None) 
     measure_network(state, inventory, LaunchSpec(nodes=count), out)
 
 
-def preempt(cluster: str, node: str, in_seconds: float = 0.0) -> str:
-    """``make preempt NODE=n [IN=s]``: a spot interruption notice on a local node's metadata endpoint (EC2 sends
-    its own); the line to print."""
+def preempt(cluster: str, node: str, in_seconds: float = 0.0, notice: str = "interruption") -> str:
+    """``make preempt NODE=n [IN=s] [NOTICE=rebalance]``: a spot interruption notice (or a rebalance
+    recommendation) on a local node's metadata endpoint (EC2 sends its own); the line to print."""
+    local_imds.check_notice(notice)
     inventory = ClusterState.for_cluster(cluster).load_inventory()
     if not inventory.extra.get("metadata_endpoint"):
         raise UserError(f"cluster {cluster!r} ({inventory.provider}) serves no metadata endpoint: make preempt arms a "
                         f"notice on local nodes (EC2 sends its own two-minute notices)")
-    return local_imds.preempt(cluster, inventory.node(node).name, in_seconds)
+    return local_imds.preempt(cluster, inventory.node(node).name, in_seconds, notice=notice)
 
 
 # --- stacks -------------------------------------------------------------------------

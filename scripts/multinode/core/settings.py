@@ -2,7 +2,7 @@
 
 The declarations are the fields of :class:`LaunchSpec` (``train``) and :class:`ClusterSpec` (``up``) made with
 :func:`multinode.core.setting.setting`, and, below, the few settings that belong to a command rather than to a
-spec (CLUSTER, TASK, SCHEDULER, YES, the AWS ones, NODE, IN). From them, and from nowhere else:
+spec (CLUSTER, TASK, SCHEDULER, YES, the AWS ones, NODE, IN, NOTICE). From them, and from nowhere else:
 
 * each verb's flags (:func:`add_flags`): ``--<name-with-dashes>``, a switch takes no value; every flag defaults to
   None, so that :mod:`multinode.core.sources` knows what was typed and settles flag > environment > task file >
@@ -73,11 +73,13 @@ TASK = command("task", None, TEXT, "a task file, or a directory holding multinod
 NODE = command("node", None, TEXT, "which node, by index or name: make preempt's (unset: 1), make ssh's (unset: 0), "
                "make logs' (unset: every node)")
 IN = command("in", 0, SECONDS, "make preempt: seconds from now until the notice shows")
+NOTICE = command("notice", "interruption", TEXT, "make preempt: interruption (spot/instance-action: the job stops) or "
+                 "rebalance (events/recommendations/rebalance only: one checkpoint, the job goes on)")
 
 UP = (*_on_fields(ClusterSpec), SCHEDULER, YES)
 TRAIN = (TASK, *_on_fields(LaunchSpec))
 TASK_KEYS: dict[str, Setting] = {s.name: s for s in TRAIN if s.task}
-EVERY = (CLUSTER, *UP, *AWS, *TRAIN, NODE, IN)
+EVERY = (CLUSTER, *UP, *AWS, *TRAIN, NODE, IN, NOTICE)
 
 
 
@@ -91,7 +93,7 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
     "cluster": (CLUSTER, *(find(UP, name) for name in ("provider", "nodes", "mtu")), SCHEDULER, YES),
     "aws": (find(UP, "cluster_type"), *AWS),
     "train": TRAIN,
-    "verbs": (NODE, IN),
+    "verbs": (NODE, IN, NOTICE),
 }
 
 

@@ -31,6 +31,11 @@ class Provider(Protocol):
         local provider told to refuse), UserError when ``name`` is not a node of the cluster.
         """
 
+    def replacement_seconds(self, state: ClusterState) -> float | None:
+        """About how many seconds a ``replace`` takes here, when the provider knows (None: it cannot say -- EC2's
+        launch and bootstrap vary). Recovery waits for a replacement only when it comes sooner than a restart of the
+        job costs (:mod:`multinode.app.replacements`); UserError in one line for a bad setting behind it."""
+
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:
         """Destroy everything the cluster owns; idempotent; works after a crashed ``up``.
         ``yes`` also deletes what holds the user's data (an image repository that is not empty).

@@ -103,6 +103,10 @@ class HostsProvider:
         inventory.save(state.inventory_path)
         return inventory
 
+    def replacement_seconds(self, state: ClusterState) -> float | None:
+        """Not known: hosts are not made by us."""
+        return None
+
     def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
         """Machines we did not make cannot be replaced: always CapacityRefused (nothing changed)."""
         raise CapacityRefused(f"{name}: no replacement: the hosts provider describes machines you already have and "

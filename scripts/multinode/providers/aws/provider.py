@@ -160,6 +160,10 @@ class AwsProvider:
 
     # replace ----------------------------------------------------------------------------
 
+    def replacement_seconds(self, state: ClusterState) -> float | None:
+        """Not known: an instance's launch and bootstrap vary (recovery waits up to RECOVER_WAIT for it)."""
+        return None
+
     def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
         """One new instance for node ``name`` (multinode.providers.aws.replace): the lost one terminated if it still
         runs, then Terraform recreates ``aws_instance.node[i]`` alone, from the same configuration and image, with

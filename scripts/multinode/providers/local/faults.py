@@ -11,6 +11,9 @@ Root only (the nodes are network namespaces). :func:`multinode.providers.local.s
   (empty: refuse every replacement; a number N: refuse the next N) makes ``replace`` raise
   :class:`~multinode.core.errors.CapacityRefused`, as EC2 does when it has no capacity; :func:`take_refusal` is
   what ``replace`` asks before it changes anything.
+* ``MULTINODE_REPLACE_DELAY=<seconds>`` in the orchestrator's environment (:func:`replace_delay`): every replacement
+  takes that much longer, between removing what is left of the old node and making the new one -- an EC2 instance's
+  launch and bootstrap, drilled here. ``replace`` sleeps it; :meth:`LocalProvider.replacement_seconds` says it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,22 @@ from multinode.providers.local import netns as localnet
 from multinode.providers.local.meta import load_meta, net_plan, node_index
 
 REFUSE_FILE = "refuse-replacements"
+DELAY_ENV = "MULTINODE_REPLACE_DELAY"
+
+
+def replace_delay(env=None) -> float:
+    """``MULTINODE_REPLACE_DELAY``: the seconds a replacement takes on top of making the node (0 unset); UserError in
+    one line for anything but a number of seconds >= 0."""
+    text = (os.environ if env is None else env).get(DELAY_ENV, "")
+    if not text.strip():
+        return 0.0
+    try:
+        delay = float(text)
+    except ValueError:
+        delay = -1.0
+    if not delay >= 0:
+        raise UserError(f"{DELAY_ENV}={text!r} must be 0 or more seconds a replacement takes, e.g. {DELAY_ENV}=120")
+    return delay
 
 
 def node_pids(state: ClusterState, node: str) -> list[int]:

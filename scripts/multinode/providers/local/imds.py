@@ -15,8 +15,9 @@ network namespace, on port 80:
 Ranks find it at ``AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254`` (the AWS SDKs' variable; setting
 it is what tells the trainer to poll on a machine that is not EC2). :func:`arm_notice` writes the node's notice
 file (``provider/<node>/imds/notice.json``), which the server reads on every request: ``make preempt NODE=1
-IN=s`` is :func:`preempt`. The server is a process of the node: it ends with :func:`stop_endpoint`, on its
-own after ``lifetime`` seconds, and with the node at ``down`` (every process of a namespace is stopped there).
+IN=s [NOTICE=rebalance]`` is :func:`preempt`. The server is a process of the node: it ends with
+:func:`stop_endpoint`, on its own after ``lifetime`` seconds, and with the node at ``down`` (every process of a
+namespace is stopped there).
 """
 
 from __future__ import annotations
@@ -202,13 +203,28 @@ def arm_notice(state: ClusterState, node: str, in_seconds: float = 0.0, action: 
     return notice
 
 
-def preempt(cluster: str, node: str | int, in_seconds: float = 0.0, home: Path | None = None) -> str:
-    """``make preempt NODE=n [IN=s]``: arm a spot interruption notice on node ``n``; the line to print."""
+NOTICES = ("interruption", "rebalance")  # make preempt's NOTICE
+
+
+def check_notice(notice: str) -> None:
+    """UserError, in one line with the fix, for a NOTICE the service does not serve."""
+    if notice not in NOTICES:
+        raise UserError(f"NOTICE={notice} is not a notice the local metadata service serves; use NOTICE=interruption "
+                        f"(spot/instance-action, the default) or NOTICE=rebalance (events/recommendations/rebalance)")
+
+
+def preempt(cluster: str, node: str | int, in_seconds: float = 0.0, home: Path | None = None,
+            notice: str = "interruption") -> str:
+    """``make preempt NODE=n [IN=s] [NOTICE=rebalance]``: arm a spot interruption notice (or, with
+    ``notice="rebalance"``, a rebalance recommendation only) on node ``n``; the line to print."""
+    check_notice(notice)
     name = node_name(node)
     state = ClusterState.for_cluster(cluster, root=home)
-    notice = arm_notice(state, name, float(in_seconds))
-    return (f"{name}: spot interruption notice at {_utc(notice['visible_at'])} "
-            f"({notice['action']} at {_utc(notice['action_at'])}), served at {ENDPOINT}{INSTANCE_ACTION}")
+    armed = arm_notice(state, name, float(in_seconds), kind=notice)
+    if notice == "rebalance":
+        return f"{name}: rebalance recommendation at {_utc(armed['visible_at'])}, served at {ENDPOINT}{REBALANCE}"
+    return (f"{name}: spot interruption notice at {_utc(armed['visible_at'])} "
+            f"({armed['action']} at {_utc(armed['action_at'])}), served at {ENDPOINT}{INSTANCE_ACTION}")
 
 
 __all__ = ["ENDPOINT", "arm_notice", "endpoint_server", "notice_bodies", "preempt", "serve", "start_endpoint",

@@ -52,6 +52,7 @@ from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
 from multinode.providers.local import imds
+from multinode.providers.local import faults
 from multinode.providers.local import slurm as slurm_local
 from multinode.providers.local.meta import isolated, load_meta, login_user, meta_path
 from multinode.providers.local.netns import NetPlan, namespaces_of
@@ -140,6 +141,10 @@ class LocalProvider:
         """One new node for ``name`` under the same name and private IP (:mod:`multinode.providers.local.node`);
         the others untouched. CapacityRefused when told to refuse (:mod:`multinode.providers.local.faults`)."""
         return replace_node(state, inventory, name)
+
+    def replacement_seconds(self, state: ClusterState) -> float | None:
+        """A local node is made in about a second, plus ``MULTINODE_REPLACE_DELAY`` when a drill sets one."""
+        return faults.replace_delay()
 
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: nothing local holds user data
         """Remove everything of the cluster by its name (namespaces, links, /etc/netns entries and processes

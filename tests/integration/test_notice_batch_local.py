@@ -1,0 +1,84 @@
+"""Spot notices as a pool loses its capacity, on 3 real local nodes (sshd per node, the metadata endpoint inside each
+node), RECOVER=1: notices on node-1 and node-2 within a second end in one coordinated checkpoint and one recovery that
+replaces both (multinode.app.notices), 0 steps lost; a noticed node that dies during the coordinated checkpoint
+(every process of it killed, its link and namespace gone) still leaves a complete snapshot to resume from, and the
+recovery says which. Times are in the summary's timeline, never asserted."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from test_recover_local import _accuracy, _left_by_the_run, _mark, _node_identity, _summary, _train
+
+from bench.drills.common import watched
+from bench.drills.preempt import STOP_LINE
+
+pytestmark = pytest.mark.integration
+
+NODES = ("node-0", "node-1", "node-2")
+
+
+def test_notices_on_two_nodes_within_a_second_end_in_one_checkpoint_and_one_recovery(cluster3):
+    from multinode.providers.local.imds import arm_notice, start_endpoint
+
+    for node in NODES:
+        _mark(cluster3, node)
+    before = {n: _node_identity(cluster3, n) for n in NODES}
+    for node in ("node-1", "node-2"):
+        start_endpoint(cluster3.state, node)  # ready before the run: the two notices are two file writes apart
+    proc = _train(cluster3, "batch", 30)
+    with watched(proc) as (out, err):
+        out.wait_for(r"\[rank0\]: .*epoch 2/30 ", timeout=240)
+        arm_notice(cluster3.state, "node-1", 0.0)
+        arm_notice(cluster3.state, "node-2", 0.0)
+        code = proc.wait(timeout=600)
+    text = "".join(out.lines)
+    assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
+    assert text.count("PREEMPTED {") == 1, text[-4000:]  # one coordinated checkpoint
+    assert "got a notice too" in text, text[-4000:]
+    recovery = _summary(cluster3, "batch")["recovery"]
+    events = [(e["event"], e["detail"]) for e in recovery["events"]]
+    names = [name for name, _ in events]
+    assert names == ["notice", "checkpoint written", "notice", "replacement asked", "node ready",
+                     "replacement asked", "node ready", "job started again"], events
+    assert {detail for name, detail in events if name == "node ready"} == {"node-1", "node-2"}, events
+    assert recovery["recoveries"] == 1 and recovery["steps_lost"] == [0], recovery  # one recovery, no step lost
+    after = {n: _node_identity(cluster3, n) for n in NODES}
+    assert after["node-0"] == before["node-0"], (before, after)
+    assert not after["node-1"][0] and not after["node-2"][0], "a noticed node kept its old namespace"
+    assert "[recover] the job started again from the coordinated checkpoint of step" in text, text[-4000:]
+    assert _accuracy(text) >= 0.95, text[-2000:]
+    assert not (left := _left_by_the_run(cluster3)), left
+
+
+def test_the_noticed_node_dies_during_the_checkpoint_and_the_run_resumes_from_a_complete_snapshot(cluster3):
+    """node-1's notice, then -- as soon as rank 0 says every rank stops (the coordinated checkpoint under way) --
+    node-1 is lost: every process in it SIGKILLed, its link and namespace deleted. The run resumes from a complete
+    snapshot (the coordinated one if rank 0 wrote it before, else the last periodic one: both are checksummed) and
+    says which."""
+    from multinode.providers.local import faults
+    from multinode.providers.local.imds import arm_notice, start_endpoint
+
+    start_endpoint(cluster3.state, "node-1")
+    proc = _train(cluster3, "dies", 30)
+    with watched(proc) as (out, err):
+        out.wait_for(r"\[rank0\]: .*epoch 2/30 ", timeout=240)
+        arm_notice(cluster3.state, "node-1", 0.0)
+        out.wait_for(STOP_LINE, timeout=120)  # the ranks agreed: the checkpoint is being written
+        faults.lose_node(cluster3.state, "node-1")
+        code = proc.wait(timeout=600)
+    text = "".join(out.lines)
+    assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
+    said = re.search(r"\[recover\] the job started again from the (coordinated checkpoint|periodic snapshot) of "
+                     r"step (\d+)", text)
+    assert said, text[-4000:]
+    stopped = int(re.search(STOP_LINE, text)[4])
+    assert int(said[2]) <= stopped, (said[0], stopped)  # never a step no rank had reached
+    resumed = json.loads(re.search(r"RESUMED (\{.*\})", text)[1])
+    assert resumed["step"] == int(said[2]), resumed
+    summary = _summary(cluster3, "dies")
+    assert summary["recovery"]["recoveries"] == 1 and summary["world_size"] == 3, summary["recovery"]
+    assert _accuracy(text) >= 0.95, text[-2000:]
+    assert not (left := _left_by_the_run(cluster3)), left
