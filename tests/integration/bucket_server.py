@@ -8,48 +8,24 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import json
-import os
 import socket
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
-MOTO = Path(sys.executable).with_name("moto_server")
+from motoserver import moto_server
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "AKIAMULTINODETEST", "AWS_SECRET_ACCESS_KEY": "never-shown-5ecret-value"}
 ENV_NAMES = "AWS_ACCESS_KEY_ID AWS_SECRET_ACCESS_KEY AWS_ENDPOINT_URL"  # ENV= for the nodes, by name
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager
 def moto_s3(recording: Path):
     """(url on loopback, the recording file): a moto_server that appends each request it serves to ``recording``."""
-    port = _free_port()
-    env = {**os.environ, "MOTO_ENABLE_RECORDING": "1", "MOTO_RECORDER_FILEPATH": str(recording)}
-    proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {url}") from None
-                time.sleep(0.1)
+    with moto_server(MOTO_ENABLE_RECORDING="1", MOTO_RECORDER_FILEPATH=str(recording)) as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def requests(recording: Path) -> list[tuple[str, str]]:

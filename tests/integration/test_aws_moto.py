@@ -20,8 +20,6 @@ import os
 import shutil
 import socket
 import subprocess
-import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -39,45 +37,22 @@ from multinode.providers.aws.provider import AwsProvider
 from multinode.providers.aws.reap import reap, verify_gone
 from multinode.providers.aws.terraform import inventory_from_outputs
 from multinode.core.state import ClusterState
+from motoserver import moto_server
 from terraform_offline import MODULE, require_terraform, terraform_env
 
 pytestmark = pytest.mark.integration
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # one of moto's built-in images: no image look-up
-MOTO = Path(sys.executable).with_name("moto_server")
 # An image in a registry that is not this region's ECR: Terraform makes a repository for the cluster.
 IMAGE = "ghcr.io/example/multinode-cpu:1"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def moto_url():
-    port = _free_port()
     # AWS-managed IAM policies (AmazonEC2ContainerRegistryReadOnly) exist in moto only when loaded.
-    proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {url}") from None
-                time.sleep(0.1)
+    with moto_server(MOTO_IAM_LOAD_MANAGED_POLICIES="true") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -26,11 +26,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import sysconfig
-import time
 import urllib.request
 import zipfile
 from dataclasses import dataclass
@@ -40,12 +38,12 @@ import pytest
 
 import leakcheck
 from localcluster import REPO, Cluster, new_cluster_name
+from motoserver import moto_server
 from terraform_offline import require_terraform, terraform_env
 
 pytestmark = pytest.mark.integration
 
 SHIPPED = ("pyproject.toml", "scripts", "training", "infra", "docker")  # what the wheel is built from
-MOTO = Path(sys.executable).with_name("moto_server")
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # one of moto's built-in images (as test_aws_moto.py)
 JOBS = Path(__file__).parent / "jobs"
@@ -173,32 +171,10 @@ def test_up_train_down_from_a_project_directory(venv):
     assert [p.name for p in (home / name).iterdir()] == ["runs"]  # the runs' logs stay, as after any down
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def moto_url():
-    port = _free_port()
-    proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env={**os.environ, "MOTO_IAM_LOAD_MANAGED_POLICIES": "true"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/", timeout=1).close()
-                break
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"moto_server did not start on {url}") from None
-                time.sleep(0.1)
+    with moto_server(MOTO_IAM_LOAD_MANAGED_POLICIES="true") as url:
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 PLAN_INPUTS = """
