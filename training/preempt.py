@@ -217,12 +217,16 @@ def torch_all_reduce_max(device=None):
 
 
 class _Guard:
-    def __init__(self, agreement: Agreement):
+    def __init__(self, agreement: Agreement, marks=None):
         self.agreement = agreement
         self.watcher = agreement.watcher
+        self.marks = marks  # the ledger's step marks (training/marks.py)
 
     def now(self) -> bool:
-        """Call after every step on every rank: True on the same step everywhere once any rank has a notice."""
+        """Call after every step on every rank: True on the same step everywhere once any rank has a notice.
+        Each call is also a step of the run's ledger (:mod:`training.marks`: rank 0 marks the first one)."""
+        if self.marks is not None:
+            self.marks.step(self.agreement.steps + 1)
         return self.agreement.step()
 
     def requested(self) -> bool:
@@ -231,9 +235,11 @@ class _Guard:
 
 @contextlib.contextmanager
 def guard(device=None):
-    """The watcher and the agreement for a user's loop (see the module docstring)."""
+    """The watcher and the agreement for a user's loop (see the module docstring); its steps are the ledger's."""
+    from . import marks  # here, not at the top: the notice guard's private copy has no marks.py
+
     watcher = watch()
     try:
-        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)))
+        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)), marks.current())
     finally:
         watcher.close()

@@ -19,7 +19,8 @@
 * a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
   snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
   world size bitwise, on another one with the same global batch;
-* ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``) and the step heartbeat -- :mod:`training.runlog`.
+* ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``), the step heartbeat -- :mod:`training.runlog`; the
+  ledger's marks (first and last step, each checkpoint stall) -- :mod:`training.marks`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from training.dist_env import World
 from training.mpi_plane import MpiGradients
 from training.runlog import RunLog, announce
 from training.workloads import Workload
+
+from . import marks
 
 log = logging.getLogger("training")
 
@@ -110,6 +113,7 @@ class Trainer:
         self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
         device_for_sum = device if world.backend == "nccl" else None
         self.agreement = preempt.Agreement(self.watcher, preempt.torch_all_reduce_max(device_for_sum))
+        self.marks = marks.Marks(world.rank == 0)  # the ledger's steps and checkpoint stalls (training/marks.py)
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -198,6 +202,7 @@ class Trainer:
         if self.t.log_samples:
             self.runlog.step_samples(epoch, self.step, self.gather(step.ids))
         self.runlog.heartbeat(self.step)
+        self.marks.step(self.step)
         if self.agreement.step():  # the same step on every rank
             raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
 
@@ -250,7 +255,8 @@ class Trainer:
             epochs_run += 1
             stats = self._run_epoch(epoch)
             val = self.evaluate(self.val_loader)
-            row = {"epoch": epoch, "step": self.step, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
+            row = {"epoch": epoch, "step": self.step, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy"),
+                   "step_time_by_rank": self.gather(stats["step_time_s"])}  # the report's step time per rank
             self.runlog.record(**row)
             acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
             log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
@@ -275,6 +281,7 @@ class Trainer:
                 if not saved:
                     checkpoint.save(self, epoch + 1)
                 break
+        self.marks.done()
         test = self.evaluate(self.test_loader)
         result = {"epochs_run": epochs_run, "test_loss": test["loss"]}
         if "accuracy" in test:
