@@ -235,11 +235,14 @@ class _Guard:
 
 @contextlib.contextmanager
 def guard(device=None):
-    """The watcher and the agreement for a user's loop (see the module docstring); its steps are the ledger's."""
-    from . import marks  # here, not at the top: the notice guard's private copy has no marks.py
-
+    """The watcher and the agreement for a user's loop (see the module docstring); its steps are the ledger's
+    when ``training/marks.py`` is beside this file (a project that copied only preempt.py and imds.py goes without)."""
+    try:
+        from . import marks  # not at the top: the notice guard's private copy has no marks.py
+    except ImportError:
+        marks = None
     watcher = watch()
     try:
-        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)), marks.current())
+        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)), marks.current() if marks else None)
     finally:
         watcher.close()

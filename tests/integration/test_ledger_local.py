@@ -15,11 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from localcluster import REPO, preempt_project
+
 from bench.drills.common import PG_TIMEOUT, watched
 from bench.drills.preempt import IMDS_ENV
 
 pytestmark = pytest.mark.integration
 
+JOBS = Path(__file__).parent / "jobs"
 GOODPUT = re.compile(r"^goodput \d+ % of \S+: training \S+")
 RECOVERED = "ledger-notice"
 # After the page's load event, each section's id and its image's decoded width (0: missing or not decoded), written
@@ -50,6 +53,28 @@ def test_a_plain_run_has_the_ledger_and_says_its_goodput_last(cluster2):
         assert ledger["buckets"][bucket] > 0, (bucket, ledger["buckets"])
     assert ledger["buckets"]["job"] == 0 and ledger["attempts"][0]["reported"], ledger["attempts"]
     assert ledger["recoveries"] == [] and ledger["buckets"]["recovery"] == 0
+
+
+def test_a_user_script_is_accounted_by_its_guard_steps_or_as_one_job_bucket(cluster2, tmp_path):
+    """tests/integration/jobs/user_preempt.py with preempt.guard() and training/marks.py in its project: its steps
+    are marked; user_allreduce.py marks nothing: its job is one bucket from its start to its end."""
+    project = preempt_project(tmp_path)
+    shutil.copy(REPO / "training" / "marks.py", project / "training" / "marks.py")
+    res = cluster2.cli("train", "--nodes", "2", "--run-id=ledger-guard", "--script=user_preempt.py",
+                       f"--workdir={project}", f"--args=--steps 200 --out {tmp_path / 'ckpt.pt'}")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    ledger = _summary(cluster2, "ledger-guard")["ledger"]
+    _adds_up(ledger)
+    assert ledger["attempts"][0]["steps"] == [1, 200], ledger["attempts"]
+    assert ledger["buckets"]["training"] > 0 and ledger["buckets"]["job"] == 0, ledger["buckets"]
+    res = cluster2.cli("train", "--nodes", "2", "--run-id=ledger-silent", "--script", str(JOBS / "user_allreduce.py"),
+                       "--args=--value 3")
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
+    assert GOODPUT.match(res.stdout.strip().splitlines()[-1]), res.stdout[-1500:]
+    ledger = _summary(cluster2, "ledger-silent")["ledger"]
+    _adds_up(ledger)
+    assert not ledger["attempts"][0]["reported"] and ledger["buckets"]["job"] > 0, ledger
+    assert ledger["buckets"]["training"] == 0 and ledger["buckets"]["start"] > 0  # the launch phase only
 
 
 @pytest.fixture(scope="module")
