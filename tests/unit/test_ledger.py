@@ -70,6 +70,23 @@ def test_a_lost_attempt_accounts_the_steps_past_its_snapshot_as_trained_twice():
     _adds_up(ledger)
     assert ledger["steps_trained_twice"] == 35
     assert ledger["buckets"]["trained twice"] > 0
+    assert ledger["attempts"][0]["steps"] == [1, 200]  # its last periodic checkpoint says step 200 was trained
+
+
+def test_steps_past_the_last_mark_that_the_next_attempt_keeps_are_training_not_detection():
+    """A script that marks its steps but not its checkpoints, lost after its first mark: the heartbeat saw step
+    235, the next attempt resumed from 200, so steps 2..200 were trained once (made-up variation)."""
+    run = RUNS["notice"]
+    first, second = run["jobs"]
+    only_first = tuple(m for m in first["marks"] if m["mark"] == "first_step")
+    again = JobMarks(1, tuple(second["nodes"]), tuple(second["marks"]), resumed_step=200)
+    heard = _ledger(run, [JobMarks(0, tuple(first["nodes"]), only_first, reached_step=235), again])
+    unheard = _ledger(run, [JobMarks(0, tuple(first["nodes"]), only_first), again])
+    _adds_up(heard)
+    _adds_up(unheard)
+    assert heard["steps_trained_twice"] == 35 and unheard["steps_trained_twice"] == 0
+    assert heard["buckets"]["training"] > unheard["buckets"]["training"]
+    assert heard["recoveries"][0]["detect"] < unheard["recoveries"][0]["detect"]
 
 
 def test_a_job_that_marks_nothing_is_one_job_bucket_from_its_start_to_its_end():

@@ -135,6 +135,9 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
         return
     t_first, t_last = first["t"], max(m["t"] for m in steps)
     n_first, n_last = first["step"], max(m["step"] for m in steps)
+    later = [m for m in marks if m.get("mark") == "checkpoint" and isinstance(m.get("step"), int) and m["step"] > n_last]
+    if later:  # a checkpoint after the last step mark: its step was trained by the time it began
+        t_last, n_last = max((m["t"], m["step"]) for m in later)
     row.update(first_step=round(t_first, 3), last_step=round(t_last, 3), steps=[n_first, n_last])
     stalled_in = sum(max(0.0, min(b, t_last) - max(a, t_first)) for a, b, _ in stalls)
     stalled_after = sum(max(0.0, b - max(a, t_last)) for a, b, _ in stalls)
@@ -145,33 +148,37 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
         book.buckets["start"] += t_first - start
     else:
         book.recovery(number, "restart", t_first - start)
-    twice_train, twice_tail = _twice(book, job, following, n_first, n_last, train, tail)
-    book.buckets["training"] += train - twice_train
+    kept_tail, twice_train, twice_tail = _past_marks(book, job, following, n_first, n_last, train, tail)
+    book.buckets["training"] += train - twice_train + kept_tail
     book.buckets["trained twice"] += twice_train + twice_tail
     if number == last:
-        book.buckets["teardown"] += tail - twice_tail
+        book.buckets["teardown"] += tail - kept_tail - twice_tail
     else:
-        book.recovery(number + 1, "detect", tail - twice_tail)
+        book.recovery(number + 1, "detect", tail - kept_tail - twice_tail)
 
 
-def _twice(book: _Book, job: JobMarks, following: JobMarks | None, n_first: int, n_last: int, train: float,
-           tail: float) -> tuple[float, float]:
-    """(seconds of ``train``, seconds of ``tail``) spent on steps the next attempt trains again: those past the
-    step it resumed from. Steps past the last mark (a lost attempt's heartbeat saw them) were trained in the tail."""
+def _past_marks(book: _Book, job: JobMarks, following: JobMarks | None, n_first: int, n_last: int, train: float,
+                tail: float) -> tuple[float, float, float]:
+    """For an attempt the run recovered from: (seconds of ``tail`` that trained steps the next attempt keeps, seconds
+    of ``train`` and of ``tail`` that trained steps it trains again). Steps past the last mark (a lost attempt's
+    heartbeat saw them) were trained in the tail; those past the step the next attempt resumed from are twice."""
     if following is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, 0.0
     resumed = following.resumed_step
     if resumed is None:
         first = next((m for m in following.marks if m.get("mark") == "first_step"), None)
         resumed = first["step"] - 1 if first and isinstance(first.get("step"), int) else None
     reached = max(n_last, job.reached_step or 0)
-    if resumed is None or reached <= resumed:
-        return 0.0, 0.0
-    book.steps_twice += reached - resumed
+    if resumed is None or reached <= n_last and reached <= resumed:
+        return 0.0, 0.0, 0.0
     per_step = train / (n_last - n_first) if n_last > n_first else _per_step(following.marks)
-    in_tail = min(tail, (reached - max(resumed, n_last)) * per_step)
+    kept = min(tail, max(0, min(reached, resumed) - n_last) * per_step)
+    if reached <= resumed:
+        return kept, 0.0, 0.0
+    book.steps_twice += reached - resumed
+    in_tail = min(tail - kept, (reached - max(resumed, n_last)) * per_step)
     in_train = min(train, max(0, n_last - resumed) * per_step)
-    return in_train, in_tail
+    return kept, in_train, in_tail
 
 
 def _per_step(marks: tuple[dict, ...]) -> float:
