@@ -99,15 +99,19 @@ def test_a_job_that_marks_nothing_is_one_job_bucket_from_its_start_to_its_end():
     assert ledger["attempts"][0]["reported"] is False
 
 
-def test_a_phase_it_does_not_know_is_other_by_name_and_still_adds_up():
+def test_the_data_phase_is_sync_and_a_phase_it_does_not_know_is_other_by_name():
     run = RUNS["plain"]
     spans = [dict(s) for s in run["spans"]]
-    spans.insert(4, {"phase": "data", "attempt": 0, "from": spans[3]["to"], "to": spans[3]["to"]})
-    spans[3]["to"] -= 0.05
-    spans[4]["from"] = spans[3]["to"]
+    assert [s["phase"] for s in spans[:4]] == ["claim", "pre-flight", "link check", "sync"]
+    spans[2]["to"] -= 0.05  # the last 50 ms of the link check made a data phase
+    spans.insert(3, {"phase": "data", "attempt": 0, "from": spans[2]["to"], "to": spans[3]["from"]})
     ledger = _ledger(run, spans=spans)
     _adds_up(ledger)
-    assert set(ledger["other"]) == {"data"}
+    assert ledger["other"] == {} and ledger["buckets"]["sync"] > _ledger(run)["buckets"]["sync"]  # DATA: sync
+    spans[3]["phase"] = "something new"
+    ledger = _ledger(run, spans=spans)
+    _adds_up(ledger)
+    assert set(ledger["other"]) == {"something new"}
 
 
 def test_the_goodput_line_names_training_first_then_the_rest_by_size():

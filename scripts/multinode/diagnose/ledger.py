@@ -7,7 +7,8 @@ since the run began, contiguous), and per attempt the job's marks (rank 0's ``MA
 highest step it reached (the heartbeat, for a lost one). The buckets tile the wall time, so they add up to it:
 
 * **wait**: opening the connections and claiming the cluster (a queued run waits here);
-* **pre-flight**: pre-flight, the link check, the GPU smoke test;  **sync**: code sync and SETUP;
+* **pre-flight**: pre-flight, the link check, the GPU smoke test;  **sync**: code sync, SETUP (and a ``data``
+  phase: the DATA step of issue 36, where the run has one);
 * **start**: launching the job, then its processes up to the end of the first step (imports, rendezvous, data);
 * **training**: the first step to the last one, less the checkpoint stalls and the steps trained twice;
 * **checkpoint**: the stalls of periodic and coordinated (a notice's) checkpoints;
@@ -31,7 +32,7 @@ MARK_LINE = re.compile(r"MARK (\{.*\})\s*$")
 BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "checkpoint", "recovery", "trained twice", "teardown",
            "job", "other")
 FIRST_ATTEMPT = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight",
-                 "GPU smoke test": "pre-flight", "sync": "sync", "start": "start"}
+                 "GPU smoke test": "pre-flight", "sync": "sync", "data": "sync", "start": "start"}
 AFTER_JOB = ("sweep", "summary", "recover")  # an ended attempt's: teardown (the last), else its recovery's replace
 
 

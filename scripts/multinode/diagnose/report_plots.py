@@ -14,7 +14,7 @@ COLOURS = {"wait": "#9e9e9e", "pre-flight": "#8d6e63", "sync": "#ffb74d", "start
            "job": "#26a69a", "other": "#bdbdbd"}
 # Which colour a phase span of the timeline gets (the orchestrator's phase -> the bucket it mostly feeds).
 PHASE_COLOUR = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight", "GPU smoke test": "pre-flight",
-                "sync": "sync", "start": "start", "job": "job", "sweep": "teardown", "summary": "teardown",
+                "sync": "sync", "data": "sync", "start": "start", "job": "job", "sweep": "teardown", "summary": "teardown",
                 "recover": "recovery"}
 EVENT_MARK = {"notice": ("v", "#e53935"), "node lost": ("X", "#b71c1c"), "checkpoint written": ("s", "#1e88e5"),
               "replacement asked": ("^", "#fb8c00"), "node ready": ("o", "#43a047"),
