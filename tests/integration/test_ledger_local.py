@@ -80,14 +80,17 @@ def test_a_user_script_is_accounted_by_its_guard_steps_or_as_one_job_bucket(clus
 @pytest.fixture(scope="module")
 def recovered(cluster2):
     """RECOVER=1, a spot notice on node-1 at epoch 2: node-1 replaced, the job resumed from the coordinated
-    checkpoint (the drill of test_recover_local.py, on 2 nodes); the endpoint make preempt started is stopped."""
+    checkpoint (the drill of test_recover_local.py, on 2 nodes); the endpoint make preempt started is stopped. The
+    ranks poll the metadata every second (not AWS's 5 s) and train 40 epochs: on this machine, quiet, 20 epochs once
+    trained in 4 s and the run ended before a 5 s poll saw the notice (2026-11-26 00:34 UTC)."""
     from multinode.providers.local.imds import stop_endpoint
 
     proc = cluster2.popen("train", "--nodes", "2", f"--run-id={RECOVERED}", "--recover=1", "--recover-wait=60",
-                          f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV}", "--args=--workload digits 20 2")
+                          f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV} MULTINODE_NOTICE_POLL=1",
+                          "--args=--workload digits 40 2")
     try:
         with watched(proc) as (out, err):
-            out.wait_for(r"\[rank0\]: .*epoch 2/20 ", timeout=240)
+            out.wait_for(r"\[rank0\]: .*epoch 2/40 ", timeout=240)
             armed = cluster2.cli("preempt", "--node", "1", timeout=60)
             assert armed.returncode == 0, armed.stdout + armed.stderr
             code = proc.wait(timeout=600)
