@@ -19,8 +19,7 @@
 * a spot notice or SIGTERM (:mod:`training.preempt`): every rank stops after the same step, one mid-epoch
   snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
   world size bitwise, on another one with the same global batch;
-* ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``), the step heartbeat -- :mod:`training.runlog`; the
-  ledger's marks (first and last step, each checkpoint stall) -- :mod:`training.marks`.
+* ``metrics.jsonl``, ``samples.jsonl``, the heartbeat -- :mod:`training.runlog`; the ledger's -- :mod:`training.marks`.
 """
 
 from __future__ import annotations
