@@ -31,6 +31,9 @@ APT_PACKAGES += slurmctld slurmd slurm-client munge
 APT_PACKAGES += shellcheck systemd
 # tests/integration/test_errors_local.py cuts a node's link with iptables (here it came only through podman).
 APT_PACKAGES += iptables
+# tests/integration/test_ledger_local.py opens make report's page in a real headless browser (Debian 12's chromium,
+# 156.0.8078.108 when installed here, 2026-11-25).
+APT_PACKAGES += chromium
 IMAGE_PACKAGES := buildah podman debootstrap runc
 # The container tests: sudo (a non-root SSH user runs podman as root, as ubuntu has Docker's socket) and
 # Debian's docker-registry (distribution 2.8.2, a real registry for make image PUSH=1).
@@ -53,7 +56,7 @@ given = $(if $(filter command line environment environment override,$(origin $(1
 # Every setting's export (MULTINODE_<NAME>), generated from the declarations: python -m multinode.core.settings --write
 include scripts/settings.mk
 
-.PHONY: help setup demo up train down status logs stacks netcheck preempt ssh test lint bench reap clean image
+.PHONY: help setup demo up train down status logs report stacks netcheck preempt ssh test lint bench reap clean image
 
 help: ## show this help
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-8s %s\n", $$1, $$2}'
@@ -96,6 +99,9 @@ status: setup ## show nodes and whether each answers SSH (and sinfo on a SLURM c
 
 logs: setup ## show the latest run's logs (RUN=id, NODE=i to narrow)
 	$(MN) logs $(if $(RUN),--run $(RUN)) $(if $(NODE),--node $(NODE))
+
+report: setup ## write a run's page (ledger, timeline per node, loss, step time per rank, throughput) and print its path (RUN=id)
+	$(MN) report $(if $(RUN),--run $(RUN))
 
 preempt: setup ## arm a spot notice on a local node's metadata endpoint (NODE=n, IN=seconds from now, NOTICE=interruption|rebalance)
 	$(MN) preempt

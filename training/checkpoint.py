@@ -91,9 +91,15 @@ def state_of(trainer, next_epoch: int, consumed: int) -> dict:
 
 def save(trainer, next_epoch: int, consumed: int = 0) -> replica.Copies | None:
     """Every rank, at the same point, with a snapshot directory: rank 0 writes ``trainer``'s snapshot (to resume
-    at ``next_epoch``, after ``consumed`` samples of it), a rank on another node keeps a verified copy."""
+    at ``next_epoch``, after ``consumed`` samples of it), a rank on another node keeps a verified copy. Its time is
+    a periodic checkpoint stall of the ledger (:mod:`training.marks`)."""
     if not trainer.t.snapshot_dir:
         return None
+    with trainer.marks.checkpoint("periodic"):
+        return _save(trainer, next_epoch, consumed)
+
+
+def _save(trainer, next_epoch: int, consumed: int) -> replica.Copies | None:
     blob = None
     if trainer.world.rank == 0:
         crash = None
@@ -128,11 +134,13 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
         watcher.noticed_at, watcher.notice.describe(), socket.gethostname())
     seen = trainer.gather(mine)
     start = time.time()
-    copies = save(trainer, epoch, consumed)
-    uploaded = None
-    if trainer.uploader is not None:  # the coordinated checkpoint goes up before the rank exits, within the grace
-        left = watcher.seconds_left()
-        uploaded = trainer.uploader.drain(max(1.0, left - 5.0) if left is not None else 90.0)
+    trainer.marks.done()  # the last step of this attempt; the snapshot is a coordinated checkpoint stall
+    with trainer.marks.checkpoint("coordinated"):
+        copies = _save(trainer, epoch, consumed) if trainer.t.snapshot_dir else None
+        uploaded = None
+        if trainer.uploader is not None:  # the coordinated checkpoint goes up before the rank exits, within the grace
+            left = watcher.seconds_left()
+            uploaded = trainer.uploader.drain(max(1.0, left - 5.0) if left is not None else 90.0)
     first = min(((n, r) for r, n in enumerate(seen) if n), default=(None, None))
     report = {"notice": first[0][1] if first[0] else None, "noticed_by_rank": first[1],
               "noticed_on": first[0][2] if first[0] else None, "noticed_at": first[0][0] if first[0] else None,
@@ -172,4 +180,5 @@ def save_rebalance(trainer, epoch: int, consumed: int) -> replica.Copies | None:
     if trainer.world.rank == 0:
         log.info("%s on %s: one coordinated checkpoint at epoch %d batch %d (step %d); the job goes on",
                  first[0], first[1], epoch, batch, trainer.step)
-    return save(trainer, epoch, consumed)
+    with trainer.marks.checkpoint("coordinated"):  # the ledger's coordinated stall, though the job goes on
+        return _save(trainer, epoch, consumed) if trainer.t.snapshot_dir else None

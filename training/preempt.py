@@ -1,26 +1,18 @@
 """Preemption: a notice on any node becomes one checkpoint that every rank takes at the same step.
 
-Notice sources (one watcher per process, started by :func:`watch`):
-
-* the instance metadata service (:mod:`training.imds`): a spot interruption notice (stop) or a rebalance
-  recommendation (save and go on: AWS's "elevated risk", :attr:`training.imds.Notice.stops`). Polled on a daemon
-  thread every 5 s (AWS's advice; ``MULTINODE_NOTICE_POLL=<seconds>`` changes it) when
-  ``AWS_EC2_METADATA_SERVICE_ENDPOINT`` is set (the local provider's nodes serve it at the EC2 address) or the
-  machine is an EC2 instance;
-* SIGTERM (a scheduler, ``docker stop``, SLURM's ``--signal``) when ``MULTINODE_GRACE=<seconds>`` is set:
-  the rank then has that long before it is killed. Without it SIGTERM keeps its default (the process ends),
-  so jobs that never asked for this behave as before.
-``MULTINODE_NOTICES=off`` turns both off. A notice whose time is before this process started (a notice left from
-before the run: a rebalance already saved for, an interruption of an earlier attempt) is ignored, said in one line.
+Notice sources (one watcher per process, :func:`watch`; docs/preemption.md): the instance metadata service
+(:mod:`training.imds`: a spot interruption stops, a rebalance recommendation saves and goes on), polled every 5 s
+(AWS's advice; ``MULTINODE_NOTICE_POLL``) where its endpoint variable is set or on EC2; SIGTERM when
+``MULTINODE_GRACE=<seconds>`` is set (the rank then has that long; without it SIGTERM keeps its default).
+``MULTINODE_NOTICES=off`` turns both off. A notice older than this process is ignored, said in one line.
 
 Agreement (:class:`Agreement`): every ``k`` steps each rank all-reduces ``[notice here?, seconds per step]``
 with MAX (1 a notice that stops, 0.5 a rebalance not yet saved for, 0 none): a notice seen by any rank is seen by
 all at the same step (a stop wins over a save), and the next ``k`` (about one check a second) is the same on every
 rank. No other communication; a notice costs at most one check interval; the snapshot holds every step taken.
 
-The exit status of a preempted rank is :data:`EXIT_PREEMPTED` (75, ``EX_TEMPFAIL`` of sysexits.h: "a
-temporary failure; retry later") -- not a failure. A user script (this module is ``multinode.trainer.preempt``
-where multinode is installed, ``training.preempt`` in its repository)::
+A preempted rank exits :data:`EXIT_PREEMPTED` (75, sysexits.h's ``EX_TEMPFAIL``: "retry later"), not a failure.
+A user script (``multinode.trainer.preempt`` where multinode is installed, ``training.preempt`` here)::
 
     with preempt.guard() as stop:
         for step in range(start, steps):
@@ -29,9 +21,8 @@ where multinode is installed, ``training.preempt`` in its repository)::
                 save_checkpoint(step + 1)
                 sys.exit(preempt.EXIT_PREEMPTED)
 
-On a rebalance recommendation ``stop.now()`` stays False and ``stop.save_requested`` is True on that step, on every
-rank: save, and go on. ``preempt.requested()`` says whether this process has seen a notice that stops (no
-agreement: for one-process scripts).
+On a rebalance ``stop.now()`` stays False and ``stop.save_requested`` is True on that step, on every rank: save,
+and go on. ``preempt.requested()``: this process has seen a notice that stops (no agreement: one-process scripts).
 
 The user's other helpers, loaded from their own modules on first use (:data:`USER_HELPERS`):
 ``preempt.on_peer_loss(save)`` around a step keeps the last completed step when a peer is lost without a notice
@@ -260,14 +251,18 @@ def torch_all_reduce_max(device=None):
 
 
 class _Guard:
-    def __init__(self, agreement: Agreement):
+    def __init__(self, agreement: Agreement, marks=None):
         self.agreement = agreement
         self.watcher = agreement.watcher
         self.save_requested = False
+        self.marks = marks  # the ledger's step marks (training/marks.py)
 
     def now(self) -> bool:
         """Call after every step on every rank: True on the same step everywhere once any rank has a notice that
-        stops; :attr:`save_requested` True on the step every rank agreed to save for a rebalance recommendation."""
+        stops; :attr:`save_requested` True on the step every rank agreed to save for a rebalance recommendation.
+        Each call is also a step of the run's ledger (:mod:`training.marks`: rank 0 marks the first one)."""
+        if self.marks is not None:
+            self.marks.step(self.agreement.steps + 1)
         decision = self.agreement.check()
         self.save_requested = decision == "save"
         return decision == "stop"
@@ -278,10 +273,15 @@ class _Guard:
 
 @contextlib.contextmanager
 def guard(device=None):
-    """The watcher and the agreement for a user's loop (see the module docstring)."""
+    """The watcher and the agreement for a user's loop (see the module docstring); its steps are the ledger's
+    when ``training/marks.py`` is beside this file (a project that copied only preempt.py and imds.py goes without)."""
+    try:
+        from . import marks  # not at the top: the notice guard's private copy has no marks.py
+    except ImportError:
+        marks = None
     watcher = watch()
     try:
-        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)))
+        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)), marks.current() if marks else None)
     finally:
         watcher.close()
 

@@ -20,7 +20,7 @@
   snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
   world size bitwise, on another one with the same global batch; a rebalance recommendation: the same snapshot
   at the same step on every rank, and training goes on;
-* ``metrics.jsonl``, ``samples.jsonl`` (``--log-samples``) and the step heartbeat -- :mod:`training.runlog`.
+* ``metrics.jsonl``, ``samples.jsonl``, the heartbeat -- :mod:`training.runlog`; the ledger's -- :mod:`training.marks`.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from . import checkpoint, preempt, replica, sampler, survivor, upload
+from . import checkpoint, marks, preempt, replica, sampler, survivor, upload
 from .ddp_comm import CommTimer, settle_buckets
 from .config import Config
 from .dist_env import World
@@ -47,6 +47,7 @@ from .mpi_plane import MpiGradients
 from .runlog import RunLog, announce
 from .steptimes import StepTimes
 from .workloads import Workload
+
 
 log = logging.getLogger("training")
 
@@ -115,6 +116,7 @@ class Trainer:
         self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
         device_for_sum = device if world.backend == "nccl" else None
         self.agreement = preempt.Agreement(self.watcher, preempt.torch_all_reduce_max(device_for_sum))
+        self.marks = marks.Marks(world.rank == 0)  # the ledger's steps and checkpoint stalls (training/marks.py)
 
     # --- plumbing -----------------------------------------------------------------------
 
@@ -181,6 +183,7 @@ class Trainer:
         if self.t.log_samples:
             self.runlog.step_samples(epoch, self.step, self.gather(step.ids))
         self.runlog.heartbeat(self.step)
+        self.marks.step(self.step)
         decision = self.agreement.check()  # the same on every rank
         if decision == "stop":
             raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
@@ -242,7 +245,8 @@ class Trainer:
             epochs_run += 1
             stats = self._run_epoch(epoch)
             val = self.evaluate(self.val_loader)
-            row = {"epoch": epoch, "step": self.step, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy")}
+            row = {"epoch": epoch, "step": self.step, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy"),
+                   "step_time_by_rank": self.gather(stats["step_time_s"])}  # the report's step time per rank
             self.runlog.record(**row)
             acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
             log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
@@ -267,6 +271,7 @@ class Trainer:
                 if not saved:
                     checkpoint.save(self, epoch + 1)
                 break
+        self.marks.done()
         test = self.evaluate(self.test_loader)
         result = {"epochs_run": epochs_run, "test_loss": test["loss"]}
         if "accuracy" in test:

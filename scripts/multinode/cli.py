@@ -108,6 +108,13 @@ def _add_logs(sub: argparse._SubParsersAction) -> None:
     logs.add_argument("--node", default=None, help="node index or name")
 
 
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    """``report``: a run's page (ledger, timeline per node, loss, step time per rank, throughput)."""
+    report = sub.add_parser("report", help="write a run's report.html in its run directory and print its path "
+                                           "(default: the latest run)")
+    report.add_argument("--run", default=env_default("RUN"), help="run id")
+
+
 def _add_stacks(sub: argparse._SubParsersAction) -> None:
     """``stacks``: the Python stacks of a running job's ranks."""
     stacks = sub.add_parser("stacks", help="Python stacks of every rank of a running job, identical ones grouped")
@@ -153,6 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("status", help="show the nodes and whether each answers SSH")
     _add_train(sub)
     _add_logs(sub)
+    _add_report(sub)
     _add_stacks(sub)
     _add_netcheck(sub)
     _add_preempt(sub)
@@ -238,6 +246,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return summary.exit_code if summary is not None else 0
     elif args.command == "logs":
         verbs.logs(args.cluster, run_id=args.run, node=args.node)
+    elif args.command == "report":
+        verbs.report(args.cluster, run_id=args.run)
     elif args.command == "stacks":
         return verbs.stacks(args.cluster, run_id=args.run)
     elif args.command == "preempt":

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -243,7 +244,7 @@ def _instances(ec2, cluster: str) -> list[dict]:
     return sorted((i for r in found for i in r["Instances"]), key=lambda i: i["InstanceId"])
 
 
-def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform, tmp_path, ssh_listener):
+def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform, tmp_path, ssh_listener, capfd):
     state = ClusterState.for_cluster("tfreal", root=tmp_path)
     probed: list[str] = []
 
@@ -259,6 +260,9 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
     # real run_terraform and boto3 client
     provider = AwsProvider(ssh_port=ssh_listener, wait_ssh=wait_ssh, wait_ready=wait_ready, clients=moto_clients)
     inv = provider.up(_spec("tfreal"), state)
+    # terraform apply's progress, a plain line per resource step (stderr is not a terminal here)
+    shown = capfd.readouterr().err
+    assert re.search(r"^terraform apply: aws_instance\.node\[1\]: Creation complete after ", shown, re.M), shown[-2000:]
     tf_dir = state.provider_dir / "terraform"
     tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
 

@@ -10,6 +10,7 @@ each) stands in for EC2 instances. Each node's bootstrap reports in files of its
 
 from __future__ import annotations
 
+import io
 import shlex
 
 import pytest
@@ -17,6 +18,7 @@ from localcluster import bring_up, tear_down
 from test_aws_moto import FakeTerraform, _spec, ec2, moto_clients, moto_url, ssh_listener  # noqa: F401 (fixtures)
 
 from multinode.core.errors import NodeError
+from multinode.core.progress import Progress
 from multinode.providers.aws import ec2 as aws_ec2
 from multinode.providers.aws.provider import AwsProvider
 from multinode.providers.aws.readiness import Bootstrap, wait_ready
@@ -72,9 +74,15 @@ def test_a_node_that_becomes_ready_late_is_waited_for(cluster, boot, tmp_path):
         assert started.ok, started
         assert not marker.exists()  # not ready when the wait begins
         said: list[str] = []
-        wait_ready(inv, runner, image=IMAGE, timeout=60, bootstrap=boot, poll=0.5, say=said.append)
+        shown = io.StringIO()  # not a terminal: a plain line each time the progress changes
+        wait_ready(inv, runner, image=IMAGE, timeout=60, bootstrap=boot, poll=0.5, say=said.append,
+                   progress=Progress("bootstrap", shown))
     assert marker.exists()  # it returned once the marker was there (absent when the wait began)
     assert said[0].startswith("node-0 is ready") and said[-1].startswith("node-1 is ready")
+    # while node-1 waited: how many nodes were ready, and the step its bootstrap log had reached
+    assert shown.getvalue().splitlines()[0] == (f"bootstrap: 1/2 node(s) ready; node-1: no ready marker {marker} yet "
+                                                f"(bootstrap: node-1: docker pull {IMAGE}: pulling)"), shown.getvalue()
+    assert "\r" not in shown.getvalue()
 
 
 def test_a_failed_bootstrap_ends_the_wait_at_once(cluster, boot, tmp_path):

@@ -20,6 +20,7 @@ from multinode.app.attempt import Attempt
 from multinode.checks.links import connection_error
 from multinode.core.errors import NodeError
 from multinode.core.outcome import Outcome
+from multinode.diagnose.ledger import JobMarks, goodput_line, parse_marks
 from multinode.diagnose.rank import log_lines, pick_root_cause, root_cause
 from multinode.diagnose.report import save as save_stacks
 from multinode.diagnose.summary import (Phases, RunSummary, describe, parse_preempted, parse_result, parse_resumed,
@@ -81,6 +82,20 @@ def resumed_report(attempt: Attempt, outcome: Outcome) -> dict | None:
     return None
 
 
+def job_marks(attempt: Attempt, outcome: Outcome, reached_step: int | None) -> JobMarks:
+    """The attempt's job as the ledger reads it: rank 0's marks (in the job's lines, or in whichever node log holds
+    them), the step it resumed from, and ``reached_step`` (the heartbeat's, for an attempt recovered from)."""
+    nodes = attempt.ctx.inv.nodes
+    marks: list[dict] = []
+    for lines in [list(outcome.lines)] + [_log(attempt.ctx.run_dir, n.name) for n in nodes]:
+        marks = parse_marks(lines) if lines else []
+        if marks:
+            break
+    resumed = (resumed_report(attempt, outcome) or {}).get("step")
+    return JobMarks(attempt.number, tuple(n.name for n in nodes), tuple(marks),
+                    resumed if isinstance(resumed, int) else None, reached_step)
+
+
 def save(run_dir: Path, summary: RunSummary) -> None:
     """``summary.json`` (and a recovering run's ``recovery.json``): written here, nowhere else."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -91,7 +106,7 @@ def save(run_dir: Path, summary: RunSummary) -> None:
 
 def report(summary: RunSummary, out: TextIO, err: TextIO, timeline: list[str]) -> None:
     """The run's last words: the summary (a failure's, with what failed first and its last lines, to ``err``),
-    then the recovery's ``timeline`` lines."""
+    then the recovery's ``timeline`` lines, then the ledger's goodput line."""
     if summary.failed_node:
         print(f"multinode: {summary.error}", file=err)
         print(summary.failure, file=err)
@@ -102,6 +117,8 @@ def report(summary: RunSummary, out: TextIO, err: TextIO, timeline: list[str]) -
         print(describe(summary), file=out)
     for line in timeline:
         print(line, file=out)
+    if summary.ledger:
+        print(goodput_line(summary.ledger), file=out)
 
 
 def _preempted(outcome: Outcome, lines: list[str]) -> dict | None:

@@ -56,6 +56,7 @@ from multinode.core.errors import MultinodeError, NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
+from multinode.diagnose.ledger import JobMarks, account
 from multinode.diagnose.slowranks import SlowRanks
 from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
@@ -81,7 +82,8 @@ class Run:
         self.code: ResolvedProject | None = None
         self.recovery = Recovery(state, inventory, spec, self.say, provider) if spec.recover and not spec.dry_run \
             else None
-        self._start = time.monotonic()
+        self._start = self.phases.began
+        self.jobs: list[JobMarks] = []  # each attempt's job marks, for the ledger
 
     def say(self, message: str) -> None:
         print(f"[recover] {message}", file=self.out, flush=True)
@@ -101,6 +103,7 @@ class Run:
             attempt.ctx.runner = runner
             claim = attempt.backend.reach.claim(attempt.ctx)
             claim.take()
+            self.phases.mark("claim")
             try:
                 summary = self.attempts(attempt, claim)
             finally:
@@ -117,11 +120,23 @@ class Run:
                                             ending.resumed_report(attempt, outcome)) if self.recovery else None
             if self.recovery is not None and self.recovery.recovered:
                 summary = replace(summary, recovery=self.recovery.record())
+            summary = self.account(attempt, outcome, summary, following is not None)
             ending.save(self.run_dir, summary)
             if following is None:
                 return summary
             self.recovery.keep_attempt(self.run_dir)
             attempt = self.next_attempt(attempt, following, claim)
+            self.phases.mark("recover")
+            self.phases.attempt = attempt.number
+
+    def account(self, attempt: Attempt, outcome: Outcome, summary: RunSummary, recovering: bool) -> RunSummary:
+        """The summary with the ledger of the run so far (:mod:`multinode.diagnose.ledger`): this attempt's job
+        marks added to the earlier attempts' (and, when it is recovered from, the highest step it reached)."""
+        loss = self.recovery.pending if recovering and self.recovery is not None else None
+        if attempt.started_at is not None:
+            self.jobs.append(ending.job_marks(attempt, outcome, loss.last_step if loss else None))
+        return replace(summary, ledger=account(self.phases.spans, self.jobs, summary.wall_seconds,
+                                               self.phases.began_unix))
 
     def attempt(self, attempt: Attempt) -> Outcome:
         """pre-flight -> prepare -> launch -> watch -> sweep. A later attempt that cannot start is a failed

@@ -1,4 +1,4 @@
-"""The verbs behind the CLI: up, down, status, train, logs, stacks, ssh, reap.
+"""The verbs behind the CLI: up, down, status, train, logs, report, stacks, ssh, reap.
 
 Each verb loads the cluster's state and calls the one module that does the work: a provider (up, down, reap),
 the run (train: :mod:`multinode.app.run`), the runner (status, stacks); it owns nothing else.
@@ -12,6 +12,7 @@ import os
 import shlex
 import sys
 from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 from multinode.app.netcheck import netcheck as measure_network
@@ -25,6 +26,7 @@ from multinode.core.sources import Settled
 from multinode.core.state import ClusterState
 from multinode.diagnose.capture import capture
 from multinode.diagnose.report import group_stacks
+from multinode.diagnose.run_report import write as write_report
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
 from multinode.providers.aws.readiness import Bootstrap, software_summary
@@ -207,13 +209,7 @@ def stacks(cluster: str, run_id: str | None = None, out: TextIO | None = None) -
 
 
 def logs(cluster: str, run_id: str | None = None, node: str | None = None) -> None:
-    state = ClusterState.for_cluster(cluster)
-    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
-    if not runs:
-        raise UserError(f"cluster {cluster!r} has no runs yet; run 'make train' first")
-    run = state.run_dir(run_id) if run_id else runs[-1]
-    if not run.exists():
-        raise UserError(f"no run {run_id!r}; runs are: {', '.join(p.name for p in runs[-5:])}")
+    run = _run_dir(ClusterState.for_cluster(cluster), cluster, run_id)
     files = sorted(run.glob("node-*.log"))
     if node is not None:
         name = node_name(node)
@@ -226,6 +222,26 @@ def logs(cluster: str, run_id: str | None = None, node: str | None = None) -> No
     summary = run / "summary.json"
     if summary.exists():
         print(summary.read_text())
+
+
+def report(cluster: str, run_id: str | None = None) -> Path:
+    """``make report``: the run's page (:mod:`multinode.diagnose.run_report`) written in its run directory (the
+    latest run's without RUN); its path printed."""
+    run = _run_dir(ClusterState.for_cluster(cluster), cluster, run_id)
+    path = write_report(run)
+    print(path)
+    return path
+
+
+def _run_dir(state: ClusterState, cluster: str, run_id: str | None) -> Path:
+    """The run ``run_id`` (the latest without one); a UserError naming the runs there are otherwise."""
+    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
+    if not runs:
+        raise UserError(f"cluster {cluster!r} has no runs yet; run 'make train' first")
+    run = state.run_dir(run_id) if run_id else runs[-1]
+    if not run.exists():
+        raise UserError(f"no run {run_id!r}; runs are: {', '.join(p.name for p in runs[-5:])}")
+    return run
 
 
 def ssh_argv(inventory: Inventory, node_key: str) -> list[str]:

@@ -50,19 +50,26 @@ class RunSummary:
     exit_code: int = 0  # what the orchestrator exits with
     error: str | None = None  # a failed or interrupted job: what ended it, in one line
     failure: str | None = None  # a failed job: the failure that ended it, with its node's last lines and log
+    ledger: dict | None = None  # where the wall time went, in buckets that add up to it (multinode.diagnose.ledger)
 
 
 class Phases:
     """Where a run's time goes: ``mark(name)`` ends the phase ``name`` now (it began at the previous mark).
-    Saved in summary.json (``phases``) and measured across node counts by ``python -m bench.control_plane``."""
+    Saved in summary.json (``phases``: seconds per name, every attempt's added) and measured across node counts by
+    ``python -m bench.control_plane``; ``spans`` keeps each one apart, with its attempt (the ledger's input)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
-        self._last = time.monotonic()
+        self.spans: list[dict] = []  # {"phase", "attempt", "from", "to"}: seconds since ``began``
+        self.attempt = 0  # the attempt the next marks belong to
+        self.began = self._last = time.monotonic()
+        self.began_unix = time.time()  # the same instant on the clock the job's marks use
 
     def mark(self, name: str) -> None:
         now = time.monotonic()
         self.seconds[name] = round(self.seconds.get(name, 0.0) + now - self._last, 3)
+        self.spans.append({"phase": name, "attempt": self.attempt, "from": round(self._last - self.began, 3),
+                           "to": round(now - self.began, 3)})
         self._last = now
 
 

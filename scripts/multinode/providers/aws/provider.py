@@ -283,6 +283,7 @@ class AwsProvider:
 
 def wait_bootstrap(inventory: Inventory, image: str | None) -> None:
     """Every node's bootstrap done (ready marker, image, GPUs, cloud-init) within READY_TIMEOUT."""
+    from multinode.core.progress import Progress
     from multinode.providers.aws.readiness import wait_ready
     from multinode.ssh.runner import RemoteRunner
 
@@ -290,8 +291,10 @@ def wait_bootstrap(inventory: Inventory, image: str | None) -> None:
     with RemoteRunner(inventory) as runner:
         runner.say(f"waiting up to {READY_TIMEOUT / 60:.0f} min for the bootstrap of {len(inventory.nodes)} nodes "
                    f"(driver, {runtime}, GPU smoke test)")
-        took = wait_ready(inventory, runner, image=image, timeout=READY_TIMEOUT, poll=10.0, say=runner.say)
-        runner.say(f"every node is ready after {took:.0f}s")
+        with Progress("[multinode] bootstrap", runner.out) as progress:  # one updating line on a terminal
+            took = wait_ready(inventory, runner, image=image, timeout=READY_TIMEOUT, poll=10.0, progress=progress,
+                              say=lambda message: progress.note(f"[multinode] {message}"))
+            progress.done(f"every node is ready after {took:.0f}s")
 
 
 __all__ = ["AwsProvider", "wait_bootstrap"]

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from multinode.core.errors import NodeError, UserError
 from multinode.core.inventory import Inventory, Node
+from multinode.core.progress import Progress
 from multinode.ssh.runner import RemoteRunner
 
 log = logging.getLogger(__name__)
@@ -74,13 +75,16 @@ def probe_command(bootstrap: Bootstrap, node: Node, image: str | None) -> str:
     gpus = node.accelerator_count
     return "\n".join([
         f"if [ -e {failed} ]; then echo \"failed the bootstrap failed: $(head -c 300 {failed})\"; exit 0; fi",
+        # the step the bootstrap has reached: its log's last line, shown while the run waits (Progress)
+        f"step=$(tail -n 1 {shlex.quote(bootstrap.path(bootstrap.log, node))} 2>/dev/null | tr -d '\\r' | cut -c1-100)",
+        'at=${step:+ (bootstrap: $step)}',
         f"ci=$({bootstrap.cloud_init} status 2>/dev/null | sed -n 's/^status: //p' | head -n 1)",
         'case "$ci" in',
         "  done*) ;;",
         '  error*) echo "failed cloud-init status: $ci"; exit 0 ;;',
-        '  *) echo "waiting cloud-init is ${ci:-not reporting yet}"; exit 0 ;;',
+        '  *) echo "waiting cloud-init is ${ci:-not reporting yet}$at"; exit 0 ;;',
         "esac",
-        f"if [ ! -e {ready} ]; then echo \"waiting no ready marker {bootstrap.path(bootstrap.ready, node)} yet\"; exit 0; fi",
+        f"if [ ! -e {ready} ]; then echo \"waiting no ready marker {bootstrap.path(bootstrap.ready, node)} yet$at\"; exit 0; fi",
         f"image=$(sed -n 's/^image=//p' {ready}); gpus=$(sed -n 's/^gpus=//p' {ready})",
         f"want={want_image}",
         'if [ -n "$want" ] && [ "$image" != "$want" ]; then echo "failed the node pulled image \'$image\', not \'$want\'"; exit 0; fi',
@@ -128,8 +132,10 @@ def tail_command(bootstrap: Bootstrap, node: Node) -> str:
 
 def wait_ready(inventory: Inventory, runner: RemoteRunner, *, image: str | None, timeout: float,
                bootstrap: Bootstrap = Bootstrap(), poll: float = 5.0,
-               clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] | None = None) -> float:
-    """Block until every node is ready (see the module docstring); return the seconds it took."""
+               clock: Callable[[], float] = time.monotonic, say: Callable[[str], None] | None = None,
+               progress: Progress | None = None) -> float:
+    """Block until every node is ready (see the module docstring); return the seconds it took. ``progress``, if
+    given, says after each round how many nodes are ready and the step each other one has reached."""
     start = clock()
     deadline = start + timeout
     pending = {node.name: node for node in inventory.nodes}
@@ -148,6 +154,9 @@ def wait_ready(inventory: Inventory, runner: RemoteRunner, *, image: str | None,
                 del pending[name]
         if not pending:
             return clock() - start
+        if progress is not None:
+            waiting = "; ".join(f"{name}: {last[name].detail}" for name in sorted(pending))
+            progress.update(f"{len(inventory.nodes) - len(pending)}/{len(inventory.nodes)} node(s) ready; {waiting}")
         if clock() >= deadline:
             first = sorted(pending)[0]
             others = f" (also not ready: {', '.join(sorted(pending)[1:])})" if len(pending) > 1 else ""

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory, Node
 from multinode.core.resources import infra_dir
+from multinode.core.progress import Progress
 from multinode.core.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -53,20 +56,35 @@ class TerraformFailed(UserError):
 
 def run_terraform(tf_dir: Path, *args: str) -> str:
     """``terraform -chdir=<tf_dir> <args>``; stdout returned, stderr passed on to the user (and kept in
-    :class:`TerraformFailed` when the command fails)."""
+    :class:`TerraformFailed` when the command fails). While an apply or a destroy runs, each resource's progress
+    line (``aws_instance.node[1]: Still creating... [20s elapsed]``) is shown as it comes (:mod:`multinode.core.progress`:
+    one updating line on a terminal, plain lines otherwise)."""
     binary = terraform_binary()
     argv = [binary, f"-chdir={tf_dir}", *args]
     log.info("running %s", " ".join(argv))
-    result = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "TF_IN_AUTOMATION": "1"})
-    sys.stderr.write(result.stderr)
-    if result.returncode != 0:
-        raise TerraformFailed(f"'terraform {args[0]}' failed (exit code {result.returncode}) in {tf_dir}; "
-                              "see its output above", result.stderr)
-    return result.stdout
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as errors, Progress(f"terraform {args[0]}") as progress:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=errors, text=True,
+                                env={**os.environ, "TF_IN_AUTOMATION": "1"})
+        for line in proc.stdout:
+            lines.append(line)
+            if args[0] in LONG_COMMANDS and RESOURCE_PROGRESS.match(line):
+                progress.update(line.strip())
+        code = proc.wait()
+        errors.seek(0)
+        stderr = errors.read()
+    sys.stderr.write(stderr)
+    if code != 0:
+        raise TerraformFailed(f"'terraform {args[0]}' failed (exit code {code}) in {tf_dir}; "
+                              "see its output above", stderr)
+    return "".join(lines)
 
 
 Terraform = Callable[..., str]
+LONG_COMMANDS = ("apply", "destroy")
+# Terraform's line per resource as an apply or destroy goes (its human-readable output, -no-color): e.g.
+# "aws_instance.node[0]: Creating...", "...: Still creating... [10s elapsed]", "...: Creation complete after 12s".
+RESOURCE_PROGRESS = re.compile(r"^(module\.\S+\.)?[\w-]+\.[\w-]+(\[[^\]]+\])?: (Creat|Still |Destr|Modif|Read)")
 
 
 # --- outputs -> inventory -----------------------------------------------------------------

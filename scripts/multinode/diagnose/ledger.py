@@ -1,0 +1,217 @@
+"""Where a run's wall time went: the ledger in ``summary.json`` and the run's last line (``goodput 91 % of 5m12s:
+training 4m44s, start 14s, ...``). Pure: recorded inputs in, buckets out; nothing is read or written here.
+
+Inputs: the run's phase spans (:class:`multinode.diagnose.summary.Phases`: each phase of each attempt, seconds
+since the run began, contiguous), and per attempt the job's marks (rank 0's ``MARK {json}`` lines,
+``training/marks.py``: first step, progress, last step, checkpoint stalls), the step it resumed from and the
+highest step it reached (the heartbeat, for a lost one). The buckets tile the wall time, so they add up to it:
+
+* **wait**: opening the connections and claiming the cluster (a queued run waits here);
+* **pre-flight**: pre-flight, the link check, the GPU smoke test;  **sync**: code sync, SETUP (and a ``data``
+  phase: the DATA step of issue 36, where the run has one);
+* **start**: launching the job, then its processes up to the end of the first step (imports, rendezvous, data);
+* **training**: the first step to the last one, less the checkpoint stalls and the steps trained twice;
+* **checkpoint**: the stalls of periodic and coordinated (a notice's) checkpoints;
+* **recovery**, per recovery: *detect* (after the ended attempt's last step and checkpoint, to its end),
+  *replace* (its sweep, summary and the replacement) and *restart* (the next attempt's pre-flight, sync and
+  start to its first step);
+* **trained twice**: the steps after the snapshot an attempt resumed from that the ended attempt had trained
+  (0 after a notice: its coordinated checkpoint holds every step), at that attempt's own time per step;
+* **teardown**: after the last step (final test, exit), the sweep and the summary;
+* **job**: a job that marks nothing (a user script without ``training.marks``), from its start to its end;
+* **other**: a phase this module does not know (named in ``other``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+MARK_LINE = re.compile(r"MARK (\{.*\})\s*$")
+BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "checkpoint", "recovery", "trained twice", "teardown",
+           "job", "other")
+FIRST_ATTEMPT = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight",
+                 "GPU smoke test": "pre-flight", "sync": "sync", "data": "sync", "start": "start"}
+AFTER_JOB = ("sweep", "summary", "recover")  # an ended attempt's: teardown (the last), else its recovery's replace
+
+
+@dataclass(frozen=True)
+class JobMarks:
+    """What one attempt's job told of itself (its rank 0's marks) and what the run knows of its steps."""
+
+    attempt: int
+    nodes: tuple[str, ...] = ()
+    marks: tuple[dict, ...] = ()
+    resumed_step: int | None = None  # the snapshot's step it started from (RESUMED), if any
+    reached_step: int | None = None  # the highest step a rank reached (the heartbeat), when the run probed it
+
+
+@dataclass
+class _Book:
+    buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
+    recoveries: dict[int, dict[str, float]] = field(default_factory=dict)
+    other: dict[str, float] = field(default_factory=dict)
+    attempts: list[dict] = field(default_factory=list)
+    steps_twice: int = 0
+
+    def recovery(self, number: int, part: str, seconds: float) -> None:
+        row = self.recoveries.setdefault(number, {"detect": 0.0, "replace": 0.0, "restart": 0.0})
+        row[part] += seconds
+        self.buckets["recovery"] += seconds
+
+
+def parse_marks(lines: list[str]) -> list[dict]:
+    """Every ``MARK {json}`` payload in ``lines``, in order (lines that do not parse are skipped)."""
+    found = []
+    for line in lines:
+        match = MARK_LINE.search(line)
+        if match:
+            try:
+                payload = json.loads(match[1])
+            except json.JSONDecodeError:
+                continue
+            if isinstance(payload, dict) and isinstance(payload.get("at"), (int, float)):
+                found.append(payload)
+    return found
+
+
+def account(spans: list[dict], jobs: list[JobMarks], wall: float, began_unix: float) -> dict:
+    """The ledger of a run of ``wall`` seconds (module doc). ``spans``: ``{"phase", "attempt", "from", "to"}``;
+    ``jobs``: one per attempt that started its job; ``began_unix``: the run's start on the nodes' clock."""
+    book = _Book()
+    spans = _clipped(spans, wall)
+    last = max((s["attempt"] for s in spans), default=0)
+    by_attempt = {j.attempt: j for j in jobs}
+    for span in spans:
+        seconds, number, phase = span["to"] - span["from"], span["attempt"], span["phase"]
+        if phase == "job":
+            _job(book, span, by_attempt.get(number), by_attempt.get(number + 1), last, began_unix)
+        elif phase in AFTER_JOB:
+            if number == last:
+                book.buckets["teardown"] += seconds
+            else:
+                book.recovery(number + 1, "replace", seconds)
+        elif phase in FIRST_ATTEMPT:
+            if number == 0:
+                book.buckets[FIRST_ATTEMPT[phase]] += seconds
+            else:
+                book.recovery(number, "restart", seconds)
+        else:
+            book.buckets["other"] += seconds
+            book.other[phase] = book.other.get(phase, 0.0) + seconds
+    total = sum(book.buckets.values())
+    return {"wall_seconds": round(wall, 3), "accounted_seconds": round(total, 3),
+            "goodput": round(book.buckets["training"] / wall, 4) if wall > 0 else None,
+            "buckets": {name: round(sec, 3) for name, sec in book.buckets.items()},
+            "recoveries": [{"recovery": k, **{p: round(v, 3) for p, v in row.items()}}
+                           for k, row in sorted(book.recoveries.items())],
+            "steps_trained_twice": book.steps_twice, "other": {k: round(v, 3) for k, v in book.other.items()},
+            "attempts": book.attempts, "spans": spans, "began_unix": round(began_unix, 3)}
+
+
+def _clipped(spans: list[dict], wall: float) -> list[dict]:
+    """The spans cut at ``wall``; the time after the last one (the summary being made) added as ``summary``."""
+    out = [{**s, "to": min(s["to"], wall)} for s in spans if s["from"] < wall]
+    end = out[-1]["to"] if out else 0.0
+    if end < wall:
+        out.append({"phase": "summary", "attempt": out[-1]["attempt"] if out else 0, "from": end, "to": wall})
+    return out
+
+
+def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | None, last: int,
+         began_unix: float) -> None:
+    """One attempt's job span: start, training, checkpoints, steps trained twice and its end (module doc)."""
+    start, end, number = span["from"], span["to"], span["attempt"]
+    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in (job.marks if job else ())]
+    steps = [m for m in marks if m.get("mark") in ("first_step", "steps", "last_step") and isinstance(m.get("step"), int)]
+    first = next((m for m in marks if m.get("mark") == "first_step"), None)
+    stalls = [(m["t"], min(m["t"] + max(float(m.get("seconds", 0)), 0.0), end), m.get("kind", "periodic"))
+              for m in marks if m.get("mark") == "checkpoint"]
+    row = {"attempt": number, "nodes": list(job.nodes) if job else [], "job": [round(start, 3), round(end, 3)],
+           "reported": first is not None, "checkpoints": [[round(a, 3), round(b - a, 3), k] for a, b, k in stalls]}
+    book.attempts.append(row)
+    if first is None:  # nothing reported: the job's time is one bucket
+        book.buckets["job"] += end - start
+        return
+    t_first, t_last = first["t"], max(m["t"] for m in steps)
+    n_first, n_last = first["step"], max(m["step"] for m in steps)
+    later = [m for m in marks if m.get("mark") == "checkpoint" and isinstance(m.get("step"), int) and m["step"] > n_last]
+    if later:  # a checkpoint after the last step mark: its step was trained by the time it began
+        t_last, n_last = max((m["t"], m["step"]) for m in later)
+    row.update(first_step=round(t_first, 3), last_step=round(t_last, 3), steps=[n_first, n_last])
+    stalled_in = sum(max(0.0, min(b, t_last) - max(a, t_first)) for a, b, _ in stalls)
+    stalled_after = sum(max(0.0, b - max(a, t_last)) for a, b, _ in stalls)
+    train = max(0.0, t_last - t_first - stalled_in)
+    tail = max(0.0, end - t_last - stalled_after)
+    book.buckets["checkpoint"] += stalled_in + stalled_after
+    if number == 0:
+        book.buckets["start"] += t_first - start
+    else:
+        book.recovery(number, "restart", t_first - start)
+    kept_tail, twice_train, twice_tail = _past_marks(book, job, following, n_first, n_last, train, tail)
+    book.buckets["training"] += train - twice_train + kept_tail
+    book.buckets["trained twice"] += twice_train + twice_tail
+    if number == last:
+        book.buckets["teardown"] += tail - kept_tail - twice_tail
+    else:
+        book.recovery(number + 1, "detect", tail - kept_tail - twice_tail)
+
+
+def _past_marks(book: _Book, job: JobMarks, following: JobMarks | None, n_first: int, n_last: int, train: float,
+                tail: float) -> tuple[float, float, float]:
+    """For an attempt the run recovered from: (seconds of ``tail`` that trained steps the next attempt keeps, seconds
+    of ``train`` and of ``tail`` that trained steps it trains again). Steps past the last mark (a lost attempt's
+    heartbeat saw them) were trained in the tail; those past the step the next attempt resumed from are twice."""
+    if following is None:
+        return 0.0, 0.0, 0.0
+    resumed = following.resumed_step
+    if resumed is None:
+        first = next((m for m in following.marks if m.get("mark") == "first_step"), None)
+        resumed = first["step"] - 1 if first and isinstance(first.get("step"), int) else None
+    reached = max(n_last, job.reached_step or 0)
+    if resumed is None or reached <= n_last and reached <= resumed:
+        return 0.0, 0.0, 0.0
+    per_step = train / (n_last - n_first) if n_last > n_first else _per_step(following.marks)
+    kept = min(tail, max(0, min(reached, resumed) - n_last) * per_step)
+    if reached <= resumed:
+        return kept, 0.0, 0.0
+    book.steps_twice += reached - resumed
+    in_tail = min(tail - kept, (reached - max(resumed, n_last)) * per_step)
+    in_train = min(train, max(0, n_last - resumed) * per_step)
+    return kept, in_train, in_tail
+
+
+def _per_step(marks: tuple[dict, ...]) -> float:
+    """Seconds per step between an attempt's first and last step marks, stalls included (0 if it cannot say): the
+    step time of an attempt lost before it marked a second step is taken from the attempt that trained them again."""
+    steps = sorted((m["step"], m["at"]) for m in marks
+                   if m.get("mark") in ("first_step", "steps", "last_step") and isinstance(m.get("step"), int))
+    if len(steps) < 2 or steps[-1][0] <= steps[0][0]:
+        return 0.0
+    return (steps[-1][1] - steps[0][1]) / (steps[-1][0] - steps[0][0])
+
+
+def duration(seconds: float) -> str:
+    """``4m44s``, ``14s``, ``0.4s``, ``1h02m``."""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    whole = int(round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def goodput_line(ledger: dict) -> str:
+    """``goodput 91 % of 5m12s: training 4m44s, start 14s, ...`` (training first, then the others by size)."""
+    buckets = ledger["buckets"]
+    others = sorted(((k, v) for k, v in buckets.items() if k != "training" and v >= 0.05), key=lambda kv: -kv[1])
+    parts = [f"training {duration(buckets['training'])}"] + [f"{k} {duration(v)}" for k, v in others]
+    share = ledger["goodput"] or 0.0
+    line = f"goodput {share * 100:.0f} % of {duration(ledger['wall_seconds'])}: {', '.join(parts)}"
+    if ledger["recoveries"]:
+        count, twice = len(ledger["recoveries"]), ledger["steps_trained_twice"]
+        line += f" ({count} recover{'y' if count == 1 else 'ies'}, {twice} step{'' if twice == 1 else 's'} trained twice)"
+    return line
