@@ -70,7 +70,8 @@ def test_a_user_script_is_accounted_by_its_guard_steps_or_as_one_job_bucket(clus
     res = cluster2.cli("train", "--nodes", "2", "--run-id=ledger-silent", "--script", str(JOBS / "user_allreduce.py"),
                        "--args=--value 3")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    assert GOODPUT.match(res.stdout.strip().splitlines()[-1]), res.stdout[-1500:]
+    last = res.stdout.strip().splitlines()[-1]  # its steps cannot be told from its start: no share is claimed
+    assert re.match(r"^goodput not known of \S+: job \S+ \(start and steps: the script reports no step\)", last), last
     ledger = _summary(cluster2, "ledger-silent")["ledger"]
     _adds_up(ledger)
     assert not ledger["attempts"][0]["reported"] and ledger["buckets"]["job"] > 0, ledger

@@ -122,6 +122,13 @@ def test_the_goodput_line_names_training_first_then_the_rest_by_size():
     assert duration(312) == "5m12s" and duration(14.2) == "14s" and duration(0.44) == "0.4s" and duration(3725) == "1h02m"
 
 
+def test_a_script_that_reports_no_step_gets_no_goodput_share():
+    ledger = {"buckets": {**dict.fromkeys(BUCKETS, 0.0), "job": 40.0, "start": 2.0, "sync": 3.0}, "goodput": 0.0,
+              "wall_seconds": 45.0, "recoveries": []}
+    assert goodput_line(ledger) == ("goodput not known of 45s: job 40s (start and steps: the script reports no step), "
+                                    "sync 3.0s, start 2.0s")
+
+
 def test_mark_lines_are_found_in_prefixed_logs_and_bad_ones_skipped():
     lines = ['[node-0] [rank0]: MARK {"mark": "first_step", "at": 10.5, "step": 1}', "MARK {not json",
              'MARK {"mark": "steps"}', "epoch 1/3 loss 0.1"]

@@ -15,6 +15,9 @@ Contract:
   ``pip install -r requirements.txt``; files those files include are not followed). The hash is stored
   in the environment only after SETUP succeeded; a failure leaves no stamp, so the next run retries.
 * A failure on any node is one line naming the node, and no rank starts.
+* On a terminal, SETUP on several nodes is one updating line (:class:`SetupBoard`: how many nodes are done, the
+  latest line of one still running), not every node's output; a failed node's last lines are printed after it.
+  Anywhere else every line is streamed as it comes.
 """
 
 from __future__ import annotations
@@ -23,11 +26,13 @@ import hashlib
 import json
 import shlex
 import tempfile
+import threading
 from pathlib import Path
 from typing import TextIO
 
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import Interrupted, NodeError, UserError
+from multinode.core.progress import Progress, is_terminal
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, setup_env_dir
 from multinode.plan.launchers.base import BASE_ENV, NodeCommand
@@ -61,6 +66,7 @@ if [ -n "$envfile" ]; then . "$envfile" || exit 1; fi
 echo "SETUP: $cmd"
 VIRTUAL_ENV=$env PATH="$env/bin:$PATH" PIP_DISABLE_PIP_VERSION_CHECK=1 sh -c "$cmd" || exit $?
 echo "$want" > "$env/.multinode-setup"
+echo "SETUP: done on this node"
 """
 
 
@@ -110,14 +116,55 @@ def run_setup(runner: RemoteRunner, spec: LaunchSpec, manifest: Manifest, cwd_fo
     runtime = runtime_for(inv, spec.run_id)
     lines = {name: runtime.wrap(cmd) for name, cmd in commands.items() if names is None or name in names}
     # Its output is streamed; the logs go to a scratch directory: a refused job leaves no run directory.
+    board = SetupBoard(list(lines), runner.out) if len(lines) > 1 and is_terminal(runner.out) else None
     with tempfile.TemporaryDirectory(prefix="multinode-setup-") as scratch:
         outcome = JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
-                         extra_stop=runtime.stop_line).run()
+                         extra_stop=runtime.stop_line, observe=board.observe if board else None).run()
+        if board is not None:
+            board.end(outcome, Path(scratch))
         if outcome.kind == "interrupted":
             raise Interrupted(outcome.failure.message, exit_code=outcome.exit_code)
         if outcome.kind != "succeeded":
             first = outcome.failure or NodeError(inv.head.name, "setup", None, f"ended {outcome.kind}")
             code = "no exit code" if first.returncode is None else f"exit {first.returncode}"
-            last = next((line for line in reversed(first.tail) if line.strip()), "")
+            seen = [*first.tail, board.last.get(first.node, "")] if board else list(first.tail)
+            last = next((line for line in reversed(seen) if line.strip()), "")
             raise UserError(f"SETUP failed on {first.node} ({code}{': ' + last.strip() if last else ''}); "
                             f"no rank was started; fix SETUP or the files it uses and run again") from None
+
+
+class SetupBoard:
+    """SETUP on several nodes, on a terminal: the job's observer (``JobRun``'s ``observe``) keeps every line off
+    the console and shows one updating line -- ``N of M nodes done``, and the latest line of a node still running;
+    the node logs keep every line. :meth:`end` says how it ended and prints a failed node's last lines."""
+
+    TAIL = 15
+
+    def __init__(self, names: list[str], out: TextIO) -> None:
+        self.names, self.out = names, out
+        self.progress = Progress("[multinode] setup", out, terminal=True)
+        self.done: set[str] = set()
+        self.last: dict[str, str] = {}
+        self.lock = threading.Lock()
+
+    def observe(self, node: str, line: str) -> bool:
+        with self.lock:
+            if line.startswith(("SETUP: done on this node", "SETUP: inputs unchanged")):
+                self.done.add(node)
+            elif line.strip():
+                self.last[node] = line.strip()
+            running = [name for name in self.names if name not in self.done and name in self.last]
+            latest = f"; {running[-1]}: {self.last[running[-1]]}" if running else ""
+            self.progress.update(f"{len(self.done)} of {len(self.names)} nodes done{latest}")
+        return True
+
+    def end(self, outcome, logs: Path) -> None:
+        if outcome.kind == "succeeded":
+            self.progress.done(f"{len(self.names)} of {len(self.names)} nodes done")
+            return
+        self.progress.done(f"{len(self.done)} of {len(self.names)} nodes done; SETUP {outcome.kind}")
+        failed = outcome.failure.node if outcome.failure else None
+        log = logs / f"{failed}.log"
+        if failed and log.exists():
+            for line in log.read_text(errors="replace").splitlines()[-self.TAIL:]:
+                print(f"[{failed}] {line}", file=self.out)

@@ -210,6 +210,10 @@ def goodput_line(ledger: dict) -> str:
     others = sorted(((k, v) for k, v in buckets.items() if k != "training" and v >= 0.05), key=lambda kv: -kv[1])
     parts = [f"training {duration(buckets['training'])}"] + [f"{k} {duration(v)}" for k, v in others]
     share = ledger["goodput"] or 0.0
+    if not buckets["training"] and buckets.get("job", 0.0) > 0:  # a script that reports no step: its start and its
+        parts = [f"job {duration(buckets['job'])} (start and steps: the script reports no step)"] + [  # steps in one
+            f"{k} {duration(v)}" for k, v in others if k != "job"]
+        return f"goodput not known of {duration(ledger['wall_seconds'])}: {', '.join(parts)}"
     line = f"goodput {share * 100:.0f} % of {duration(ledger['wall_seconds'])}: {', '.join(parts)}"
     if ledger["recoveries"]:
         count, twice = len(ledger["recoveries"]), ledger["steps_trained_twice"]
