@@ -132,7 +132,8 @@ image: ## build docker/IMAGE (cpu|cuda|rocm) as TAG; PUSH=1 also pushes it: to E
 	context="$(IMAGE_CONTEXT)"; \
 	$(if $(and $(WHEEL_CACHE),$(filter $(IMAGE),$(WHEELHOUSE_IMAGES))),context=$$($(PY) -m multinode.images.wheelhouse $(IMAGE) $(IMAGE_CONTEXT) $(WHEEL_CACHE)); trap 'rm -rf "$$context"' EXIT; build="$$build --build-arg OFFLINE=1";) \
 	echo "$$build $(IMAGE) -> $(TAG)"; \
-	$$build $(BUILD_ARGS) -f $$context/$(IMAGE)/Dockerfile -t $(TAG) $$context; \
+	log=$$(mktemp /tmp/multinode-image-$(IMAGE)-XXXXXX.log); \
+	$$build $(BUILD_ARGS) -f $$context/$(IMAGE)/Dockerfile -t $(TAG) $$context 2>&1 | $(PY) -m multinode.core.progress "image $(IMAGE)" "$$log"; \
 	if [ -n "$(PUSH)" ]; then \
 	  dest=$(if $(ECR),"$(ECR)/$(TAG)","$(PUSH_TO)"); registry=$${dest%%/*}; \
 	  echo "push $(TAG) -> $$dest"; \

@@ -45,3 +45,24 @@ def test_a_line_too_wide_for_the_terminal_is_cut_so_it_never_wraps(monkeypatch):
     out = Terminal()
     Progress("x", out, clock=lambda: 0.0).update("y" * 100)
     assert len(out.getvalue().lstrip("\r")) == 29 and out.getvalue().endswith("...")
+
+
+def test_a_commands_output_relayed_is_one_updating_line_on_a_terminal_and_every_line_elsewhere(tmp_path):
+    from multinode.core.progress import relay
+
+    build = ["STEP 1/2: FROM debian\n", "\n", "STEP 2/2: RUN pip install torch\n"]
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    out, log = Terminal(), open(tmp_path / "build.log", "w")
+    with log:
+        assert relay("image cpu", build, out, log) == 3
+    shown = out.getvalue()
+    assert shown.count("\n") == 1 and "\rimage cpu: STEP 2/2: RUN pip install torch (" in shown  # one line, rewritten
+    assert shown.rstrip("\n").rsplit("\r", 1)[1].startswith("image cpu: 3 lines; every line in ")  # cut to the width
+    assert (tmp_path / "build.log").read_text() == "".join(build)
+    plain = io.StringIO()
+    relay("image cpu", build, plain)
+    assert plain.getvalue() == "".join(build)  # a pipe, CI: every line as it came

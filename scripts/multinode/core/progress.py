@@ -8,6 +8,7 @@ line becomes it). The text comes from the caller: this module only decides how t
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import sys
 import time
@@ -79,3 +80,27 @@ class Progress:
         self.out.write("\r" + line + " " * max(self._shown - len(line), 0))
         self.out.flush()
         self._shown = len(line)
+
+
+def relay(label: str, lines, out: TextIO, log: TextIO | None = None) -> int:
+    """A command's output (``lines``) shown as one long wait: on a terminal, one updating line with its latest line
+    (every line kept in ``log``); anywhere else every line passed through as it came. The count of lines."""
+    terminal = is_terminal(out)
+    progress = Progress(label, out) if terminal else None
+    count = 0
+    for count, line in enumerate(lines, 1):
+        if log is not None:
+            log.write(line)
+        if progress is None:
+            out.write(line)
+            out.flush()
+        elif line.strip():
+            progress.update(line.strip())
+    if progress is not None:
+        progress.done(f"{count} lines" + (f"; every line in {log.name}" if log is not None else ""))
+    return count
+
+
+if __name__ == "__main__":  # ``<command> 2>&1 | python -m multinode.core.progress LABEL [LOG]`` (make image)
+    with open(sys.argv[2], "w", encoding="utf-8") if len(sys.argv) > 2 else contextlib.nullcontext() as kept:
+        relay(sys.argv[1], sys.stdin, sys.stdout, kept)
