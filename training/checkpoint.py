@@ -74,7 +74,8 @@ def restore(trainer) -> dict | None:
     return {"epoch": trainer.start_epoch, "consumed": done, "step": trainer.step, "world_size_before": before,
             "world_size": world.world_size, "global_batch": trainer.plan.global_batch,
             "accum": trainer.plan.accum, "micro_batch": trainer.plan.micro_batch,
-            "snapshot_from": f"{loaded.host}:{loaded.path}" if loaded.host else loaded.path}
+            "snapshot_from": f"{loaded.host}:{loaded.path}" if loaded.host else loaded.path,
+            "survivor": bool(state.get("survivor"))}  # the surviving ranks' last completed step (training/survivor.py)
 
 
 def state_of(trainer, next_epoch: int, consumed: int) -> dict:

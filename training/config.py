@@ -63,6 +63,7 @@ class TrainConfig:
     steps_per_epoch: int = 0  # mlp workload: synthetic steps per epoch (0 = default)
     stop_after_epoch: int = -1  # drills: every rank exits 3 right after this (0-based) epoch's snapshot
     crash_after_epoch: int = -1  # testing: SIGKILL rank 0 right after this epoch's snapshot
+    min_step_seconds: float = 0.0  # drills: a step lasts at least this long (the rest asleep), as a bigger model's would
     # drills: SIGKILL rank 0 halfway through writing this epoch's snapshot (temp file written, not renamed);
     # only in a job's first attempt, so a torchrun restart runs on
     crash_during_snapshot: int = -1
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after-epoch", type=int, help="exit with code 3 right after this (0-based) epoch and its snapshot")
     p.add_argument("--crash-after-epoch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--crash-during-snapshot", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--min-step-seconds", type=float, help="a drill's pace: every step lasts at least this long (asleep "
+                   "for the rest), so a long drill trains for minutes without using the CPU for minutes")
     p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)}")
     p.add_argument("--backend", help=f"one of {', '.join(BACKENDS)}")
     p.add_argument("--timeout", type=float, help="process-group timeout in seconds")

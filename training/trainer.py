@@ -202,6 +202,7 @@ class Trainer:
         for step in self._steps(epoch):
             with survivor.keep(self, epoch, step, checkpoint.state_of):  # a lost peer: the last step kept
                 total_loss += self._run_step(step)
+                time.sleep(max(0.0, self.t.min_step_seconds - (time.perf_counter() - step_start)))  # a drill's pace
                 samples += len(step.ids)
                 now = time.perf_counter()
                 step_times.append(now - step_start)

@@ -1,6 +1,7 @@
 """RECOVER=1 on 3 real local nodes (sshd per node, the metadata endpoint inside each node): a notice on node-2
 replaces node-2 only; a refused replacement goes on with 2 nodes at the same global batch, every sample once per
-epoch; a lost head (node-0's namespace deleted, no notice) resumes on the other two from node-1's replica.
+epoch; a lost head (node-0's namespace deleted, no notice) resumes on the other two from the step the surviving
+ranks kept.
 Times are recorded in the summary's timeline (and by bench's recovery section), never asserted here."""
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def test_refused_replacement_goes_on_with_two_nodes_at_the_same_global_batch(clu
 
 def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
     """node-0's namespace deleted (no notice) after a snapshot; no replacement to be had -> node-1 is the new head
-    and the run resumes from the replica node-1 holds. Then node-0 is replaced, so the cluster is whole for down."""
+    and the run resumes from what the surviving ranks kept (fresher than the replica node-1 holds). Then node-0 is replaced, so the cluster is whole for down."""
     from multinode.providers import get_provider
     from multinode.providers.local import faults
 
@@ -157,7 +158,11 @@ def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
     assert "[recover] node-0 is lost" in text, text[-4000:]
     summary = _summary(cluster3, "rec-head")
     assert summary["world_size"] == 2 and set(summary["exit_codes"]) == {"node-1", "node-2"}, summary
+    # The survivors kept the last completed step (training/survivor.py): fresher than node-1's replica of epoch 4's
+    # snapshot, so the run resumes from it, on node-1 or node-2, and says so.
     resumed = re.search(r"RESUMED (\{.*\})", text)
-    assert resumed and "/replica" in json.loads(resumed[1])["snapshot_from"], text[-4000:]
+    assert resumed and json.loads(resumed[1])["survivor"], text[-4000:]
+    assert "-node-0:" not in json.loads(resumed[1])["snapshot_from"], resumed[1]
+    assert "[recover] the job started again from the surviving ranks' last completed step" in text, text[-4000:]
     assert _accuracy(text) >= 0.95, text[-2000:]
     assert not (left := _left_by_the_run(cluster3)), left

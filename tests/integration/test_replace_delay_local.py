@@ -18,14 +18,17 @@ from bench.drills.preempt import IMDS_ENV
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 400  # the 2-node phase must outlast the 120 s replacement (an epoch of digits here: well under a second)
+# The 2-node phase must outlast the 120 s replacement: each step paced to at least PACE seconds (the trainer's
+# --min-step-seconds: asleep for the rest), about 13 steps an epoch, so 150 epochs last well over 120 s while the
+# CPU, shared with the rest of the suite, mostly idles (unpaced, 400 epochs of digits kept 2 cores busy for minutes).
+EPOCHS, PACE = 150, 0.1
 DELAY = 120
 
 
 def test_a_slow_replacement_goes_on_with_two_nodes_at_once_and_grows_back_when_ready(cluster3):
     proc = cluster3.popen("train", "--nodes", "3", "--run-id=slow", "--recover=1", "--recover-wait=5",
                           f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV}",
-                          f"--args=--workload digits {EPOCHS} 20 --log-samples", MULTINODE_REPLACE_DELAY=str(DELAY))
+                          f"--args=--workload digits {EPOCHS} 20 --log-samples --min-step-seconds {PACE}", MULTINODE_REPLACE_DELAY=str(DELAY))
     with watched(proc) as (out, err):
         out.wait_for(r"\[rank0\]: .*epoch 2/", timeout=240)
         armed = cluster3.cli("preempt", "--node", "2", timeout=60)

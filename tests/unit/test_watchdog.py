@@ -40,3 +40,18 @@ def test_poll_interval_and_settings():
     assert LaunchSpec(stall_timeout=0).stall_timeout == 0  # off
     with pytest.raises(UserError, match="STALL_TIMEOUT=-1 must be 0"):
         LaunchSpec(stall_timeout=-1)
+
+
+def test_no_stall_before_any_rank_runs():
+    """A batch job waiting in the SLURM queue (or for its launcher) has no rank: no CPU time, no heartbeat. That is
+    not a stall, however long it lasts (seen under load: a queued job cancelled 9 s in with STALL_TIMEOUT=8)."""
+    from multinode.diagnose.watchdog import Progress, StallTracker
+
+    tracker = StallTracker(8, now=0)
+    for t in range(0, 60, 2):
+        tracker.feed(Progress(output_bytes=100, cpu_ticks=0, heartbeat=0), t)
+    assert tracker.stalled(60) is None
+    tracker.feed(Progress(output_bytes=100, cpu_ticks=7, heartbeat=0), 62)  # a rank starts, then nothing moves
+    for t in range(64, 80, 2):
+        tracker.feed(Progress(output_bytes=100, cpu_ticks=7, heartbeat=0), t)
+    assert tracker.stalled(71) is not None and "for 9 s" in tracker.stalled(71)

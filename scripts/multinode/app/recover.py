@@ -288,11 +288,12 @@ class Recovery:
 
 
 def snapshot_kind(resumed: dict) -> str:
-    """Which complete snapshot a recovered job resumed from, in words, from its ``RESUMED`` report: a coordinated
-    checkpoint (mid-epoch: a notice's or a rebalance's) or a periodic one (an epoch's end), and where it was."""
+    """The snapshot a recovered job resumed from (its ``RESUMED`` report) in words: whose, which step, where."""
     where = resumed.get("snapshot_from", "?")
     if not isinstance(resumed.get("step"), int):
         return "no snapshot (a fresh start)"
+    if resumed.get("survivor"):
+        return f"the surviving ranks' last completed step, step {resumed['step']} (epoch {resumed.get('epoch')}), {where}"
     if resumed.get("consumed"):
         return (f"the coordinated checkpoint of step {resumed['step']} (epoch {resumed.get('epoch')}, "
                 f"{resumed['consumed']} samples in), {where}")

@@ -69,6 +69,12 @@ class Progress:
     cpu_ticks: int  # main-thread CPU time of every rank on every node that answered
     heartbeat: float  # newest heartbeat mtime on any node (0: no heartbeat: not our trainer, or not stepping yet)
 
+    @property
+    def started(self) -> bool:
+        """Whether any rank is running (has used CPU time, or beats): before that nothing can stall -- a job waits
+        in a SLURM queue or for its launcher, bounded by DEADLINE, not by STALL_TIMEOUT."""
+        return self.cpu_ticks > 0 or self.heartbeat > 0
+
     def moved_since(self, before: "Progress") -> bool:
         if self.heartbeat or before.heartbeat:
             return self.heartbeat != before.heartbeat
@@ -86,7 +92,7 @@ class StallTracker:
     def feed(self, progress: Progress | None, now: float) -> None:
         if progress is None:
             return  # a round without answers changes nothing
-        if self.last is None or progress.moved_since(self.last):
+        if self.last is None or not progress.started or progress.moved_since(self.last):
             self.since = now
         self.last = progress
 
