@@ -92,7 +92,8 @@ def test_a_mid_epoch_stop_resumes_at_its_sample_bitwise(tmp_path, capsys, traini
     line = json.loads(next(ln for ln in out.splitlines() if ln.startswith("RESUMED "))[len("RESUMED "):])
     assert line == {"epoch": 1, "consumed": 320, "step": 50, "world_size_before": 1, "world_size": 1,
                     "global_batch": 64, "accum": 1, "micro_batch": 64,
-                    "snapshot_from": line["snapshot_from"]} and line["snapshot_from"].endswith("snap/snapshot.pt")
+                    "snapshot_from": line["snapshot_from"], "survivor": False} and line["snapshot_from"].endswith(
+                        "snap/snapshot.pt")
     assert result["epochs_run"] == 2
     for name, value in full.model.state_dict().items():
         assert torch.equal(value, resumed.model.state_dict()[name]), name
