@@ -6,8 +6,26 @@ SLURM daemons, the drills' timeouts, the image builds). Modules not named keep t
 
 from __future__ import annotations
 
-FIRST = (
+FIRST = (  # by their time in the merged suite's run of 2026-11-26 (pytest --durations, 3 workers, this machine)
     "test_replace_delay_local.py",  # waits out a 120 s replacement (MULTINODE_REPLACE_DELAY)
+    "test_drills.py",
+    "test_images.py",
+    "test_slurm_local.py",
+    "test_bench_quick.py",
+    "test_preempt_local.py",
+    "test_culprit_local.py",
+    "test_recover_local.py",
+    "test_notice_batch_local.py",
+    "test_aws_capacity.py",
+    "test_linkcheck.py",
+    "test_aws_replace.py",
+    "test_survivor_local.py",
+    "test_training.py",
+    "test_run_attempts.py",
+    "test_mpi_contract.py",
+    "test_ledger_local.py",
+    "test_checkpoint_bucket_local.py",
+)
     "test_slurm_local.py",
     "test_drills.py",
     "test_images.py",
