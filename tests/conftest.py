@@ -26,18 +26,6 @@ FIRST = (  # by their time in the merged suite's run of 2026-11-26 (pytest --dur
     "test_ledger_local.py",
     "test_checkpoint_bucket_local.py",
 )
-    "test_slurm_local.py",
-    "test_drills.py",
-    "test_images.py",
-    "test_culprit_local.py",
-    "test_notice_batch_local.py",
-    "test_grace_local.py",
-    "test_recover_local.py",
-    "test_linkcheck.py",
-    "test_preempt_local.py",
-    "test_checkpoint_bucket_local.py",
-    "test_survivor_local.py",
-)
 
 
 def pytest_collection_modifyitems(session, config, items) -> None:
