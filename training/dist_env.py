@@ -30,8 +30,9 @@ from typing import Any, Mapping
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 # NCCL's watchdog on a failed or timed-out collective: 2 = CleanUpOnly, the communicators aborted and the error raised
 # in the training loop (torch's ErrorHandlingMode in torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp: NoHandling 0,
-# TearDown 1, CleanUpOnly 2, SkipCleanUp 3; SHOULD_TEAR_DOWN is false only for 0 and 2), where the process would
-# otherwise be torn down before the surviving ranks could keep their state. A value the user set is kept.
+# TearDown 1, CleanUpOnly 2, SkipCleanUp 3, "the default value (3 - SkipCleanUp)"; SHOULD_TEAR_DOWN is false only for
+# 0 and 2), where the process would otherwise be torn down before the surviving ranks could keep their state.
+# A value the user set is kept.
 NCCL_ERROR_HANDLING = "2"
 
 
