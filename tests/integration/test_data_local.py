@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from multinode.core.nodepaths import data_dir
+
 from bench.drills.common import watched
 from bucket_server import CREDENTIALS, ENV_NAMES, bridge_address, moto_s3, relay, requests, s3_client
 
@@ -160,15 +162,18 @@ def test_ctrl_c_while_the_nodes_fetch_leaves_nothing_running(shared_cluster3, bu
         # --linkcheck off: the test is of Ctrl-C in the data step; on a loaded machine a link's measure can fall
         # below the others' and the pre-flight refuse the run before any node fetches (seen once in the suite).
         proc = shared_cluster3.popen("train", "--nodes", "3", "--run-id=dataint", "--script=count_data.py",
-                                     "--linkcheck=off", f"--workdir={project}", "--data=s3://slow/big", f"--env={ENV_NAMES}",
+                                     "--linkcheck=off", f"--workdir={project}", "--data=s3://slow/big",
+                                     f"--env={ENV_NAMES}",
                                      AWS_ENDPOINT_URL=slow_url, **CREDENTIALS)
         with watched(proc) as (out, err):
             deadline = time.monotonic() + 120
-            while not any(path.startswith("slow/big/blob.bin") for method, path in requests(recording)
-                          if method == "GET"):  # a node is fetching: stop the run now
+            inv = shared_cluster3.inventory()
+            parts = [Path(data_dir(inv, node.name)) / "blob.bin.part" for node in inv.nodes]
+            while not any(part.exists() for part in parts):  # a node is writing the file: stop the run now
+                # (the node's own .part file, not moto's request log: that one may be written when the reply ends)
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("no node started fetching: " + "".join(out.lines + err.lines)[-3000:])
-                time.sleep(0.2)
+                time.sleep(0.05)
             proc.send_signal(signal.SIGINT)
             code = proc.wait(timeout=120)
         text = "".join(out.lines) + "".join(err.lines)
