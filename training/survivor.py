@@ -73,14 +73,13 @@ def keep(trainer, epoch: int, step, state_of):
             raise
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size
-        save(trainer, state_of(trainer, epoch, consumed), None if completed else rng, err)
+        if trainer.world.local_rank == 0:  # the first rank of this node writes; the others on it hold the same
+            save(trainer, state_of(trainer, epoch, consumed), None if completed else rng, err)
         raise
 
 
 def save(trainer, state: dict, rng: dict | None, err: BaseException) -> None:
-    """The first rank of this node writes ``state`` (the others on it hold the same)."""
-    if trainer.world.local_rank != 0:
-        return
+    """Write ``state`` (the last completed step) into this node's snapshot directory."""
     if rng is not None:
         state["rng"] = rng
     state["survivor"] = {"rank": trainer.world.rank, "host": socket.gethostname(), "error": str(err)[:300]}
