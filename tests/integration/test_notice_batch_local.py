@@ -56,8 +56,8 @@ def test_notices_on_two_nodes_within_a_second_end_in_one_checkpoint_and_one_reco
 def test_the_noticed_node_dies_during_the_checkpoint_and_the_run_resumes_from_a_complete_snapshot(cluster3):
     """node-1's notice, then -- as soon as rank 0 says every rank stops (the coordinated checkpoint under way) --
     node-1 is lost: every process in it SIGKILLed, its link and namespace deleted. The run resumes from a complete
-    snapshot (the coordinated one if rank 0 wrote it before, else the last periodic one: both are checksummed) and
-    says which."""
+    snapshot (the coordinated one if rank 0 wrote it before; else the survivors' last completed step if their
+    collective failed on node-1's loss; else the last periodic one: all are checksummed) and says which."""
     from multinode.providers.local import faults
     from multinode.providers.local.imds import arm_notice, start_endpoint
 
@@ -71,8 +71,8 @@ def test_the_noticed_node_dies_during_the_checkpoint_and_the_run_resumes_from_a_
         code = proc.wait(timeout=600)
     text = "".join(out.lines)
     assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
-    said = re.search(r"\[recover\] the job started again from the (coordinated checkpoint|periodic snapshot) of "
-                     r"step (\d+)", text)
+    kinds = "coordinated checkpoint|periodic snapshot|surviving ranks' snapshot"
+    said = re.search(rf"\[recover\] the job started again from the ({kinds}) of step (\d+)", text)
     assert said, text[-4000:]
     stopped = int(re.search(STOP_LINE, text)[4])
     assert int(said[2]) <= stopped, (said[0], stopped)  # never a step no rank had reached

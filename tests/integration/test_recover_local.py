@@ -163,6 +163,6 @@ def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
     resumed = re.search(r"RESUMED (\{.*\})", text)
     assert resumed and json.loads(resumed[1])["survivor"], text[-4000:]
     assert "-node-0:" not in json.loads(resumed[1])["snapshot_from"], resumed[1]
-    assert "[recover] the job started again from the surviving ranks' last completed step" in text, text[-4000:]
+    assert "[recover] the job started again from the surviving ranks' snapshot of step" in text, text[-4000:]
     assert _accuracy(text) >= 0.95, text[-2000:]
     assert not (left := _left_by_the_run(cluster3)), left

@@ -293,7 +293,7 @@ def snapshot_kind(resumed: dict) -> str:
     if not isinstance(resumed.get("step"), int):
         return "no snapshot (a fresh start)"
     if resumed.get("survivor"):
-        return f"the surviving ranks' last completed step, step {resumed['step']} (epoch {resumed.get('epoch')}), {where}"
+        return f"the surviving ranks' snapshot of step {resumed['step']} (their last completed step, epoch {resumed.get('epoch')}), {where}"
     if resumed.get("consumed"):
         return (f"the coordinated checkpoint of step {resumed['step']} (epoch {resumed.get('epoch')}, "
                 f"{resumed['consumed']} samples in), {where}")
