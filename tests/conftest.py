@@ -6,8 +6,10 @@ SLURM daemons, the drills' timeouts, the image builds). Modules not named keep t
 
 from __future__ import annotations
 
+import cpuaccount
+
 FIRST = (  # by their time in the merged suite's run of 2026-11-26 (pytest --durations, 3 workers, this machine)
-    "test_replace_delay_local.py",  # waits out a 120 s replacement (MULTINODE_REPLACE_DELAY)
+    "test_replace_delay_local.py",  # waits out a 60 s replacement (MULTINODE_REPLACE_DELAY)
     "test_drills.py",
     "test_images.py",
     "test_slurm_local.py",
@@ -31,3 +33,7 @@ FIRST = (  # by their time in the merged suite's run of 2026-11-26 (pytest --dur
 def pytest_collection_modifyitems(session, config, items) -> None:
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(FIRST)))  # stable: the rest keep their order
+
+
+def pytest_configure(config) -> None:
+    cpuaccount.pytest_configure(config)  # the CPU each test costs, with MULTINODE_CPU_REPORT=<file>

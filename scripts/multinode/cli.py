@@ -17,7 +17,8 @@ The program typed torchrun's way (``train [options] script.py [args]``, ``train 
 the ``--script`` and ``--args`` flags it stands for (:func:`_program_flags`): one path into the LaunchSpec. Giving
 the script both ways, or its arguments both ways, is refused. ``--help`` shows :data:`DESCRIPTION` and the
 verbs' own texts, written for users; this docstring is the module's contract.
-User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130.
+User errors print one line and exit 2; a failed job exits 1 and names the node and rank; Ctrl-C exits 130 (SIGTERM 143, SIGHUP 129) after the
+step it interrupted has cleaned up (:class:`multinode.ssh.signals.Interrupts`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from multinode.core.setting import Setting
 from multinode.core.settings import add_flags
 from multinode.core.sources import Settled, pick, settle, value_of
 from multinode.core.taskfile import KEYS, find_task
+from multinode.ssh.signals import Interrupted, Interrupts
 
 log = logging.getLogger("multinode")
 
@@ -271,10 +273,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     logging.getLogger("paramiko").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        return dispatch(args)
+        with Interrupts():
+            return dispatch(args)
     except MultinodeError as err:
         print(f"multinode: {err}", file=sys.stderr)
         return err.exit_code
+    except Interrupted as stop:
+        print(f"multinode: interrupted ({stop})", file=sys.stderr)
+        return 128 + stop.signum
     except KeyboardInterrupt:
         print("multinode: interrupted", file=sys.stderr)
         return 130

@@ -148,7 +148,10 @@ def test_bad_data_is_one_line_before_anything_runs(shared_cluster3, bucket, tmp_
     assert urllib.parse.urlparse(node_url).hostname == bridge_address(shared_cluster3.inventory())
 
 
-def test_ctrl_c_while_the_nodes_fetch_leaves_nothing_running(shared_cluster3, bucket, tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_while_the_nodes_fetch_leaves_nothing_running(shared_cluster3, bucket, tmp_path, signum):
+    """Ctrl-C (or a SIGTERM: a CI job's timeout, ``kill``) during the data step, outside any job: the nodes' syncs
+    stopped, no ENV file left, one line, exit 130 (143), no traceback."""
     url, recording, _node_url = bucket
     s3 = s3_client(url)
     s3.create_bucket(Bucket="slow")
@@ -158,26 +161,35 @@ def test_ctrl_c_while_the_nodes_fetch_leaves_nothing_running(shared_cluster3, bu
     (project / "count_data.py").write_text(COUNT_SCRIPT)
     recording.write_text("")
     port = int(url.rsplit(":", 1)[1])
-    with relay(bridge_address(shared_cluster3.inventory()), port, pause=0.05) as slow_url:  # 8 MiB: ~25 s a node
+    inv = shared_cluster3.inventory()
+    parts = [Path(data_dir(inv, node.name)) / "blob.bin.part" for node in inv.nodes]
+    for part in parts:  # an interrupted fetch's partial file stays on the node (the next sync writes it anew)
+        part.unlink(missing_ok=True)
+    with relay(bridge_address(inv), port, pause=0.05) as slow_url:  # 8 MiB: ~25 s a node
         # --linkcheck off: the test is of Ctrl-C in the data step; on a loaded machine a link's measure can fall
         # below the others' and the pre-flight refuse the run before any node fetches (seen once in the suite).
-        proc = shared_cluster3.popen("train", "--nodes", "3", "--run-id=dataint", "--script=count_data.py",
-                                     "--linkcheck=off", f"--workdir={project}", "--data=s3://slow/big",
-                                     f"--env={ENV_NAMES}",
-                                     AWS_ENDPOINT_URL=slow_url, **CREDENTIALS)
+        # Started with SIGINT ignored, as a shell starts a background job (and as this suite may be run): Python
+        # then installs no Ctrl-C handler of its own; the command's (multinode.ssh.signals.Interrupts) must act.
+        before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc = shared_cluster3.popen("train", "--nodes", "3", f"--run-id=dataint{signum}", "--script=count_data.py",
+                                         "--linkcheck=off", f"--workdir={project}", "--data=s3://slow/big",
+                                         f"--env={ENV_NAMES}",
+                                         AWS_ENDPOINT_URL=slow_url, **CREDENTIALS)
+        finally:
+            signal.signal(signal.SIGINT, before)
         with watched(proc) as (out, err):
             deadline = time.monotonic() + 120
-            inv = shared_cluster3.inventory()
-            parts = [Path(data_dir(inv, node.name)) / "blob.bin.part" for node in inv.nodes]
             while not any(part.exists() for part in parts):  # a node is writing the file: stop the run now
                 # (the node's own .part file, not moto's request log: that one may be written when the reply ends)
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("no node started fetching: " + "".join(out.lines + err.lines)[-3000:])
                 time.sleep(0.05)
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(signum)
             code = proc.wait(timeout=120)
         text = "".join(out.lines) + "".join(err.lines)
-    assert code != 0 and "DATA_FILES" not in text, text[-3000:]
+    assert code == 128 + signum and "DATA_FILES" not in text, text[-3000:]
+    assert "multinode: interrupted" in text and "Traceback" not in text, text[-3000:]
     inv = shared_cluster3.inventory()
     for node in inv.nodes:  # no ENV file left (the shared cluster's own check: no process of the run anywhere)
-        assert not (Path(inv.workdir_for(node.name)) / "runs" / "dataint" / "env").exists()
+        assert not (Path(inv.workdir_for(node.name)) / "runs" / f"dataint{signum}" / "env").exists()

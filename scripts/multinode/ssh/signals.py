@@ -1,10 +1,42 @@
-"""Stop signals while a job runs: Ctrl-C, SIGTERM and SIGHUP recorded, acted on by the watch loop."""
+"""Stop signals: while a job runs, Ctrl-C, SIGTERM and SIGHUP are recorded and acted on by the watch loop
+(:class:`StopSignals`); around the whole command, outside a job, each of them interrupts it (:class:`Interrupts`)."""
 
 from __future__ import annotations
 
 import signal
 import threading
 from typing import Any
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP outside a job: handled as Ctrl-C is (every ``finally`` and cleanup on the way out runs)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Interrupts:
+    """For the whole command: Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt wherever the main thread is
+    (pre-flight, the code and data sync, SETUP, between attempts), so the steps' cleanup runs -- a node's sync
+    stopped, the claim given back, the connections closed -- and the command exits 130 (Ctrl-C), 143 or 129.
+    Without it a SIGTERM (a CI job's timeout, ``kill``) would end the command on the spot, and a Ctrl-C is
+    lost when the command was started with SIGINT ignored (a shell's background job): Python then installs no
+    handler of its own. A job's :class:`StopSignals` records them instead while it runs, and gives them back."""
+
+    def _raise(self, signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+
+    def __enter__(self) -> "Interrupts":
+        self._previous = {}
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._raise) for sig in StopSignals.SIGNALS}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+
 
 class StopRequested(Exception):
     """A stop signal arrived while a job ran (see :class:`StopSignals`)."""
