@@ -217,7 +217,8 @@ def missing(url: str, need_objects: bool) -> str | None:
         if code in ("404", "NoSuchBucket"):
             return f"bucket {bucket} does not exist"
         if code in ("403", "AccessDenied"):
-            return f"access to bucket {bucket} (prefix {prefix or '/'}) is denied with this node's credentials"
+            return (f"access to bucket {bucket} (prefix {prefix or '/'}) is denied with this node's credentials (an EC2 "
+                    f"cluster's nodes get it with make up BUCKETS={bucket})")
         if code == "NoCredentialsError":
             return "no AWS credentials on this node (pass them by name with ENV, or give the instance a profile)"
         if code == "EndpointConnectionError":

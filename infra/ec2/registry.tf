@@ -47,13 +47,39 @@ data "aws_iam_policy_document" "assume_ec2" {
 resource "aws_iam_role" "node" {
   name               = local.unique_name
   path               = "/multinode/"
-  description        = "multinode cluster ${var.cluster_name} (${var.cluster_id}): nodes pull container images from ECR"
+  description        = "multinode cluster ${var.cluster_name} (${var.cluster_id}): nodes pull container images from ECR and use the S3 buckets of bucket_names"
   assume_role_policy = data.aws_iam_policy_document.assume_ec2.json
 }
 
 resource "aws_iam_role_policy_attachment" "ecr_read" {
   role       = aws_iam_role.node.name
   policy_arn = "arn:${data.aws_partition.current.partition}:iam::aws:policy/AmazonEC2ContainerRegistryReadOnly"
+}
+
+# DATA and CHECKPOINT_URL from the nodes' instance profile: only the buckets named at `make up BUCKETS="a b"`.
+# The actions are the ones the node code calls (training/bucket.py, training/upload.py): HeadBucket and
+# ListObjectsV2 need s3:ListBucket on the bucket; GetObject, PutObject and DeleteObject (two newest copies kept)
+# act on its objects (docs.aws.amazon.com/AmazonS3/latest/userguide/using-with-s3-policy-actions.html).
+data "aws_iam_policy_document" "buckets" {
+  count = length(var.bucket_names) > 0 ? 1 : 0
+
+  statement {
+    sid       = "ListTheBuckets"
+    actions   = ["s3:ListBucket", "s3:GetBucketLocation"]
+    resources = [for b in var.bucket_names : "arn:${data.aws_partition.current.partition}:s3:::${b}"]
+  }
+  statement {
+    sid       = "ReadWriteTheirObjects"
+    actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
+    resources = [for b in var.bucket_names : "arn:${data.aws_partition.current.partition}:s3:::${b}/*"]
+  }
+}
+
+resource "aws_iam_role_policy" "buckets" {
+  count  = length(var.bucket_names) > 0 ? 1 : 0
+  name   = "buckets"
+  role   = aws_iam_role.node.id
+  policy = data.aws_iam_policy_document.buckets[0].json
 }
 
 resource "aws_iam_instance_profile" "node" {

@@ -241,6 +241,17 @@ variable "ecr_repository" {
   }
 }
 
+variable "bucket_names" {
+  type        = list(string)
+  description = "S3 buckets the nodes' role may list, read, write and delete objects in (DATA is read from one, CHECKPOINT_URL written to and pruned in one); empty: no S3 access."
+  default     = []
+
+  validation {
+    condition     = alltrue([for b in var.bucket_names : can(regex("^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", b))])
+    error_message = "bucket_names must be S3 bucket names (3-63 lower-case letters, digits, dots and hyphens), not URLs."
+  }
+}
+
 variable "placement_group" {
   type        = bool
   description = "Put the nodes in a 'cluster' placement group (low latency, high bandwidth between nodes)."

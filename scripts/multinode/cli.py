@@ -244,7 +244,8 @@ def dispatch(args: argparse.Namespace) -> int:
         return verbs.status(args.cluster)
     elif args.command == "train":
         settled = _settled(args)
-        summary = verbs.train(args.cluster, _launch_spec(args, settled), settled=settled)
+        named = _value(settings.find(settings.TRAIN, "run_id"), args) is not None  # RESUME=1 takes that run
+        summary = verbs.train(args.cluster, _launch_spec(args, settled), settled=settled, named_run=named)
         return summary.exit_code if summary is not None else 0
     elif args.command == "logs":
         verbs.logs(args.cluster, run_id=args.run, node=args.node)

@@ -344,7 +344,7 @@ def test_plan_of_the_g4dn_example_with_the_production_defaults(ec2, offline_terr
     shutil.copytree(MODULE, work)
     host_keys = [new_ed25519(f"g4dn-demo-node-{i}") for i in range(2)]
     (work / "keys.auto.tfvars.json").write_text(json.dumps({
-        "ssh_cidr": "203.0.113.4/32",
+        "ssh_cidr": "203.0.113.4/32", "bucket_names": ["demo-data", "demo-ckpt"],  # make up BUCKETS="demo-data ..."
         "host_keys": [{"private_key": private, "public_key": public} for private, public in host_keys]}))
     env = dict(os.environ)
 
@@ -372,7 +372,14 @@ def test_plan_of_the_g4dn_example_with_the_production_defaults(ec2, offline_terr
     read = {r["address"]: r["values"] for r in plan["prior_state"]["values"]["root_module"]["resources"]
             if r["mode"] == "data"}
     assert set(read) == {"data.aws_ec2_instance_type_offerings.zones[0]", "data.aws_iam_policy_document.assume_ec2",
-                         "data.aws_partition.current"}
+                         "data.aws_iam_policy_document.buckets[0]", "data.aws_partition.current"}
+    # BUCKETS: the node role may list those two buckets and read, write and delete their objects, nothing else.
+    policy = json.loads(planned["aws_iam_role_policy.buckets[0]"]["policy"])
+    grants = {tuple(sorted([s["Action"]] if isinstance(s["Action"], str) else s["Action"])):
+              sorted([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"]) for s in policy["Statement"]}
+    assert grants == {("s3:GetBucketLocation", "s3:ListBucket"): ["arn:aws:s3:::demo-ckpt", "arn:aws:s3:::demo-data"],
+                      ("s3:DeleteObject", "s3:GetObject", "s3:PutObject"): ["arn:aws:s3:::demo-ckpt/*",
+                                                                            "arn:aws:s3:::demo-data/*"]}, policy
     # The subnet goes to the first zone (by name) that offers g4dn.xlarge, as moto's offerings say.
     offerings = ec2.describe_instance_type_offerings(
         LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.xlarge"]}])

@@ -1,7 +1,8 @@
 """CHECKPOINT_URL, the whole cluster lost: 3 real local nodes, a real moto S3 server (tests/integration/bucket_server.py).
 A run with CHECKPOINT_URL and GRACE uploads each snapshot from node-0 while it trains, is interrupted (Ctrl-C: the
 coordinated checkpoint, uploaded before the ranks exit 75), the cluster is taken down (nothing left), a new one made
-under the same name, and ``train RESUME=1 CHECKPOINT_URL=...`` continues from the bucket's copy -- RESUMED names it --
+from another MULTINODE_HOME (another machine: no record of the run), and ``train --resume --run-id <id>
+CHECKPOINT_URL=...`` continues from the bucket's copy -- RESUMED names it --
 and finishes at >= 95 % test accuracy; nothing left after. On the shared cluster: a user script's checkpoint goes up
 and comes back through ``training.preempt``'s helpers, and a missing bucket is one line at pre-flight. Times are
 never asserted."""
@@ -138,11 +139,12 @@ def test_resume_on_a_new_cluster_from_the_bucket(moto, tmp_path):
     finally:
         tear_down(cluster)  # the whole cluster is gone: every node, its disk, its snapshots
 
-    again = cluster.cli("up", "--nodes", "3", timeout=120)  # a new cluster under the same name and state
-    assert again.returncode == 0, again.stdout + again.stderr
+    # Another machine: a new cluster in another MULTINODE_HOME, with no record of the run; RUN_ID names it.
+    cluster = bring_up(tmp_path / "elsewhere", 3, prefix="ck")
+    assert not cluster.state.runs_dir.exists()
     try:
         with relay(bridge_address(cluster.inventory()), port) as node_url:
-            proc = _train(cluster, node_url, "--resume")
+            proc = _train(cluster, node_url, "--resume", f"--run-id={RUN_ID}")
             with watched(proc) as (out, err):
                 code = proc.wait(timeout=600)
             text = "".join(out.lines) + "".join(err.lines)

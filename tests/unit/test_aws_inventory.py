@@ -93,7 +93,7 @@ ECR_IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/multinode-cuda:latest"
 
 @pytest.fixture
 def clean_env(monkeypatch):
-    for name in ("REGION", "SSH_CIDR", "TTL_HOURS", "SPOT", "OWNER", "IMAGE", "INSTANCE_TYPE"):
+    for name in ("REGION", "SSH_CIDR", "TTL_HOURS", "SPOT", "OWNER", "IMAGE", "INSTANCE_TYPE", "BUCKETS"):
         monkeypatch.delenv(f"MULTINODE_{name}", raising=False)
     monkeypatch.delenv("TF_VAR_root_volume_gb", raising=False)
     return monkeypatch
@@ -105,6 +105,8 @@ def clean_env(monkeypatch):
     ({"region": "us-east-1", "ssh_cidr": "0.0.0.0/0"}, "whole internet"),
     ({"region": "us-east-1", "ssh_cidr": "not-a-cidr"}, "is not a CIDR"),
     ({"region": "us-east-1", "ssh_cidr": "203.0.113.4/32", "ttl_hours": "100"}, "TTL_HOURS='100' must be"),
+    ({"region": "us-east-1", "ssh_cidr": "203.0.113.4/32", "buckets": "data s3://ckpt/x"},
+     "BUCKETS: 's3://ckpt/x' is not an S3 bucket name .* give the names alone"),
 ])
 def test_bad_settings_are_one_line_user_errors(clean_env, options, message):
     with pytest.raises(UserError, match=message):
@@ -117,9 +119,10 @@ def test_settings_fall_back_to_environment(clean_env):
     clean_env.setenv("MULTINODE_SPOT", "1")
     clean_env.setenv("MULTINODE_OWNER", "alice")
     clean_env.setenv("MULTINODE_IMAGE", ECR_IMAGE)
+    clean_env.setenv("MULTINODE_BUCKETS", "my-data my-checkpoints")
     settings = AwsSettings.from_spec(ClusterSpec(name="gpu", provider="aws", cluster_type="g4ad"))
-    assert (settings.region, settings.ssh_cidr, settings.spot, settings.owner, settings.ttl_hours) == (
-        "eu-west-1", "198.51.100.7/32", True, "alice", 8)
+    assert (settings.region, settings.ssh_cidr, settings.spot, settings.owner, settings.ttl_hours, settings.buckets) == (
+        "eu-west-1", "198.51.100.7/32", True, "alice", 8, ("my-data", "my-checkpoints"))
 
 
 def test_cost_line_adds_public_ipv4_and_gp3_root_volumes(clean_env):

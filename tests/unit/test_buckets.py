@@ -72,6 +72,13 @@ def test_the_ranks_are_told_where_the_data_and_the_bucket_are():
     assert "MULTINODE_CHECKPOINT_URL=s3://ckb/job" in argv and f"MULTINODE_DATA_DIR={W}/node-1/data" in argv
     plain = get_launcher("static").plan(inv, LaunchSpec(), EntryPoint("")).commands[0]
     assert "MULTINODE_CHECKPOINT_URL" not in plain.env and "MULTINODE_DATA_DIR" not in plain.node_env
+    from multinode.backends.slurm.script import plan_sbatch
+
+    script = plan_sbatch(inv, LaunchSpec(nodes=2, data="s3://bkt/train", run_id="r1"), EntryPoint("")).script
+    for node in inv.nodes:  # a SLURM task: in its node's case, as the other launchers' per-node environment
+        case = next(line for line in script.splitlines() if line.strip().startswith(f"{node.hostname})"))
+        assert f"export MULTINODE_DATA_DIR={W}/{node.name}/data" in case, case
+    assert "MULTINODE_DATA_DIR" not in plan_sbatch(inv, LaunchSpec(nodes=2, run_id="r1"), EntryPoint("")).script
 
 
 def test_a_node_line_says_what_was_fetched():
@@ -155,7 +162,8 @@ def test_no_snapshot_on_any_rank_takes_the_remote_copy(tmp_path):
 
 @pytest.mark.parametrize("error, said", [
     ({"Error": {"Code": "404"}}, "bucket bkt does not exist"),
-    ({"Error": {"Code": "403"}}, "access to bucket bkt (prefix p/) is denied with this node's credentials"),
+    ({"Error": {"Code": "403"}}, "access to bucket bkt (prefix p/) is denied with this node's credentials (an EC2 cluster's nodes "
+                                     "get it with make up BUCKETS=bkt)"),
     ({"Error": {"Code": "SlowDown"}}, "bucket bkt: SlowDown"),
 ])
 def test_preflight_names_what_keeps_a_node_from_its_bucket(monkeypatch, error, said):

@@ -19,7 +19,7 @@ def test_image_requirements_match_pyproject():
     lines = [line.split("#")[0].strip() for line in (DOCKER / "requirements.txt").read_text().splitlines()]
     image = dict(line.split("==") for line in lines if line)
     pins = project_pins()
-    assert image == {name: pins[name] for name in ["numpy", "mpi4py", "scikit-learn", "PyYAML", "tqdm"]}
+    assert image == {name: pins[name] for name in ["numpy", "mpi4py", "scikit-learn", "PyYAML", "tqdm", "boto3"]}
 
 
 def test_every_dockerfile_installs_the_pinned_torch():

@@ -131,15 +131,27 @@ def resumable_run(state: ClusterState) -> str:
                     f"(make train without RESUME starts a new run)")
 
 
-def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Settled | None = None) -> RunSummary | None:
-    """One run of ``spec`` on the cluster (:class:`multinode.app.run.Run`); None for a dry run.
+def resumed_run(state: ClusterState, spec: LaunchSpec) -> str:
+    """RESUME=1 with a run id given (``--run-id``, ``MULTINODE_RUN_ID``): that run, recorded here or not (another machine, the cluster made anew: its copies
+    are in CHECKPOINT_URL under its id); one line when there is nowhere to read it from."""
+    if not state.run_dir(spec.run_id).is_dir() and not spec.checkpoint_url:
+        raise UserError(f"RESUME=1 --run-id {spec.run_id}: cluster {state.name!r} has no such run and no CHECKPOINT_URL "
+                        f"is given to read its snapshots from; add CHECKPOINT_URL=s3://... (the run's own), or drop "
+                        f"the run id to continue the cluster's latest run")
+    return spec.run_id
+
+
+def train(cluster: str, spec: LaunchSpec, out: TextIO | None = None, settled: Settled | None = None,
+          named_run: bool = False) -> RunSummary | None:
+    """One run of ``spec`` on the cluster (:class:`multinode.app.run.Run`); None for a dry run. ``named_run``: the
+    run id was given (RESUME=1 then continues that run, :func:`resumed_run`, not the cluster's latest).
 
     With a task file (``settled.task``) a real run says it read it; a dry run ends with where each value came
     from. Without one the output is what it always was."""
     state = ClusterState.for_cluster(cluster)
     task = settled.task if settled else None
     if spec.resume and not spec.dry_run:
-        spec = replace(spec, run_id=resumable_run(state))
+        spec = replace(spec, run_id=resumed_run(state, spec) if named_run else resumable_run(state))
         where = " (on the nodes, else in CHECKPOINT_URL)" if spec.checkpoint_url else ""
         print(f"RESUME=1: continuing run {spec.run_id} from its freshest snapshot{where}", file=out or sys.stdout)
     try:

@@ -64,6 +64,9 @@ AWS = (
     command("spot", False, SWITCH, "AWS: spot instances instead of on-demand", flag=False),
     command("owner", None, TEXT, "AWS: the owner tag (unset: your user name)", flag=False),
     command("instance_type", None, TEXT, "AWS: overrides the type CLUSTER_TYPE picks", flag=False),
+    command("buckets", None, TEXT, "AWS: S3 buckets the nodes may use (DATA, CHECKPOINT_URL), space-separated names; "
+            "their role gets list, read, write and delete there, nothing elsewhere (unset: no S3 access)", flag=False,
+            see="[checkpoints.md](checkpoints.md)"),
     command("image_ref", None, TEXT, "AWS: the image the nodes pull and run jobs in; it must name a registry (unset: "
             "the host runtime, torch, Open MPI and mpi4py in /opt/multinode/venv, installed at boot)", flag=False,
             env="IMAGE", see="[aws.md](aws.md#images)"),

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import env_file, run_dir
-from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, bucket_env, collective_env,
+from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, bucket_env, collective_env, data_env,
                                            entry_dir, grace_env, guard_argv, iface_for_subnet, node_python,
                                            trainer_args)
 from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, as_user, env_contract
@@ -136,9 +136,10 @@ def _task_body(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, launch: _Lau
 
 def _node_setup(inv: Inventory, spec: LaunchSpec, node: str) -> str:
     """A node's own part of the environment: the interpreter of its SETUP environment, its ENV file (sourced: the
-    values never appear in the script)."""
+    values never appear in the script), where DATA lies on it (MULTINODE_DATA_DIR, as the other launchers set)."""
     parts = [f"py={shlex.quote(node_python(inv, spec, node))}"] if spec.setup else []
     parts += [f". {shlex.quote(env_file(inv, node, spec.run_id))}"] if spec.env else []
+    parts += [f"export {assignments(data_env(inv, node, spec))}"] if spec.data else []
     return "".join(f"; {part}" for part in parts)
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multinode.core.config import ClusterSpec, env_default
+from multinode.core.config import BUCKET, ClusterSpec, env_default
 from multinode.core.errors import UserError
 from multinode.core.resources import infra_dir
 
@@ -41,6 +41,7 @@ class AwsSettings:
     owner: str
     image: str | None  # None: the host runtime
     instance_type: str | None
+    buckets: tuple[str, ...] = ()  # the S3 buckets the nodes' role may use (infra/ec2/registry.tf)
 
     @classmethod
     def from_spec(cls, spec: ClusterSpec) -> "AwsSettings":
@@ -73,10 +74,15 @@ class AwsSettings:
         spot = pick("spot", "0").lower()
         if spot not in ("0", "1", "true", "false", "yes", "no"):
             raise UserError(f"SPOT={spot!r} must be 1 or 0")
+        buckets = tuple((pick("buckets") or "").replace(",", " ").split())
+        for name in buckets:
+            if not BUCKET.match(name):
+                raise UserError(f"BUCKETS: {name!r} is not an S3 bucket name (3-63 lower-case letters, digits, dots and "
+                                f"hyphens); give the names alone, e.g. BUCKETS=\"my-data my-checkpoints\"")
         return cls(region=region, ssh_cidr=str(net), ttl_hours=int(ttl), spot=spot in ("1", "true", "yes"),
                    owner=pick("owner") or getpass.getuser(),
                    image=image,
-                   instance_type=pick("instance_type"))
+                   instance_type=pick("instance_type"), buckets=buckets)
 
 
 # --- images --------------------------------------------------------------------------------
