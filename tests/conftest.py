@@ -9,7 +9,7 @@ from __future__ import annotations
 import cpuaccount
 
 FIRST = (  # by their time in the merged suite's run of 2026-11-26 (pytest --durations, 3 workers, this machine)
-    "test_replace_delay_local.py",  # waits out a 60 s replacement (MULTINODE_REPLACE_DELAY)
+    "test_replace_delay_local.py",  # waits out a 120 s replacement, twice (MULTINODE_REPLACE_DELAY)
     "test_drills.py",
     "test_images.py",
     "test_slurm_local.py",

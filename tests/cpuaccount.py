@@ -54,10 +54,11 @@ class CpuAccount:
         if self.group is None:
             yield
             return
-        cpu, wall = _seconds(self.group), time.monotonic()
+        cpu, wall, began = _seconds(self.group), time.monotonic(), time.time()
         yield
         record = {"test": item.nodeid, "cpu_s": round(_seconds(self.group) - cpu, 2),
-                  "wall_s": round(time.monotonic() - wall, 2)}
+                  "wall_s": round(time.monotonic() - wall, 2), "began": round(began, 1),
+                  "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
         with self.out.open("a") as fh:
             fh.write(json.dumps(record) + "\n")
 

@@ -177,11 +177,12 @@ class Trainer:
             steps = tqdm(steps, desc=f"epoch {epoch}", leave=False, total=left)
         return steps
 
-    def _after_step(self, epoch: int, step: sampler.Step) -> None:
-        """The step's sample log and heartbeat; a notice agreed on by every rank ends the run here."""
+    def _after_step(self, epoch: int, step: sampler.Step, ids: list | None) -> None:
+        """The step's sample log (``ids``: every rank's, gathered before the step) and heartbeat; a notice agreed
+        on by every rank ends the run here."""
         self.step += 1
-        if self.t.log_samples:
-            self.runlog.step_samples(epoch, self.step, self.gather(step.ids))
+        if ids is not None:
+            self.runlog.step_samples(epoch, self.step, ids)
         self.runlog.heartbeat(self.step)
         self.marks.step(self.step)
         decision = self.agreement.check()  # the same on every rank
@@ -201,6 +202,9 @@ class Trainer:
         start = step_start = time.perf_counter()
         for step in self._steps(epoch):
             with survivor.keep(self, epoch, step, checkpoint.state_of):  # a lost peer: the last step kept
+                # The sample log's ids are gathered before the update, not after it: a peer lost once the update is
+                # done (survivor.keep then keeps this step) must not leave the step out of the log.
+                ids = self.gather(step.ids) if self.t.log_samples else None
                 total_loss += self._run_step(step)
                 time.sleep(max(0.0, self.t.min_step_seconds - (time.perf_counter() - step_start)))  # a drill's pace
                 samples += len(step.ids)
@@ -208,7 +212,7 @@ class Trainer:
                 step_times.append(now - step_start)
                 self.steptimes.add(now - step_start, self._comm_seconds())
                 step_start = now
-                self._after_step(epoch, step)
+                self._after_step(epoch, step, ids)
         elapsed = max(time.perf_counter() - start, 1e-9)
         self.scheduler.step()
         comm = self._comm_seconds() - comm_before

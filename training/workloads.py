@@ -55,12 +55,29 @@ class DigitsCNN(nn.Module):
         return self.head(self.features(x))
 
 
-def digits(cfg: TrainConfig) -> Workload:
-    from sklearn.datasets import load_digits
+def digits_arrays():
+    """scikit-learn's bundled digits, (images of shape (1797, 8, 8), targets), read as ``load_digits`` reads them
+    (``np.loadtxt`` of its ``datasets/data/digits.csv.gz``, sklearn/datasets/_base.py) but found without importing
+    scikit-learn: that import (scipy with it) costs every rank about a second of CPU, more than its first epochs.
+    tests/unit/test_workloads.py checks the arrays equal ``load_digits()``'s."""
+    import gzip
+    import importlib.util
 
-    data = load_digits()
-    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    y = torch.tensor(data.target, dtype=torch.long)
+    import numpy as np
+
+    spec = importlib.util.find_spec("sklearn")  # a top-level package is found, not imported
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "data" / "digits.csv.gz" if spec else None
+    if path is None or not path.is_file():
+        raise ConfigError("workload digits reads scikit-learn's bundled digits.csv.gz: pip install scikit-learn==1.9.1")
+    with gzip.open(path, mode="rt", encoding="utf-8") as fh:
+        data = np.loadtxt(fh, delimiter=",")
+    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
+
+
+def digits(cfg: TrainConfig) -> Workload:
+    images, target = digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(target, dtype=torch.long)
     train, val, test = _split(x, y)
     return Workload("digits", train, val, test, DigitsCNN(), nn.CrossEntropyLoss(), True)
 

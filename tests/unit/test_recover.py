@@ -13,7 +13,7 @@ from conftest import make_inventory
 
 from bench import recovery as bench_recovery
 from multinode.app.recover import Loss, Recovery
-from multinode.app.verbs import resumable_run
+from multinode.app.verbs import resumable_run, resumed_run
 from multinode.app.timeline import Timeline
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, NodeError, UserError
@@ -35,6 +35,9 @@ class Provider:
 
     def replacement_seconds(self, state):
         return None  # cannot say: recovery waits up to RECOVER_WAIT
+
+    def gone(self, state, inventory, names):
+        return {name: "its machine is gone" for name in names if name in getattr(self, "vanished", ())}
 
 
 def _recovery(tmp_path, provider, nodes=3):
@@ -120,18 +123,50 @@ def test_resume_continues_the_latest_run_that_did_not_finish(tmp_path):
         resumable_run(state)
 
 
-RECORDED = {"nodes": 3, "epochs": 10, "save_every": 3, "pair_ratios": [0.4, 0.6, 0.45],
-            "runs": {"ours": [{"seconds": 8.0, "steps_lost": 0}, {"seconds": 9.0, "steps_lost": 0},
-                              {"seconds": 9.0, "steps_lost": 1}],
-                     "restart": [{"seconds": 20.0, "steps_lost": 30}, {"seconds": 15.0, "steps_lost": 28},
-                                 {"seconds": 20.0, "steps_lost": 31}]}}
+def test_resume_with_a_run_id_takes_that_run_even_unrecorded_when_its_bucket_is_given(tmp_path):
+    """RESUME=1 --run-id <id> from another machine: no record of the run here, its copies in CHECKPOINT_URL."""
+    state = ClusterState.for_cluster("dev", root=tmp_path)
+    elsewhere = LaunchSpec(resume=True, run_id="20261124-080000-aaaaaa", checkpoint_url="s3://ckpt/jobs")
+    assert resumed_run(state, elsewhere) == "20261124-080000-aaaaaa"
+    with pytest.raises(UserError, match=r"RESUME=1 --run-id x: cluster 'dev' has no such run and no CHECKPOINT_URL"):
+        resumed_run(state, LaunchSpec(resume=True, run_id="x"))
+    _run(state, "x", {"outcome": "succeeded"})
+    assert resumed_run(state, LaunchSpec(resume=True, run_id="x")) == "x"  # recorded here: its snapshots on the nodes
 
 
-def test_recovery_bench_judges_the_pairs_and_the_lost_steps_by_the_one_rule():
-    speed, lost = bench_recovery.judge(RECORDED)
-    assert speed["value"] == 0.45 and speed["verdict"] == "inconclusive"  # pairs on both sides of 0.5
+def _row(label, ours, restart):
+    """A recorded row of bench.recovery: (seconds, steps trained twice) per run of each method."""
+    runs = {name: [{"seconds": sec, "steps_lost": lost, "samples_missing": 0} for sec, lost in figures]
+            for name, figures in (("ours", ours), ("restart", restart))}
+    pairs = [o["seconds"] / r["seconds"] for o, r in zip(runs["ours"], runs["restart"])]
+    return {"label": label, "delay": 0.0, "epochs": 40, "save_every": 3, "pace": 0.0, "runs": runs,
+            "pair_ratios": pairs}
+
+
+RECORDED = {"nodes": 3, "reference_weights": None, "rows": {
+    "lost": _row("(b) lost", [(8.0, 0), (9.0, 0), (9.0, 1)], [(20.0, 30), (15.0, 28), (20.0, 31)]),
+    "lost_slow": _row("(c) lost, slow", [(10.0, 1), (12.0, 0), (11.0, 1)], [(60.0, 30), (50.0, 28), (40.0, 31)])}}
+
+
+def test_recovery_bench_judges_each_row_by_the_one_rule():
+    speed, lost, slow, slow_lost = bench_recovery.judge(RECORDED)
+    assert speed["value"] == 0.45 and speed["verdict"] == "inconclusive"  # 0.4, 0.6, 0.45 about 0.5
     assert lost["value"] == 0.0 and lost["verdict"] == "met" and lost["met_in"] == "3 of 3 runs"  # 0, 0, 1 <= 1
-    assert "| 2 | 9.0 | 0 | 15.0 | 28 | 0.60 |" in bench_recovery.section(RECORDED)
+    assert slow["target"] == "<= 0.25" and slow["verdict"] == "inconclusive"  # 0.167, 0.24, 0.275
+    assert slow_lost["value"] == 1.0 and slow_lost["verdict"] == "met"
+    page = bench_recovery.section(RECORDED)
+    assert "| (b) lost | 2 | 9.0 | 0 | 0 | not compared | 15.0 | 28 | not compared | 0.60 |" in page
+    assert "| (c) lost, slow | 3 | 11.0 | 1 | 0 | not compared | 40.0 | 31 | not compared | 0.28 |" in page
+
+
+def test_recovery_bench_reads_steps_trained_twice_and_missing_samples_from_the_sample_log(tmp_path):
+    from bench.recovery_runs import coverage
+
+    log = tmp_path / "samples.jsonl"
+    rows = [(0, 1, [0, 1]), (0, 2, [2, 3]), (1, 3, [1, 0]), (1, 4, [3, 2]), (1, 3, [1, 0]), (1, 4, [3, 2]),
+            (2, 5, [0, 1])]  # steps 3 and 4 trained again after a resume; epoch 2 cut short of ids 2 and 3
+    log.write_text("".join(json.dumps({"epoch": e, "step": s, "ids": ids}) + "\n" for e, s, ids in rows))
+    assert coverage(log) == {"steps_lost": 2, "samples_missing": 2}
 
 
 def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
@@ -241,3 +276,7 @@ def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
     assert rec._silent(rec.cluster) == {"node-2": "timed out"}
     assert probes == [(["node-0", "node-1", "node-2"], recover.PROBE_SECONDS[0]),
                       (["node-1", "node-2"], recover.PROBE_SECONDS[1])]
+    probes.clear()
+    rec.provider.vanished = {"node-2"}  # the provider knows node-2's machine is gone: no second probe for it
+    assert rec._silent(rec.cluster) == {"node-2": "timed out; its machine is gone"}
+    assert probes == [(["node-0", "node-1", "node-2"], recover.PROBE_SECONDS[0]), (["node-1"], recover.PROBE_SECONDS[1])]

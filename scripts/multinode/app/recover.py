@@ -205,18 +205,17 @@ class Recovery:
                  f"recovery replaces {', '.join(loss.nodes + more)}")
         return replace(loss, nodes=loss.nodes + more)
 
-    @staticmethod
-    def _silent(active: Inventory) -> dict[str, str]:
+    def _silent(self, active: Inventory) -> dict[str, str]:
         """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS), each on a new connection (the
         run's may be stale): a node busy enough to miss the first is not lost -- replacing it would wipe its
-        snapshots."""
-        nodes = active
-        for timeout in PROBE_SECONDS:
-            silent = {name: why for name, (ok, why) in probe_ssh(nodes, timeout=timeout).items() if not ok}
-            if not silent:
-                break
-            nodes = active.only([n.name for n in active.nodes if n.name in silent])
-        return silent
+        snapshots. One the provider knows is gone (``Provider.gone``) is lost at the first miss."""
+        first = {name: why for name, (ok, why) in probe_ssh(active, timeout=PROBE_SECONDS[0]).items() if not ok}
+        gone = self.provider.gone(self.state, active, list(first)) if first else {}
+        doubt = [name for name in first if name not in gone]
+        again = probe_ssh(active.only(doubt), timeout=PROBE_SECONDS[1]) if doubt else {}
+        lost = {**{name: why for name, (ok, why) in again.items() if not ok},
+                **{name: f"{first[name]}; {why}" for name, why in gone.items()}}
+        return {n.name: lost[n.name] for n in active.nodes if n.name in lost}
 
     def _checkpoint_written(self, report: dict | None) -> dict:
         """The coordinated checkpoint of a PREEMPTED report on the timeline, at the time it was written (now if the

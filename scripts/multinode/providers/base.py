@@ -36,6 +36,11 @@ class Provider(Protocol):
         launch and bootstrap vary). Recovery waits for a replacement only when it comes sooner than a restart of the
         job costs (:mod:`multinode.app.replacements`); UserError in one line for a bad setting behind it."""
 
+    def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
+        """{node: why} for those of ``names`` whose machine the provider knows is gone (a deleted namespace, an
+        instance no longer running); {} where it cannot tell. Recovery takes these as lost at once, without waiting
+        out the second, longer SSH probe that spares a node merely busy (:mod:`multinode.app.recover`)."""
+
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:
         """Destroy everything the cluster owns; idempotent; works after a crashed ``up``.
         ``yes`` also deletes what holds the user's data (an image repository that is not empty).

@@ -107,6 +107,10 @@ class HostsProvider:
         """Not known: hosts are not made by us."""
         return None
 
+    def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
+        """Cannot tell: hosts are not ours to look at (only SSH says whether they answer)."""
+        return {}
+
     def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
         """Machines we did not make cannot be replaced: always CapacityRefused (nothing changed)."""
         raise CapacityRefused(f"{name}: no replacement: the hosts provider describes machines you already have and "

@@ -130,6 +130,17 @@ def billing(ec2, instance_ids: Sequence[str]) -> list[str]:
     return sorted(i["InstanceId"] for r in reply["Reservations"] for i in r["Instances"])
 
 
+def not_running(ec2, instance_ids: Sequence[str]) -> dict[str, str]:
+    """{id: its state} for those of ``instance_ids`` that are not pending or running (gone, or going), as EC2 says;
+    an id EC2 no longer lists is "terminated"."""
+    if not instance_ids:
+        return {}
+    reply = ec2.describe_instances(Filters=[{"Name": "instance-id", "Values": list(instance_ids)}])
+    states = {i["InstanceId"]: i["State"]["Name"] for r in reply["Reservations"] for i in r["Instances"]}
+    return {iid: states.get(iid, "terminated") for iid in instance_ids
+            if states.get(iid, "terminated") not in ("pending", "running")}
+
+
 def state_reason(ec2, instance_id: str) -> str:
     """Why the instance is in its state, as EC2 says (``Server.InsufficientInstanceCapacity: ...``), or ""."""
     reply = ec2.describe_instances(InstanceIds=[instance_id])

@@ -56,6 +56,7 @@ from multinode.providers.aws.keys import new_ed25519, write_secret
 from multinode.providers.aws.reap import verify_gone
 from multinode.providers.aws.replace import capacity_code, instance_address, planned_ami, unexpected_changes
 from multinode.providers.aws.settings import AwsSettings, cost_line, ecr_repository_of, prices_path
+from multinode.providers.aws.readiness import wait_bootstrap
 from multinode.providers.aws.terraform import (Terraform, TerraformFailed, inventory_from_outputs, known_hosts_lines,
                                                module_dir, run_terraform, terraform_binary)
 
@@ -63,9 +64,6 @@ log = logging.getLogger(__name__)
 
 STATUS_TIMEOUT = 900.0  # seconds for every node to pass its status checks
 SSH_TIMEOUT = 300.0
-# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, g4ad's reboot
-# for its driver, a pull of a multi-GB GPU image or the host runtime's torch (the ROCm wheel is ~6 GB).
-READY_TIMEOUT = 2400.0
 
 
 class AwsProvider:
@@ -118,7 +116,7 @@ class AwsProvider:
             "cluster_name": spec.name, "cluster_id": cluster_id, "region": settings.region, "cluster_type": spec.cluster_type,
             "instance_type": settings.instance_type, "nodes": spec.nodes, "ssh_cidr": settings.ssh_cidr,
             "ssh_public_key": Path(f"{state.ssh_key}.pub").read_text().strip(), "owner": settings.owner,
-            "ttl_hours": settings.ttl_hours, "expires_at": expires, "spot": settings.spot,
+            "ttl_hours": settings.ttl_hours, "expires_at": expires, "spot": settings.spot, "bucket_names": list(settings.buckets),
             "host_keys": [{"private_key": private, "public_key": public} for private, public in host_keys],
         }
         tfvars.update(bootstrap_tfvars(spec, settings))
@@ -163,6 +161,12 @@ class AwsProvider:
     def replacement_seconds(self, state: ClusterState) -> float | None:
         """Not known: an instance's launch and bootstrap vary (recovery waits up to RECOVER_WAIT for it)."""
         return None
+
+    def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
+        """The nodes whose instance EC2 no longer runs (terminated, shutting down, stopped), by DescribeInstances."""
+        ids = {n.instance_id: n.name for n in inventory.nodes if n.name in names and n.instance_id}
+        region = json.loads((state.provider_dir / "aws.json").read_text())["region"]
+        return {ids[i]: f"its instance is {st}" for i, st in aws_ec2.not_running(self.ec2_client(region), list(ids)).items()}
 
     def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
         """One new instance for node ``name`` (multinode.providers.aws.replace): the lost one terminated if it still
@@ -279,22 +283,6 @@ class AwsProvider:
             path.unlink(missing_ok=True)
         shutil.rmtree(state.provider_dir, ignore_errors=True)
         return lines
-
-
-def wait_bootstrap(inventory: Inventory, image: str | None) -> None:
-    """Every node's bootstrap done (ready marker, image, GPUs, cloud-init) within READY_TIMEOUT."""
-    from multinode.core.progress import Progress
-    from multinode.providers.aws.readiness import wait_ready
-    from multinode.ssh.runner import RemoteRunner
-
-    runtime = image or "torch, Open MPI and mpi4py in a virtualenv"
-    with RemoteRunner(inventory) as runner:
-        runner.say(f"waiting up to {READY_TIMEOUT / 60:.0f} min for the bootstrap of {len(inventory.nodes)} nodes "
-                   f"(driver, {runtime}, GPU smoke test)")
-        with Progress("[multinode] bootstrap", runner.out) as progress:  # one updating line on a terminal
-            took = wait_ready(inventory, runner, image=image, timeout=READY_TIMEOUT, poll=10.0, progress=progress,
-                              say=lambda message: progress.note(f"[multinode] {message}"))
-            progress.done(f"every node is ready after {took:.0f}s")
 
 
 __all__ = ["AwsProvider", "wait_bootstrap"]

@@ -170,3 +170,22 @@ def _failure(runner: RemoteRunner, bootstrap: Bootstrap, node: Node, message: st
     tail = result.stdout.splitlines() if result.exit_code == 0 else [f"(bootstrap log unreadable: {result.error or result.stderr.strip()})"]
     return NodeError(node.name, "bootstrap", None, message, tail=tail,
                      log_path=f"{node.name}:{bootstrap.path(bootstrap.log, node)}")
+
+
+# seconds for every bootstrap to finish after SSH answers: apt behind unattended-upgrades, g4ad's reboot
+# for its driver, a pull of a multi-GB GPU image or the host runtime's torch (the ROCm wheel is ~6 GB).
+READY_TIMEOUT = 2400.0
+
+
+def wait_bootstrap(inventory: Inventory, image: str | None) -> None:
+    """Every node's bootstrap done (ready marker, image, GPUs, cloud-init) within READY_TIMEOUT."""
+    from multinode.core.progress import Progress
+
+    runtime = image or "torch, Open MPI and mpi4py in a virtualenv"
+    with RemoteRunner(inventory) as runner:
+        runner.say(f"waiting up to {READY_TIMEOUT / 60:.0f} min for the bootstrap of {len(inventory.nodes)} nodes "
+                   f"(driver, {runtime}, GPU smoke test)")
+        with Progress("[multinode] bootstrap", runner.out) as progress:  # one updating line on a terminal
+            took = wait_ready(inventory, runner, image=image, timeout=READY_TIMEOUT, poll=10.0, progress=progress,
+                              say=lambda message: progress.note(f"[multinode] {message}"))
+            progress.done(f"every node is ready after {took:.0f}s")

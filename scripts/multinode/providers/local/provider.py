@@ -48,7 +48,7 @@ from pathlib import Path
 
 from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
-from multinode.core.inventory import Inventory
+from multinode.core.inventory import Inventory, node_index
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
 from multinode.providers.local import imds
@@ -145,6 +145,15 @@ class LocalProvider:
     def replacement_seconds(self, state: ClusterState) -> float | None:
         """A local node is made in about a second, plus ``MULTINODE_REPLACE_DELAY`` when a drill sets one."""
         return faults.replace_delay()
+
+    def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
+        """The nodes whose network namespace no longer exists (lost: faults.lose_node, or removed by hand)."""
+        if not inventory.extra.get("namespaces"):
+            return {}  # a loopback cluster: nothing to look at
+        alive = set(namespaces_of(state.name))
+        spaces = inventory.extra["namespaces"]  # by node index, whatever part of the cluster ``inventory`` holds
+        return {n.name: "its network namespace is gone" for n in inventory.nodes
+                if n.name in names and spaces[node_index(n.name)] not in alive}
 
     def down(self, state: ClusterState, yes: bool = False) -> list[str]:  # yes: nothing local holds user data
         """Remove everything of the cluster by its name (namespaces, links, /etc/netns entries and processes
