@@ -40,8 +40,10 @@ def test_every_benchmark_runs_and_writes_its_files(tmp_path):
     assert set(data["launch"]["result"]["medians"]["2"]) >= {"ours", "pdsh + torchrun", "serial ssh"}
     assert data["throughput"]["result"]["ours_samples_per_s"] > 0
     assert set(data["control_plane"]["result"]["rows"]) == {"2", "4"}  # a cluster of its own per N
-    recovery = data["recovery"]["result"]["runs"]
-    assert len(recovery["ours"]) == len(recovery["restart"]) == 1 and "steps_lost" in recovery["ours"][0]
+    (row,) = data["recovery"]["result"]["rows"].values()  # quick: row (c) alone, one pair
+    assert len(row["runs"]["ours"]) == len(row["runs"]["restart"]) == 1, row
+    for figures in (row["runs"]["ours"][0], row["runs"]["restart"][0]):  # read from the trainer's sample log
+        assert {"steps_lost", "samples_missing", "weights"} <= set(figures), figures
     page = (tmp_path / "benchmarks.md").read_text()
     for heading in ("## Collectives", "## Launch overhead", "## Control plane at scale", "## Training throughput",
                     "## MPI gradient data plane", "## Recovery"):
