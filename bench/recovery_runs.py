@@ -9,7 +9,8 @@ attempts) and the final weights.
   again, the job restarted from the last checkpoint its code saved to a bucket): node-2 lost (at the notice's
   moment on the notice row: no grace, the baseline's most favourable case), the job fails, ``down``, ``up`` of
   the same 3 nodes, S seconds more (the new nodes launch together: the cluster is ready when each one is), the last
-  periodic snapshot and the sample log put back on the new head (the "bucket" is a directory on this machine, so
+  periodic snapshot (copied the moment before the loss: the surviving ranks of our trainer would write a fresher
+  one, which the user's own checkpoints do not give) and the sample log put back on the new head (the "bucket" is a directory on this machine, so
   its transfer costs nothing), the job started again with the same run id;
 * :func:`uninterrupted` -- the same job with nothing done to it: the reference weights.
 
@@ -163,12 +164,15 @@ def restart(row: Row, quick: bool) -> dict:
     bucket = Path(tempfile.mkdtemp(prefix="mn-bench-bucket-"))
     try:
         proc = _train(cluster, "restart", row.shape)
+        run = cluster.workdir(0) / "runs" / "restart"
         with watched(proc) as (out, err):
             _when_mid_epoch(out, row.shape)
+            # The bucket holds what the job saved, the last periodic snapshot, taken the moment before the loss:
+            # after it, our trainer's surviving ranks would write the last completed step over it (training/
+            # survivor.py), which a restart that relies on the user's own checkpoints does not have.
+            shutil.copytree(run / "snapshots", bucket / "snapshots", ignore=shutil.ignore_patterns(".*.tmp"))
             start = _lose(cluster, "node-2")
             proc.wait(timeout=300)
-        run = cluster.workdir(0) / "runs" / "restart"
-        shutil.copytree(run / "snapshots", bucket / "snapshots")
         shutil.copy(run / "samples.jsonl", bucket / "samples.jsonl")  # the measurement's log, not the job's state
         cluster.cli("down", timeout=180)
         cluster.cli("up", "--nodes", str(NODES), timeout=180)

@@ -8,22 +8,26 @@ from __future__ import annotations
 
 import cpuaccount
 
-FIRST = (  # by their time in the merged suite's run of 2026-11-26 (pytest --durations, 3 workers, this machine)
+FIRST = (  # by their time in the suite's runs of 2026-11-26 (pytest --durations, this machine)
     "test_replace_delay_local.py",  # waits out a 120 s replacement, twice (MULTINODE_REPLACE_DELAY)
-    "test_drills.py",
-    "test_images.py",
-    "test_slurm_local.py",
     "test_bench_quick.py",
-    "test_preempt_local.py",
-    "test_culprit_local.py",
-    "test_recover_local.py",
-    "test_notice_batch_local.py",
+    "test_drills.py",
+    "test_slurm_local.py",
     "test_aws_capacity.py",
-    "test_linkcheck.py",
+    "test_preempt_local.py",
+    "test_recover_local.py",
+    "test_images.py",
+    "test_culprit_local.py",
+    "test_slow_rank_local.py",
+    "test_notice_batch_local.py",
     "test_aws_replace.py",
-    "test_survivor_local.py",
     "test_training.py",
+    "test_aws_moto.py",
+    "test_linkcheck.py",
+    "test_survivor_local.py",
+    "test_gpucheck_local.py",
     "test_run_attempts.py",
+    "test_container_owner.py",
     "test_mpi_contract.py",
     "test_ledger_local.py",
     "test_checkpoint_bucket_local.py",
