@@ -206,3 +206,18 @@ def test_the_cost_lines_root_volume_default_is_the_modules():
     variables = (Path(__file__).resolve().parents[2] / "infra" / "ec2" / "variables.tf").read_text()
     block = variables.split('variable "root_volume_gb"')[1].split("\n}\n")[0]
     assert int(re.search(r"default\s*=\s*(\d+)", block).group(1)) == ROOT_VOLUME_GB
+
+
+def test_recovery_takes_an_instance_ec2_no_longer_runs_as_gone():
+    """Provider.gone on EC2: DescribeInstances' state, an id no longer listed counted as terminated."""
+    from multinode.providers.aws.ec2 import not_running
+
+    class Ec2:
+        def describe_instances(self, Filters):
+            ids = Filters[0]["Values"]
+            states = {"i-1": "running", "i-2": "shutting-down", "i-3": "pending"}
+            return {"Reservations": [{"Instances": [{"InstanceId": i, "State": {"Name": states[i]}}
+                                                    for i in ids if i in states]}]}
+
+    assert not_running(Ec2(), ["i-1", "i-2", "i-3", "i-4"]) == {"i-2": "shutting-down", "i-4": "terminated"}
+    assert not_running(Ec2(), []) == {}

@@ -132,8 +132,9 @@ def resumable_run(state: ClusterState) -> str:
 
 
 def resumed_run(state: ClusterState, spec: LaunchSpec) -> str:
-    """RESUME=1 with a run id given (``--run-id``, ``MULTINODE_RUN_ID``): that run, recorded here or not (another machine, the cluster made anew: its copies
-    are in CHECKPOINT_URL under its id); one line when there is nowhere to read it from."""
+    """RESUME=1 with a run id given (``--run-id``, ``MULTINODE_RUN_ID``): that run, recorded here or not (another
+    machine, the cluster made anew: its copies are in CHECKPOINT_URL under its id); one line when there is nowhere
+    to read it from."""
     if not state.run_dir(spec.run_id).is_dir() and not spec.checkpoint_url:
         raise UserError(f"RESUME=1 --run-id {spec.run_id}: cluster {state.name!r} has no such run and no CHECKPOINT_URL "
                         f"is given to read its snapshots from; add CHECKPOINT_URL=s3://... (the run's own), or drop "
