@@ -50,6 +50,7 @@ from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
+from multinode.providers.base import vanished
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
 # A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the
@@ -208,13 +209,13 @@ class Recovery:
     def _silent(self, active: Inventory) -> dict[str, str]:
         """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS), each on a new connection (the
         run's may be stale): a node busy enough to miss the first is not lost -- replacing it would wipe its
-        snapshots. One the provider knows is gone (``Provider.gone``) is lost at the first miss."""
-        first = {name: why for name, (ok, why) in probe_ssh(active, timeout=PROBE_SECONDS[0]).items() if not ok}
-        gone = self.provider.gone(self.state, active, list(first)) if first else {}
-        doubt = [name for name in first if name not in gone]
+        snapshots. One the provider knows is gone (``Provider.gone``) is lost without a probe."""
+        gone = vanished(self.provider, self.state, active)
+        rest = [n.name for n in active.nodes if n.name not in gone]
+        first = probe_ssh(active.only(rest), timeout=PROBE_SECONDS[0]) if rest else {}
+        doubt = [name for name, (ok, _why) in first.items() if not ok]
         again = probe_ssh(active.only(doubt), timeout=PROBE_SECONDS[1]) if doubt else {}
-        lost = {**{name: why for name, (ok, why) in again.items() if not ok},
-                **{name: f"{first[name]}; {why}" for name, why in gone.items()}}
+        lost = {**gone, **{name: why for name, (ok, why) in again.items() if not ok}}
         return {n.name: lost[n.name] for n in active.nodes if n.name in lost}
 
     def _checkpoint_written(self, report: dict | None) -> dict:

@@ -61,6 +61,8 @@ from multinode.diagnose.slowranks import SlowRanks
 from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import runtime_for
+from multinode.providers import get_provider
+from multinode.providers.base import vanished
 from multinode.ssh.runner import RemoteRunner, StopPolicy
 
 
@@ -76,11 +78,12 @@ class Run:
             # outlive a dead peer's process-group timeout to keep their last step (training/survivor.py)
             spec = replace(spec, grace=max(DEFAULT_GRACE, spec.pg_timeout + SURVIVOR_WRITE))
         self.state, self.spec, self.cluster = state, spec, inventory
+        self.provider = provider or get_provider(inventory.provider)
         self.out, self.err = out or sys.stdout, err or sys.stderr
         self.run_dir = state.run_dir(spec.run_id)
         self.phases = Phases()
         self.code: ResolvedProject | None = None
-        self.recovery = Recovery(state, inventory, spec, self.say, provider) if spec.recover and not spec.dry_run \
+        self.recovery = Recovery(state, inventory, spec, self.say, self.provider) if spec.recover and not spec.dry_run \
             else None
         self._start = self.phases.began
         self.jobs: list[JobMarks] = []  # each attempt's job marks, for the ledger
@@ -258,8 +261,11 @@ class Run:
         """Stop anything still tagged with the run id on every node (and the runtime's containers), even after
         success; remove the ENV files."""
         ctx = attempt.ctx
-        ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line)
-        remove_env_files(ctx.runner, ctx.spec)
+        gone = vanished(self.provider, self.state, ctx.inv)
+        names = [n.name for n in ctx.inv.nodes if n.name not in gone]  # a vanished node has nothing left to stop
+        if names:
+            ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line, names=names)
+            remove_env_files(ctx.runner, ctx.spec, names=names)
         self.phases.mark("sweep")
 
     # --- between attempts --------------------------------------------------------------
