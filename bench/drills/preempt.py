@@ -99,7 +99,7 @@ def run_sigterm_drill(cluster, run_id: str, node: str = "node-1", script: bytes 
     args = args or train_args(run_id, f"MULTINODE_GRACE={GRACE}")
     proc = cluster.popen(*args)
     with watched(proc) as (out, err):
-        out.wait_for(r"\[rank0\]: (\[rank 0\] )?(epoch 2/|step 20 )", timeout=300)
+        out.wait_for(r"\[rank0\]: (\[rank 0\] )?(epoch 2/|step 20 )", timeout=300, also=err)
         sent = time.time()
         os.kill(rank_pid(cluster.state, node, script), signal.SIGTERM)
         proc.wait(timeout=300)

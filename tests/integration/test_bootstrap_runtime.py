@@ -95,6 +95,24 @@ def boot(tmp_path) -> Bootstrap:
                      log=f"{tmp_path}/{{node}}/bootstrap.log", cloud_init=str(cloud_init), tail_lines=5)
 
 
+def _pinned_wheels(into) -> str:
+    """docker/requirements.txt's wheels fetched here, where PyPI answers, for the node's pip, which reaches only this
+    machine's local folders (they hold boto3 1.43.107, not the pinned 1.44.5): the find-links the node's pip is
+    given, with the machine's own first."""
+    import os
+    import subprocess
+    import sys
+
+    from multinode.providers.aws.bootstrap_inputs import requirements_path
+
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(into), "-r",
+                          str(requirements_path())], capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+    own = os.environ.get("PIP_FIND_LINKS") or subprocess.run(
+        [sys.executable, "-m", "pip", "config", "get", "global.find-links"], capture_output=True, text=True).stdout
+    return " ".join([*own.split(), str(into)])
+
+
 def test_the_host_runtime_install_runs_on_a_node_and_mpi4py_works_from_it(rendered, cluster, tmp_path):
     script = rendered["cpu-host"]
     venv = tmp_path / "venv"
@@ -108,7 +126,8 @@ def test_the_host_runtime_install_runs_on_a_node_and_mpi4py_works_from_it(render
         # PIP_COMPILE=0 (pip's --compile off; PIP_NO_COMPILE=1 would set it on: pip stores an environment value
         # as the option's own, seen with pip 23.2 and 26.3): torch's thousands of modules are not byte-compiled at
         # install (the suite's time); the same files are installed, and Python compiles what it imports.
-        done = runner.run_on("node-0", f"PIP_RETRIES=0 PIP_COMPILE=0 bash {tmp_path}/host.sh "
+        links = shlex.quote(_pinned_wheels(tmp_path / "wheels"))
+        done = runner.run_on("node-0", f"PIP_RETRIES=0 PIP_COMPILE=0 PIP_FIND_LINKS={links} bash {tmp_path}/host.sh "
                                        f"> {tmp_path}/node-0/bootstrap.log 2>&1", timeout=900)
         assert done.exit_code == 0, (tmp_path / "node-0" / "bootstrap.log").read_text()[-3000:]
         wait_ready(inv.first(1), runner, image=None, timeout=60, bootstrap=boot(tmp_path), poll=1)
