@@ -10,8 +10,8 @@ attempts) and the final weights.
   moment on the notice row: no grace, the baseline's most favourable case), the job fails, ``down``, ``up`` of
   the same 3 nodes, S seconds more (the new nodes launch together: the cluster is ready when each one is), the last
   periodic snapshot (copied the moment before the loss: the surviving ranks of our trainer would write a fresher
-  one, which the user's own checkpoints do not give) and the sample log put back on the new head (the "bucket" is a directory on this machine, so
-  its transfer costs nothing), the job started again with the same run id;
+  one, which the user's own checkpoints do not give) and the sample log put back on the new head (the "bucket" is a
+  directory on this machine, so its transfer costs nothing), the job started again with the same run id;
 * :func:`uninterrupted` -- the same job with nothing done to it: the reference weights.
 
 Seconds = from the notice (``make preempt`` returned) or the loss to rank 0's first ``RESUMED`` line read from the
@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.preempt import IMDS_ENV
 from bench.nodes import REPO, LocalCluster, bring_up
 from multinode.core.state import ClusterState
 
 NODES = 3
-IMDS_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254"
 
 
 @dataclass(frozen=True)
