@@ -62,7 +62,7 @@ class TrainConfig:
     data_dir: str = "data"
     steps_per_epoch: int = 0  # mlp workload: synthetic steps per epoch (0 = default)
     stop_after_epoch: int = -1  # drills: every rank exits 3 right after this (0-based) epoch's snapshot
-    crash_after_epoch: int = -1  # testing: SIGKILL rank 0 right after this epoch's snapshot
+    crash_after_epoch: int = -1  # testing: SIGKILL the last rank right after this epoch's end (its periodic snapshot)
     min_step_seconds: float = 0.0  # drills: a step lasts at least this long (the rest asleep), as a bigger model's would
     # drills: SIGKILL rank 0 halfway through writing this epoch's snapshot (temp file written, not renamed);
     # only in a job's first attempt, so a torchrun restart runs on

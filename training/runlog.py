@@ -15,12 +15,14 @@ Both ``.jsonl`` files are appended to: a resumed run continues them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
 from pathlib import Path
 
 HEARTBEAT_SECONDS = 1.0
+log = logging.getLogger("training")
 
 
 def announce(marker: str, payload: dict) -> None:
@@ -53,6 +55,14 @@ class RunLog:
     def record(self, **row) -> None:
         """A line of ``metrics.jsonl`` (rank 0; nothing elsewhere)."""
         self._write(self.metrics, row)
+
+    def epoch(self, row: dict, total_epochs: int) -> None:
+        """An epoch's line of ``metrics.jsonl`` and of the log (``epoch 3/10 loss ... val_loss ...``)."""
+        self.record(**row)
+        acc = f" val_acc {row['val_accuracy']:.4f}" if row.get("val_accuracy") is not None else ""
+        log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms", row["epoch"] + 1,
+                 total_epochs, row["loss"], row["val_loss"], acc, row["samples_per_s"],
+                 1000 * (row["step_time_s"] or 0), 1000 * row["comm_time_s"])
 
     def step_samples(self, epoch: int, step: int, ids_by_rank: list[list[int]]) -> None:
         """A line of ``samples.jsonl``: the step's sample indices, rank by rank."""

@@ -13,7 +13,8 @@ the freshest complete copy any rank holds (:func:`training.snapshot.load_freshes
 coordinated checkpoint exists.
 
 A failure after the step's optimizer update (the notice agreement's all-reduce, the sample log's gather) keeps that
-step: the update was made on every rank from the same averaged gradients.
+step: the update was made on every rank from the same averaged gradients. A failure between two epochs (the
+validation's sums, the periodic snapshot's copy, the early-stopping vote) keeps the whole epoch: :func:`keep_between`.
 
 NCCL: by default (``TORCH_NCCL_ASYNC_ERROR_HANDLING`` unset, torch's 3 = tear down without cleanup) the
 watchdog ends the process when a collective times out, before Python can see an error; our trainer sets it to 2
@@ -62,20 +63,44 @@ def keep(trainer, epoch: int, step, state_of):
     """Around one optimizer step of ``epoch`` (a :class:`training.sampler.Step`): on a lost peer, the last
     completed step written on this node (module doc), then the error raised again. ``state_of(trainer, epoch,
     consumed)``: what a snapshot holds (:func:`training.checkpoint.state_of`)."""
-    if trainer.world.backend is None or not trainer.t.snapshot_dir:
+    if not _keeps(trainer):
         yield
         return
     rng, steps_before = snapshot.rng_state(), trainer.step
     try:
         yield
     except Exception as err:
-        if not lost_peer(err):
-            raise
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size
-        if trainer.world.local_rank == 0:  # the first rank of this node writes; the others on it hold the same
-            save(trainer, state_of(trainer, epoch, consumed), None if completed else rng, err)
+        _kept(trainer, err, lambda: state_of(trainer, epoch, consumed), None if completed else rng)
         raise
+
+
+@contextlib.contextmanager
+def keep_between(trainer, next_epoch: int, state_of):
+    """Around what runs between an epoch's last step and the next epoch's first (the validation, the epoch's sums,
+    the periodic snapshot, the early-stopping vote): on a lost peer, the state at the start of ``next_epoch``
+    written on this node -- every step of the epoch, the scheduler stepped, the RNG as it is (the trainer draws
+    from it before the first collective of that stretch) -- then the error raised again."""
+    if not _keeps(trainer):
+        yield
+        return
+    try:
+        yield
+    except Exception as err:
+        _kept(trainer, err, lambda: state_of(trainer, next_epoch, 0), None)
+        raise
+
+
+def _keeps(trainer) -> bool:
+    """A distributed job with a snapshot directory: the only kind with peers to lose and somewhere to write."""
+    return trainer.world.backend is not None and bool(trainer.t.snapshot_dir)
+
+
+def _kept(trainer, err: BaseException, state, rng: dict | None) -> None:
+    """On a lost peer (``err``), the first rank of this node writes ``state()``; the others on it hold the same."""
+    if lost_peer(err) and trainer.world.local_rank == 0:
+        save(trainer, state(), rng, err)
 
 
 def save(trainer, state: dict, rng: dict | None, err: BaseException) -> None:

@@ -9,7 +9,8 @@
   (``no_sync`` on the micro-steps in between), each micro-batch's mean loss weighted by its share of the step
   so the gradient is the step's mean whatever the world size; AMP on GPU (bf16, or fp16 with a GradScaler);
 * validation every epoch with loss and accuracy summed across ranks; test at the end;
-* early stopping decided on rank 0 and broadcast, so every rank stops at the same epoch;
+* early stopping tracked on every rank (the same summed loss), rank 0's decision broadcast, so every rank stops
+  at the same epoch;
 * snapshots of the NEXT epoch (a resumed run never repeats one) with optimizer, scheduler, scaler
   and RNG states, the global batch, the world size and the step count, written by global rank 0 atomically;
   on resume the rank holding the freshest snapshot broadcasts it (after an elastic restart that need not be
@@ -90,7 +91,7 @@ class Trainer:
         self.step = 0  # optimizer steps since the start of training; kept in snapshots
         self.plan = sampler.BatchPlan.fresh(self.t.batch_size, self.t.grad_accum, world.world_size)
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
-        self.best, self.stale = float("inf"), 0  # early stopping (rank 0); kept in snapshots
+        self.best, self.stale = float("inf"), 0  # early stopping (every rank); kept in snapshots
         self.uploader = upload.Uploader.from_env() if world.rank == 0 else None  # CHECKPOINT_URL: rank 0 uploads
         self.gather, self.broadcast = world.gather, world.broadcast  # the job's object collectives
         resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
@@ -216,12 +217,40 @@ class Trainer:
         elapsed = max(time.perf_counter() - start, 1e-9)
         self.scheduler.step()
         comm = self._comm_seconds() - comm_before
-        loss_sum, n = self.world.all_sum([total_loss, samples], self.device)
         step_times.sort()
         steps = len(step_times)
-        return {"loss": loss_sum / n if n else float("nan"), "samples_per_s": round(n / elapsed, 1), "steps": steps,
+        return {"loss_sum": total_loss, "samples": samples, "elapsed": elapsed, "steps": steps,
                 "step_time_s": round(step_times[steps // 2], 5) if step_times else None,
                 "comm_time_s": round(comm / max(steps, 1), 5), "epoch_time_s": round(elapsed, 3)}
+
+    def _end_epoch(self, epoch: int, local: dict) -> bool:
+        """After ``epoch``'s last step: validation, the epoch's record, the periodic snapshot, the early-stopping
+        vote; whether to stop. The validation loader draws its seed before the first collective (survivor.py)."""
+        val = self.evaluate(self.val_loader)
+        loss_sum, n = self.world.all_sum([local.pop("loss_sum"), local.pop("samples")], self.device)
+        self.runlog.epoch({"epoch": epoch, "step": self.step, "loss": loss_sum / n if n else float("nan"),
+                           "samples_per_s": round(n / local.pop("elapsed"), 1), **local, "val_loss": val["loss"],
+                           "val_accuracy": val.get("accuracy"), "step_time_by_rank": self.gather(local["step_time_s"])},
+                          self.t.total_epochs)
+        stop = None
+        if self.t.patience:  # on every rank (the same summed loss): a survivor's snapshot on any rank carries it
+            self.stale = 0 if val["loss"] < self.best else self.stale + 1
+            self.best = min(self.best, val["loss"])
+            stop = self.stale >= self.t.patience
+        saved = (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs
+        if saved:
+            checkpoint.save(self, epoch + 1)
+        if epoch == self.t.crash_after_epoch and self.world.rank == self.world.world_size - 1:
+            os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
+        asked = epoch == self.t.stop_after_epoch  # the same on every rank: no vote
+        stop = asked or bool(self.broadcast(stop))
+        if stop and not saved:
+            checkpoint.save(self, epoch + 1)  # whatever save_every says: the run resumes from here
+        if asked:
+            raise StoppedAfterEpoch(f"stopped after epoch {epoch + 1} as asked (--stop-after-epoch {epoch})")
+        if stop:
+            log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, self.stale)
+        return stop
 
     @torch.no_grad()
     def evaluate(self, loader: DataLoader) -> dict:
@@ -248,34 +277,10 @@ class Trainer:
             self.initial_test_loss = self.evaluate(self.test_loader)["loss"]
         for epoch in range(self.start_epoch, self.t.total_epochs):
             epochs_run += 1
-            stats = self._run_epoch(epoch)
-            val = self.evaluate(self.val_loader)
-            row = {"epoch": epoch, "step": self.step, **stats, "val_loss": val["loss"], "val_accuracy": val.get("accuracy"),
-                   "step_time_by_rank": self.gather(stats["step_time_s"])}  # the report's step time per rank
-            self.runlog.record(**row)
-            acc = f" val_acc {val['accuracy']:.4f}" if "accuracy" in val else ""
-            log.info("epoch %d/%d loss %.5f val_loss %.5f%s %.0f samples/s step %.1f ms comm %.1f ms",
-                     epoch + 1, self.t.total_epochs, stats["loss"], val["loss"], acc, stats["samples_per_s"],
-                     1000 * (stats["step_time_s"] or 0), 1000 * stats["comm_time_s"])
-            stop = None
-            if self.world.rank == 0 and self.t.patience:
-                self.stale = 0 if val["loss"] < self.best else self.stale + 1
-                self.best = min(self.best, val["loss"])
-                stop = self.stale >= self.t.patience
-            saved = (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs
-            if saved:
-                checkpoint.save(self, epoch + 1)
-            if epoch == self.t.crash_after_epoch and self.world.rank == 0:
-                os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
-            if epoch == self.t.stop_after_epoch:
-                if not saved:
-                    checkpoint.save(self, epoch + 1)  # whatever save_every says: the point is to resume from here
-                raise StoppedAfterEpoch(f"stopped after epoch {epoch + 1} as asked (--stop-after-epoch {epoch})")
-            if self.broadcast(stop):
-                log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, self.stale)
-                if not saved:
-                    checkpoint.save(self, epoch + 1)
-                break
+            local = self._run_epoch(epoch)
+            with survivor.keep_between(self, epoch + 1, checkpoint.state_of):  # a lost peer: the whole epoch kept
+                if self._end_epoch(epoch, local):
+                    break
         self.marks.done()
         test = self.evaluate(self.test_loader)
         result = {"epochs_run": epochs_run, "test_loss": test["loss"]}

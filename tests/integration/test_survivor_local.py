@@ -19,11 +19,14 @@ from bench.drills.preempt import run_files
 pytestmark = pytest.mark.integration
 
 EPOCHS = 10  # the only periodic snapshot is the last one: every step before the loss is only in the ranks' memory
+# The lost run's steps last at least this long (asleep: the weights are the same): an epoch of 14 steps takes 1.4 s,
+# so a loss 0.5 s after rank 0 reported an epoch falls mid-epoch even when its line reached us late, under load.
+PACE = 0.1
 
 
-def train_args(run_id: str, *extra: str) -> list[str]:
+def train_args(run_id: str, *extra: str, pace: float = 0.0) -> list[str]:
     return ["train", "--nodes", "3", f"--run-id={run_id}", f"--pg-timeout={PG_TIMEOUT}", *extra,
-            f"--args=--workload digits {EPOCHS} {EPOCHS}"]
+            f"--args=--workload digits {EPOCHS} {EPOCHS} --min-step-seconds {pace}"]
 
 
 def test_a_node_lost_without_warning_costs_no_completed_step(cluster3):
@@ -33,10 +36,10 @@ def test_a_node_lost_without_warning_costs_no_completed_step(cluster3):
     assert base.returncode == 0, base.stdout[-3000:] + base.stderr[-3000:]
     uninterrupted = torch.load(run_files(cluster3, "whole", "final_model.pt")["node-0"])
 
-    proc = cluster3.popen(*train_args("lost", "--recover=1", "--recover-wait=60"))
+    proc = cluster3.popen(*train_args("lost", "--recover=1", "--recover-wait=60", pace=PACE))
     with watched(proc) as (out, err):
         out.wait_for(rf"\[rank0\]: .*epoch 5/{EPOCHS} ", timeout=300, also=err)
-        time.sleep(0.3)  # a few steps into epoch 5 (index): mid-epoch
+        time.sleep(0.5)  # a few steps into epoch 5 (index): mid-epoch
         faults.lose_node(cluster3.state, "node-2")
         code = proc.wait(timeout=600)
     text, errors = "".join(out.lines), "".join(err.lines)

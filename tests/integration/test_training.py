@@ -1,5 +1,5 @@
 """The trainer for real: torchrun (gloo DDP) and mpirun (mpi4py data plane) with 2 ranks on this
-machine, SLURM-style and plain runs of a copy of training/ alone, exact resume after a SIGKILL, a
+machine, SLURM-style and plain runs of a copy of training/ alone, exact resume after a peer's SIGKILL, a
 kill during a snapshot write, the snapshot broadcast from a rank other than 0 over gloo, a dead peer
 under mpirun, and one-line bad input.
 
@@ -152,15 +152,36 @@ def test_mpi_gradient_accumulation_matches_ddp(tmp_path):
     assert_same_weights(weights(tmp_path / "mpi"), weights(tmp_path / "ddp"))
 
 
-def test_killed_and_resumed_run_ends_bitwise_equal(digits_runs, tmp_path):
+def plain_ranks(*args: str, n: int = 2) -> list[subprocess.CompletedProcess]:
+    """``n`` ranks of the trainer started as plain processes (RANK, WORLD_SIZE, MASTER_ADDR/PORT on loopback): no
+    launcher that stops the survivors when one dies, so what they do on a lost peer can be seen."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [subprocess.Popen([sys.executable, TRAIN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n),
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
+             for r in range(n)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
+
+
+@pytest.mark.parametrize("crash_after", [4, 3], ids=["at-a-periodic-snapshot", "between-snapshots"])
+def test_killed_and_resumed_run_ends_bitwise_equal(digits_runs, tmp_path, crash_after):
+    """The last rank is SIGKILLed right after epoch ``crash_after + 1``'s end (the periodic snapshot is every 5th
+    epoch): rank 0 loses its peer in the early-stopping vote and keeps the whole epoch (training/survivor.py's
+    keep_between), over the periodic snapshot or where there is none. Resumed under torchrun, the run ends with
+    the uninterrupted run's weights, bitwise: the kept state (RNG, scheduler, early stopping) is the epoch's end."""
     base, _, _ = digits_runs
-    crashed = torchrun("--workload", "digits", "10", "5", "--metrics-dir", str(tmp_path),
-                       "--snapshot-dir", str(tmp_path / "snap"), "--crash-after-epoch", "4")
-    assert crashed.returncode != 0  # rank 0 was SIGKILLed right after the epoch-5 snapshot
-    assert torch.load(tmp_path / "snap" / "snapshot.pt", weights_only=False)["next_epoch"] == 5
+    ranks = plain_ranks("--workload", "digits", "10", "5", "--metrics-dir", str(tmp_path),
+                        "--snapshot-dir", str(tmp_path / "snap"), "--crash-after-epoch", str(crash_after))
+    assert [r.returncode for r in ranks] == [1, -signal.SIGKILL], [r.stderr[-2000:] for r in ranks]
+    kept = torch.load(tmp_path / "snap" / "snapshot.pt", weights_only=False)
+    assert (kept["next_epoch"], kept["consumed"], kept["survivor"]["rank"]) == (crash_after + 1, 0, 0), kept.keys()
+    assert "a peer is gone" in ranks[0].stderr + ranks[0].stdout, ranks[0].stderr[-2000:]
     resumed = result_of(torchrun("--workload", "digits", "10", "5", "--metrics-dir", str(tmp_path),
                                  "--snapshot-dir", str(tmp_path / "snap")))
-    assert resumed["epochs_run"] == 5  # epochs 6..10 only: the finished epoch 5 is not repeated
+    assert resumed["epochs_run"] == 10 - crash_after - 1  # the finished epochs are not repeated
     full, again = weights(base / "ddp"), weights(tmp_path)
     for name in full:
         assert torch.equal(full[name], again[name]), name
@@ -275,7 +296,7 @@ def test_freshest_snapshot_is_broadcast_from_rank_1_through_gloo(tmp_path):
 
 
 def test_dead_peer_under_mpirun_fails_the_job(tmp_path):
-    """Rank 0 is SIGKILLed after epoch 1 while rank 1 heads into the next MPI allreduce: mpirun must end
+    """Rank 1 is SIGKILLed after epoch 1 while rank 0 heads into the next MPI allreduce: mpirun must end
     the job with a non-zero code (the timeout here only turns a hang into a failure)."""
     res = mpirun("--workload", "digits", "3", "1", "--snapshot-dir", str(tmp_path), "--crash-after-epoch", "0")
     assert res.returncode != 0 and "RESULT" not in res.stdout
