@@ -18,6 +18,7 @@ class Watcher:
     def __init__(self, stream):
         self.lines: list[str] = []
         self.times: list[float] = []  # time.monotonic() at which each line arrived
+        self.partner: "Watcher | None" = None  # the process's other stream (watched() pairs them)
 
         def read() -> None:
             for line in stream:
@@ -42,13 +43,14 @@ class Watcher:
         return None
 
     def wait_for(self, pattern: str, timeout: float = 120, also: "Watcher | None" = None) -> None:
-        """Until a line matches ``pattern``; TimeoutError with the last lines (and ``also``'s: the process's other
-        stream, where a refusal says why) when none did within ``timeout``."""
+        """Until a line matches ``pattern``; TimeoutError with the last lines (and those of ``also``, by default the
+        process's other stream, where a refusal or a wait says why) when none did within ``timeout``."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if any(re.search(pattern, line) for line in list(self.lines)):
                 return
             time.sleep(0.1)
+        also = also or self.partner
         other = f"\nand on the other stream:\n{''.join(also.lines[-30:])}" if also is not None else ""
         raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}{other}")
 
@@ -58,6 +60,7 @@ def watched(proc: subprocess.Popen):
     """(out, err): Watchers of a CLI process's stdout and stderr. Leaving the block kills the process if it still
     runs; leaving it normally also waits until both streams have been read to their end."""
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
+    out.partner, err.partner = err, out
     try:
         yield out, err
     finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import time
 
 import pytest
@@ -58,3 +59,48 @@ def test_a_node_lost_without_warning_costs_no_completed_step(cluster3):
     assert summary["result"]["test_accuracy"] >= 0.95, summary["result"]
     again = torch.load(run_files(cluster3, "lost", "final_model.pt")["node-0"])
     assert all(torch.equal(uninterrupted[k], again[k]) for k in uninterrupted), "weights differ from the full run"
+
+
+# node-2 listens and holds the connection open; node-0 connects and blocks in recv (60 s timeout, far longer than
+# the test waits): what ended the recv is written to the file. Tagged with the run id, so a leak is found and stopped.
+HOLD = ("import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+        "s.bind(('0.0.0.0',{port}));s.listen();c,_=s.accept();time.sleep(120)")
+WAIT = ("import socket,time\nfor _ in range(100):\n    try:\n        c=socket.create_connection(('{ip}',{port}),timeout=1);break\n"
+        "    except OSError: time.sleep(0.1)\nopen('{out}','w').write('connected\\n')\nc.settimeout(60)\n"
+        "try:\n    c.recv(1);r='closed'\nexcept Exception as e:\n    r=type(e).__name__\nopen('{out}','a').write(r+'\\n')")
+
+
+def test_cut_off_ends_a_survivor_s_blocked_recv_from_a_lost_node_at_once(cluster3):
+    """RemoteRunner.cut_off on real nodes: node-0's recv from node-2 (which sent nothing and closed nothing, as a
+    vanished machine) ends with ECONNABORTED when node-0's connections to node-2's address are destroyed, long before
+    its own 60 s timeout; a node not named keeps its connections."""
+    from multinode.ssh.runner import RemoteRunner
+
+    inv, port, tag = cluster3.inventory(), 29731, "MULTINODE_RUN_ID=cutoff-test"
+    ip = next(n.private_ip for n in inv.nodes if n.name == "node-2")
+    out = f"/tmp/cutoff-{cluster3.name}.out"  # the simulated nodes share this machine's /tmp
+    with RemoteRunner(inv) as runner:
+        try:
+            hold = runner.run_on("node-2", f"{tag} nohup python3 -c {shlex.quote(HOLD.format(port=port))} "
+                                 ">/dev/null 2>&1 & echo started", timeout=10)
+            assert hold.ok, hold
+            wait = WAIT.format(ip=ip, port=port, out=out)
+            started = runner.run_on("node-0", f"rm -f {out}; {tag} nohup python3 -c {shlex.quote(wait)} "
+                                    ">/dev/null 2>&1 & echo started", timeout=10)
+            assert started.ok, started
+            assert _file_says(runner, out, "connected"), "node-0 never connected to node-2"
+            runner.cut_off(["node-0"], ["node-1"])  # another node's connections: node-0's recv goes on
+            assert not _file_says(runner, out, "Error", seconds=2)
+            runner.cut_off(["node-2"], ["node-0"])
+            assert _file_says(runner, out, "ConnectionAbortedError"), runner.run_on("node-0", f"cat {out}").stdout
+        finally:
+            runner.stop_all("cutoff-test")
+
+
+def _file_says(runner, path: str, word: str, seconds: float = 20.0) -> bool:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if word in runner.run_on("node-0", f"cat {path} 2>/dev/null; true", timeout=10).stdout:
+            return True
+        time.sleep(0.2)
+    return False

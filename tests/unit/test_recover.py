@@ -37,7 +37,7 @@ class Provider:
         return None  # cannot say: recovery waits up to RECOVER_WAIT
 
     def gone(self, state, inventory, names):
-        return {name: "its machine is gone" for name in names if name in getattr(self, "vanished", ())}
+        return {}
 
 
 def _recovery(tmp_path, provider, nodes=3):
@@ -192,7 +192,9 @@ def test_a_failure_with_every_node_answering_is_the_job_s_own_and_not_retried(tm
     rec = _recovery(tmp_path, Provider())
     monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: {n.name: (True, "up") for n in inv.nodes})
     failed = NodeError("node-1", "job", 1, "exited with code 1")
-    assert rec.after(SimpleNamespace(inv=rec.cluster), *_ended("failed", failed), None, None) is None
+    nothing_gone = SimpleNamespace(vanished=lambda names: {})  # the run's RemoteRunner: the provider knows of none
+    assert rec.after(SimpleNamespace(inv=rec.cluster, runner=nothing_gone), *_ended("failed", failed), None,
+                     None) is None
     assert not rec.recovered and rec.timeline.events == []
 
 
@@ -273,10 +275,10 @@ def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
 
     monkeypatch.setattr(recover, "probe_ssh", probe)
     rec = _recovery(tmp_path, Provider())
-    assert rec._silent(rec.cluster) == {"node-2": "timed out"}
+    assert rec._silent(rec.cluster, {}) == {"node-2": "timed out"}
     assert probes == [(["node-0", "node-1", "node-2"], recover.PROBE_SECONDS[0]),
                       (["node-1", "node-2"], recover.PROBE_SECONDS[1])]
     probes.clear()
-    rec.provider.vanished = {"node-2"}  # the provider knows node-2's machine is gone: no probe for it
-    assert rec._silent(rec.cluster) == {"node-2": "its machine is gone"}
+    # the provider knows node-2's machine is gone (RemoteRunner.vanished asked it): no probe for it
+    assert rec._silent(rec.cluster, {"node-2": "its machine is gone"}) == {"node-2": "its machine is gone"}
     assert probes == [(["node-0", "node-1"], recover.PROBE_SECONDS[0]), (["node-1"], recover.PROBE_SECONDS[1])]

@@ -48,6 +48,14 @@ class Sessions:
     def drop(self, name):
         pass
 
+    gone: dict = {}
+
+    def vanished(self, names=None):
+        return {}  # the provider knows of no machine gone
+
+    def cut_off(self, lost, names):
+        self.cut = (list(lost), list(names))
+
 
 def run(tmp_path, runner, **options) -> Outcome:
     return jobmod.JobRun(runner, {name: "true" for name in runner.ends}, run_id="r1", log_dir=tmp_path,

@@ -5,14 +5,14 @@ saved as ``summary.json`` (:func:`save`, the only writer) and printed at the end
 The root cause of a failed, lost or stalled job: a stopped or uninterruptible rank; else the first node that failed
 on its own (its log does not read like a reaction to another's failure); else a rank stuck outside any collective
 (the live ranks' stacks, captured before the stop); else the first failure. A log that reads like a broken
-connection gets the link check's second look, while the nodes still answer.
+connection gets the link check's second look, while the nodes still answer (the nodes the job lost left out).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TextIO
 
@@ -65,8 +65,10 @@ def diagnose(attempt: Attempt, outcome: Outcome) -> dict:
                           tail=_log(run_dir, culprit.node)[-10:], log_path=str(log_path))
         rank = culprit.rank
     stacks = str(save_stacks(run_dir / "stacks", captured.per_node, captured.errors)) if captured else None
-    if any(connection_error(_log(run_dir, n.name)) for n in ctx.inv.nodes):
-        attempt.links = attempt.backend.reach.link_check(ctx, "report", after_failure=True)
+    alive = [n.name for n in ctx.inv.nodes if n.name not in outcome.lost]  # a lost node's links cannot answer
+    if len(alive) > 1 and any(connection_error(_log(run_dir, n.name)) for n in ctx.inv.nodes):
+        among = replace(ctx, inv=ctx.inv.only(alive)) if len(alive) < len(ctx.inv.nodes) else ctx
+        attempt.links = attempt.backend.reach.link_check(among, "report", after_failure=True)
     where = first.node if rank is None else f"{first.node} (rank {rank})"
     return {"failed_node": first.node, "failed_rank": rank, "cause": culprit.describe() if culprit else None,
             "stacks": stacks, "error": f"job failed first on {where}: {first.message}", "failure": first.describe()}

@@ -50,7 +50,6 @@ from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
-from multinode.providers.base import vanished
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
 # A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the
@@ -170,7 +169,7 @@ class Recovery:
     def _what_was_lost(self, ctx: RunContext, outcome: Outcome, summary: RunSummary) -> Loss | None:
         """The node(s) to replace: the one a notice named, and every node that no longer answers SSH. None for a
         failure with every node answering: the job's own (recovery does not retry bugs)."""
-        silent = self._silent(ctx.inv)
+        silent = self._silent(ctx.inv, ctx.runner.vanished([n.name for n in ctx.inv.nodes]))
         if outcome.kind == "preempted":
             report = summary.preempted or {}
             host = report.get("noticed_on")
@@ -206,11 +205,11 @@ class Recovery:
                  f"recovery replaces {', '.join(loss.nodes + more)}")
         return replace(loss, nodes=loss.nodes + more)
 
-    def _silent(self, active: Inventory) -> dict[str, str]:
+    def _silent(self, active: Inventory, gone: dict[str, str]) -> dict[str, str]:
         """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS), each on a new connection (the
         run's may be stale): a node busy enough to miss the first is not lost -- replacing it would wipe its
-        snapshots. One the provider knows is gone (``Provider.gone``) is lost without a probe."""
-        gone = vanished(self.provider, self.state, active)
+        snapshots. One of ``gone`` (the provider knows its machine is gone: ``Provider.gone``) is lost without a
+        probe."""
         rest = [n.name for n in active.nodes if n.name not in gone]
         first = probe_ssh(active.only(rest), timeout=PROBE_SECONDS[0]) if rest else {}
         doubt = [name for name, (ok, _why) in first.items() if not ok]

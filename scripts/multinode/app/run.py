@@ -62,7 +62,6 @@ from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import runtime_for
 from multinode.providers import get_provider
-from multinode.providers.base import vanished
 from multinode.ssh.runner import RemoteRunner, StopPolicy
 
 
@@ -100,7 +99,8 @@ class Run:
         if self.spec.dry_run:
             print(attempt.backend.describe(attempt.ctx, attempt.plan), file=self.out)
             return None
-        runner = RemoteRunner(attempt.ctx.inv, out=self.out, stop=StopPolicy(self.spec.grace))
+        runner = RemoteRunner(attempt.ctx.inv, out=self.out, stop=StopPolicy(self.spec.grace),
+                              gone=lambda names: self.provider.gone(self.state, runner.inventory, names))
         runner.prewarm()  # every node's login shell starts now, while the rest is prepared
         with runner:  # the connections closed, after the claim is given back, however the run ends
             attempt.ctx.runner = runner
@@ -261,7 +261,7 @@ class Run:
         """Stop anything still tagged with the run id on every node (and the runtime's containers), even after
         success; remove the ENV files."""
         ctx = attempt.ctx
-        gone = vanished(self.provider, self.state, ctx.inv)
+        gone = ctx.runner.vanished()
         names = [n.name for n in ctx.inv.nodes if n.name not in gone]  # a vanished node has nothing left to stop
         if names:
             ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line, names=names)

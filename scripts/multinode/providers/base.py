@@ -5,14 +5,11 @@ A provider never imports launchers or runtimes; it only produces and destroys cl
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 from multinode.core.config import ClusterSpec
 from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
-
-log = logging.getLogger(__name__)
 
 
 class Provider(Protocol):
@@ -51,12 +48,3 @@ class Provider(Protocol):
         Returns human-readable lines describing what was removed / verified.
         """
 
-
-def vanished(provider: Provider, state: ClusterState, inventory: Inventory) -> dict[str, str]:
-    """``provider.gone`` for every node of ``inventory``; {} when the provider cannot answer now (an API error, no
-    credentials): the callers then treat every node as possibly there, as without it."""
-    try:
-        return provider.gone(state, inventory, [n.name for n in inventory.nodes])
-    except Exception as err:  # noqa: BLE001 -- a question to a cloud API; any failure means "cannot tell"
-        log.warning("could not ask %s which nodes are gone: %s", getattr(provider, "name", "the provider"), err)
-        return {}

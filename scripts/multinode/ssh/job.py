@@ -211,6 +211,10 @@ class JobRun:
     def _fail(self, failure: NodeError, why: str, pending: set[str]) -> NodeError:
         """Say why, give the caller its look at the live ranks, stop the job everywhere; the failure."""
         self.runner.say(f"{why}: stopping the job on every node")
+        for name in self.runner.vanished(pending):  # the machine itself is gone: lost, and neither looked at nor asked
+            self.results[name].lost = True
+        lost = self._lost()  # their peers' collectives fail now, not at the process-group timeout
+        self.runner.cut_off(lost, [name for name in pending if name not in lost])
         if self.before_stop is not None:
             try:
                 self.before_stop(failure, self._lost())
@@ -262,8 +266,10 @@ class JobRun:
                 continue
         for name in pending:
             result = self.results[name]
-            why = "stopped answering (unreachable: no answer to the stop)" if name in unreachable else \
-                f"did not end within {LOST_GRACE:.0f} s of the stop"
+            why = f"did not end within {LOST_GRACE:.0f} s of the stop"
+            if name in unreachable:
+                gone = self.runner.gone.get(name)
+                why = f"is gone ({gone})" if gone else "stopped answering (unreachable: no answer to the stop)"
             log.warning("%s: %s; dropping its connection", name, why)
             result.lost = result.lost or name in unreachable
             if result.error is None and name_failures:

@@ -14,6 +14,9 @@ Contract:
   their coordinated checkpoint; the runtime's containers are then removed only after that wait.
 * :meth:`RemoteRunner.retarget` moves the runner to the nodes of a later attempt (a node replaced, or gone): the
   connections of the nodes that did not change are kept.
+* :meth:`RemoteRunner.vanished` asks the caller's ``gone`` question (the provider's: the machine itself is gone --
+  a deleted namespace, a terminated instance) and remembers the answer until the node is replaced: a stop, a
+  gang-stop or a capture does not wait out a dead connection to a node known to be gone.
 """
 
 from __future__ import annotations
@@ -101,9 +104,22 @@ class RemoteRunner(NodePool):
     """Commands, files and the stop on the nodes of one inventory (see the module doc)."""
 
     def __init__(self, inventory: Inventory, out: TextIO | None = None, connect_timeout: float = 5.0,
-                 stop: StopPolicy = StopPolicy()):
+                 stop: StopPolicy = StopPolicy(), gone: Callable[[list[str]], dict[str, str]] | None = None):
         super().__init__(inventory, out=out, connect_timeout=connect_timeout)
         self.stop = stop
+        self._ask_gone = gone  # {node: why} of ``names`` whose machine is gone (module doc); None: cannot tell
+        self.gone: dict[str, str] = {}  # the nodes known to be gone, until replaced
+
+    def vanished(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        """{node: why} for the nodes of ``names`` (every node) whose machine is gone, asked now and remembered;
+        {} when nothing can be asked or the question fails (every node is then treated as possibly there)."""
+        names = [n.name for n in self.inventory.nodes] if names is None else list(names)
+        if self._ask_gone is not None and names:
+            try:
+                self.gone.update(self._ask_gone(names))
+            except Exception as err:  # noqa: BLE001 -- a question to a cloud API: any failure means "cannot tell"
+                log.warning("could not ask which nodes are gone: %s", err)
+        return {name: self.gone[name] for name in names if name in self.gone}
 
     def retarget(self, inventory: Inventory) -> None:
         """The nodes of ``inventory`` from now on (a later attempt's): a node that is gone or was replaced (another
@@ -115,6 +131,7 @@ class RemoteRunner(NodePool):
         for name, node in old.items():
             if new.get(name) != node:
                 self.drop(name)
+                self.gone.pop(name, None)
 
     def say(self, message: str) -> None:
         with self.print_lock:
@@ -145,6 +162,22 @@ class RemoteRunner(NodePool):
     def run_all(self, command: str, names: Iterable[str] | None = None, timeout: float = 30.0) -> dict[str, CommandResult]:
         names = list(names or (n.name for n in self.inventory.nodes))
         return self.run_each({name: command for name in names}, timeout)
+
+    def cut_off(self, lost: Iterable[str], names: Iterable[str]) -> dict[str, CommandResult]:
+        """On ``names``, close every TCP connection to the ``lost`` nodes' cluster addresses (``ss -K``: the
+        kernel's socket destroy, as root or through ``sudo -n``). A machine that vanished sends no FIN or RST, so a
+        rank blocked in a collective with it waits for the process-group timeout; its connections closed, the
+        collective fails at once and our trainer's surviving ranks keep the last completed step
+        (training/survivor.py) without that wait. Best effort: where the kernel lacks socket destroy
+        (CONFIG_INET_DIAG_DESTROY) or root cannot be had, nothing changes and the timeout stands."""
+        ips = [n.private_ip for n in self.inventory.nodes if n.name in set(lost)]
+        names = list(names)
+        if not ips or not names:
+            return {}
+        destroy = "; ".join(f"ss -K dst {shlex.quote(ip)}" for ip in ips)
+        line = (f'{{ if [ "$(id -u)" = 0 ]; then sh -c {shlex.quote(destroy)}; '
+                f'else sudo -n sh -c {shlex.quote(destroy)}; fi; }} >/dev/null 2>&1; true')
+        return self.run_all(line, names, timeout=5)
 
     # --- files ------------------------------------------------------------------------
 
@@ -177,9 +210,12 @@ class RemoteRunner(NodePool):
 
     def stop_all(self, run_id: str, extra_stop: Callable[[str], str | None] | None = None,
                  names: Iterable[str] | None = None) -> dict[str, CommandResult]:
-        """Stop every process tagged with ``run_id`` on every node, or on ``names`` (and the run's containers)."""
+        """Stop every process tagged with ``run_id`` on every node, or on ``names`` (and the run's containers). A
+        node known to be gone (:meth:`vanished`) is not asked: its answer is no answer, at once."""
         names = [n.name for n in self.inventory.nodes] if names is None else list(names)
-        commands = {name: self.stop_line(run_id, extra_stop(name) if extra_stop else None) for name in names}
+        gone = {name: CommandResult(name, None, error=f"gone ({self.gone[name]})") for name in names if name in self.gone}
+        commands = {name: self.stop_line(run_id, extra_stop(name) if extra_stop else None)
+                    for name in names if name not in gone}
 
         def stop(name: str) -> CommandResult:
             # A short channel-open timeout: a node that cannot open a channel in 3 s is unreachable.
@@ -197,7 +233,7 @@ class RemoteRunner(NodePool):
                 log.warning("%s: could not stop run %s: %s", name, run_id, res.error or res.stderr.strip())
             elif "left" in res.stdout:
                 log.warning("%s: processes of run %s survived SIGKILL: %s", name, run_id, res.stdout.strip())
-        return results
+        return {**results, **gone}
 
     def stop_line(self, run_id: str, extra: str | None = None) -> str:
         """The stop of ``run_id`` on one node, with the runtime's ``extra`` step (its containers): before the
