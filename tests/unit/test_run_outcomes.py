@@ -78,6 +78,20 @@ def test_a_node_s_own_exit_fails_the_job_and_a_lost_session_loses_its_node(tmp_p
     assert seen[-1] == ("node-1",)  # the look at the live ranks skips it
 
 
+def test_a_node_whose_machine_is_gone_is_lost_while_its_session_still_waits(tmp_path, monkeypatch):
+    """A vanished machine ends no SSH session: the job asks the runner (the provider) every GONE_POLL seconds; the
+    gone node is lost, its connection dropped, the survivors' links to it cut before the stop."""
+    monkeypatch.setattr(jobmod, "GONE_POLL", 0.05)
+    runner = Sessions({"node-0": 0, "node-1": 0, "node-2": 0}, release=threading.Event())  # nobody ends by itself
+    runner.vanished = lambda names=None: {"node-2": "its instance is terminated"} if "node-2" in names else {}
+    dropped = []
+    runner.drop = dropped.append
+    lost = run(tmp_path, runner, deadline=30)  # without the poll: the deadline's failure, 30 s on
+    assert lost.kind == "lost" and lost.lost == ("node-2",) and lost.failure.node == "node-2"
+    assert lost.failure.message == "is gone (its instance is terminated)" and "node-2" in dropped
+    assert (runner.cut[0], sorted(runner.cut[1])) == (["node-2"], ["node-0", "node-1"]) and runner.stops == ["r1"]
+
+
 def test_a_stall_is_its_own_kind_and_stops_every_node(tmp_path):
     runner = Sessions({"node-0": 0, "node-1": 0}, release=threading.Event())
     stalled = run(tmp_path, runner, stalled=lambda: "no progress for 15 s")

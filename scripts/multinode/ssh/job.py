@@ -8,7 +8,8 @@ running job. Contract:
   interleave mid-line; each goes to ``<log_dir>/<node>.log`` and, prefixed ``[node-i]``, to the console (but for
   the lines the caller's ``observe`` reads: the trainer's step times, which only the log keeps);
 * the run ends as one :class:`~multinode.core.outcome.Outcome`, never an exception: every node ended 0 or 75
-  (succeeded, or preempted); the first node that exits non-zero (failed) or loses its SSH session (lost), a deadline
+  (succeeded, or preempted); the first node that exits non-zero (failed), loses its SSH session or whose machine
+  the provider says is gone (lost: asked every GONE_POLL s, a vanished machine ends no session), a deadline
   (failed) or a stall (``stalled``: stalled) stops the job on every node first (processes whose environment carries
   the run id: torchrun starts workers in their own session, so a process-tree or process-group kill would miss
   them); before that stop the caller's ``before_stop`` hook may look at the live ranks. Ctrl-C/SIGTERM/SIGHUP to
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 
 TAIL_LINES = 20
 LOST_GRACE = 15.0  # after a stop, how long a node's session may take to end before we drop it
+# How often a running job asks whether a node's machine is gone (a vanished machine ends no SSH session). EC2: a
+# DescribeInstances, 2.5 % of a non-mutating action's 20/s refill (docs.aws.amazon.com/ec2/latest/devguide/).
+GONE_POLL = 2.0
 
 
 @dataclass
@@ -163,7 +167,7 @@ class JobRun:
             result.exit_code, _, _ = self.runner.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
         except Exception as err:  # lost SSH session: the node is gone or unreachable
             result.lost = True
-            result.error = self._node_error(name, f"lost its SSH session ({describe_ssh_error(err)})")
+            result.error = result.error or self._node_error(name, f"lost its SSH session ({describe_ssh_error(err)})")
         finally:
             for sink in sinks:
                 sink.close()
@@ -176,12 +180,18 @@ class JobRun:
         pending = set(self.results)
         head = next(iter(self.results))
         end = None if self.deadline is None else time.monotonic() + self.deadline
+        asked = time.monotonic()
         while pending:
             if stop.signum is not None:
                 raise StopRequested
             try:
                 name = self.events.get(timeout=0.2)
             except queue.Empty:
+                if time.monotonic() - asked >= GONE_POLL:
+                    asked, gone = time.monotonic(), self._gone(pending)
+                    if gone is not None:
+                        pending.discard(gone.node)
+                        return "lost", self._fail(gone, f"{gone.node} failed ({gone.message})", pending)
                 if end is not None and time.monotonic() > end:
                     why = f"deadline of {self.deadline:.0f} s passed"
                     return "failed", self._fail(NodeError(head, "job", None, f"{why}; the job was stopped"), why, pending)
@@ -208,13 +218,20 @@ class JobRun:
                 return kind, self._fail(result.error, f"{name} failed ({result.error.message})", pending)
         return "", None
 
+    def _gone(self, pending: set[str]) -> NodeError | None:
+        """The first node of ``pending`` whose machine is gone (the provider's word), made a lost node's failure."""
+        for name, why in self.runner.vanished(pending).items():
+            result = self.results[name]
+            result.lost, result.finished, result.error = True, time.monotonic(), self._node_error(name, f"is gone ({why})")
+            self.runner.drop(name)  # its session would wait on a connection no answer will ever come back on
+            return result.error
+
     def _fail(self, failure: NodeError, why: str, pending: set[str]) -> NodeError:
         """Say why, give the caller its look at the live ranks, stop the job everywhere; the failure."""
         self.runner.say(f"{why}: stopping the job on every node")
-        for name in self.runner.vanished(pending):  # the machine itself is gone: lost, and neither looked at nor asked
+        for name in self.runner.vanished(list(self.results)):  # a machine gone: lost, neither looked at nor asked
             self.results[name].lost = True
-        lost = self._lost()  # their peers' collectives fail now, not at the process-group timeout
-        self.runner.cut_off(lost, [name for name in pending if name not in lost])
+        self.runner.cut_off(self._lost(), [n for n in pending if n not in self._lost()])  # peers' collectives fail now
         if self.before_stop is not None:
             try:
                 self.before_stop(failure, self._lost())

@@ -211,8 +211,9 @@ class RemoteRunner(NodePool):
     def stop_all(self, run_id: str, extra_stop: Callable[[str], str | None] | None = None,
                  names: Iterable[str] | None = None) -> dict[str, CommandResult]:
         """Stop every process tagged with ``run_id`` on every node, or on ``names`` (and the run's containers). A
-        node known to be gone (:meth:`vanished`) is not asked: its answer is no answer, at once."""
+        node gone (:meth:`vanished`, asked first) is not asked: its answer is no answer, at once."""
         names = [n.name for n in self.inventory.nodes] if names is None else list(names)
+        self.vanished(names)  # asked now: a node lost a moment ago may be gone by the time of its stop
         gone = {name: CommandResult(name, None, error=f"gone ({self.gone[name]})") for name in names if name in self.gone}
         commands = {name: self.stop_line(run_id, extra_stop(name) if extra_stop else None)
                     for name in names if name not in gone}
