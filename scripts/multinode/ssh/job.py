@@ -225,6 +225,7 @@ class JobRun:
             result.lost, result.finished, result.error = True, time.monotonic(), self._node_error(name, f"is gone ({why})")
             self.runner.drop(name)  # its session would wait on a connection no answer will ever come back on
             return result.error
+        return None
 
     def _fail(self, failure: NodeError, why: str, pending: set[str]) -> NodeError:
         """Say why, give the caller its look at the live ranks, stop the job everywhere; the failure."""
