@@ -23,6 +23,7 @@ every rank.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
@@ -30,6 +31,13 @@ import random
 import socket
 import sys
 from pathlib import Path
+
+# A rank that dies of SIGSEGV, SIGBUS, SIGFPE or SIGABRT prints every thread's Python stack on stderr first (a
+# native crash in torch, mpi4py or Open MPI's start-up otherwise leaves one libc frame: the cold runs' SLURM MPI case).
+try:
+    faulthandler.enable(all_threads=True)
+except (RuntimeError, ValueError, OSError):  # a stderr without a file descriptor (an embedding host): no dump
+    pass
 
 if __package__ in (None, ""):
     # Run as a script (`python training/train.py`, cwd = a copy of training/ and nothing else): our siblings are
