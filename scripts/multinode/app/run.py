@@ -261,10 +261,10 @@ class Run:
         """Stop anything still tagged with the run id on every node (and the runtime's containers), even after
         success; remove the ENV files."""
         ctx = attempt.ctx
-        gone = ctx.runner.vanished()
-        names = [n.name for n in ctx.inv.nodes if n.name not in gone]  # a vanished node has nothing left to stop
+        everyone = [n.name for n in ctx.inv.nodes]
+        ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line, names=everyone)  # skips a gone node
+        names = [name for name in everyone if name not in ctx.runner.gone]  # a vanished node has no files left
         if names:
-            ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line, names=names)
             remove_env_files(ctx.runner, ctx.spec, names=names)
         self.phases.mark("sweep")
 
