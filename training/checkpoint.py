@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from . import preempt, replica, runlog, sampler, snapshot
+from . import channel, preempt, replica, sampler, snapshot
 
 from . import upload
 
@@ -153,7 +153,7 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
         ours = last and last[0]["order"] == epoch * snapshot.BATCH_SPAN + consumed
         report["uploaded"] = last[0]["url"] if uploaded and ours else None  # None: not (yet) in the bucket
     if trainer.world.rank == 0:
-        runlog.announce("PREEMPTED", report)
+        channel.send(channel.PREEMPTED, report)
         if trainer.t.metrics_dir:
             Path(trainer.t.metrics_dir).mkdir(parents=True, exist_ok=True)
             (Path(trainer.t.metrics_dir) / "preempted.json").write_text(json.dumps(report, indent=1) + "\n")

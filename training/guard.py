@@ -46,10 +46,10 @@ PRIVATE_PACKAGE = "_multinode_guard"
 
 
 def _siblings():
-    """(imds, preempt): this file's own siblings, whichever way it was started."""
+    """(imds, notice, channel): this file's own siblings, whichever way it was started."""
     if __package__:
-        from . import imds as notices, preempt as stops
-        return notices, stops
+        from . import channel, imds, notice
+        return imds, notice, channel
     here = os.path.dirname(os.path.abspath(__file__))
     if PRIVATE_PACKAGE not in sys.modules:
         spec = importlib.util.spec_from_file_location(PRIVATE_PACKAGE, os.path.join(here, "__init__.py"),
@@ -57,15 +57,13 @@ def _siblings():
         package = importlib.util.module_from_spec(spec)
         sys.modules[PRIVATE_PACKAGE] = package
         spec.loader.exec_module(package)
-    return importlib.import_module(f"{PRIVATE_PACKAGE}.imds"), importlib.import_module(f"{PRIVATE_PACKAGE}.preempt")
+    return tuple(importlib.import_module(f"{PRIVATE_PACKAGE}.{name}") for name in ("imds", "notice", "channel"))
 
 
-imds, _preempt = _siblings()
-EXIT_PREEMPTED, Watcher = _preempt.EXIT_PREEMPTED, _preempt.Watcher
-POLL_ENV = _preempt.POLL_ENV
-
-MARK_ENV = "MULTINODE_PREEMPT_MARK"
-GUARD_ENV = "MULTINODE_GUARD"
+imds, _notice, _channel = _siblings()
+EXIT_PREEMPTED, Watcher = _notice.EXIT_PREEMPTED, _notice.Watcher
+POLL_ENV = _notice.POLL_ENV
+MARK_ENV, GUARD_ENV = _channel.PREEMPT_MARK_ENV, _channel.GUARD_ENV
 
 
 class _Parser(argparse.ArgumentParser):
@@ -95,8 +93,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def notice_settings(env, poll: float | None) -> tuple[bool, float]:
     """(whether to read the metadata service, its poll interval) as the environment and ``--poll`` say: the
-    switches of :func:`training.preempt.watch`; ValueError with the fix for a bad ``MULTINODE_NOTICE_POLL``."""
-    return _preempt.reads_metadata(env), poll if poll is not None else _preempt.poll_from_env(env)
+    switches of :func:`training.notice.watch`; ValueError with the fix for a bad ``MULTINODE_NOTICE_POLL``."""
+    return _notice.reads_metadata(env), poll if poll is not None else _notice.poll_from_env(env)
 
 
 def run(command: list[str], grace: float, poll: float, use_imds: bool) -> int:

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import json
 import os
 import sys
 import time
 
+from . import channel
+
 PROGRESS_SECONDS = 30.0
-MARKER = "MARK"
 
 
 class Marks:
@@ -53,7 +53,7 @@ class Marks:
 
     def _say(self, mark: str, **fields) -> None:
         if self.speaks:
-            self.write(f"{MARKER} {json.dumps({'mark': mark, **fields})}\n")
+            self.write(channel.line(channel.MARK, {'mark': mark, **fields}))
 
     def step(self, step: int) -> None:
         """Optimizer step ``step`` has just ended."""

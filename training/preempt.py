@@ -1,253 +1,40 @@
-"""Preemption: a notice on any node becomes one checkpoint that every rank takes at the same step.
+"""A user script's helpers: a notice on any node becomes one checkpoint that every rank takes at the same step, a
+peer lost without warning costs at most the step in progress, and checkpoints reach the run's bucket.
 
-Notice sources (one watcher per process, :func:`watch`; docs/preemption.md): the instance metadata service
-(:mod:`training.imds`: a spot interruption stops, a rebalance recommendation saves and goes on), polled every 5 s
-(AWS's advice; ``MULTINODE_NOTICE_POLL``) where its endpoint variable is set or on EC2; SIGTERM when
-``MULTINODE_GRACE=<seconds>`` is set (the rank then has that long; without it SIGTERM keeps its default).
-``MULTINODE_NOTICES=off`` turns both off. A notice older than this process is ignored, said in one line.
-
-Agreement (:class:`Agreement`): every ``k`` steps each rank all-reduces ``[notice here?, seconds per step]``
-with MAX (1 a notice that stops, 0.5 a rebalance not yet saved for, 0 none): a notice seen by any rank is seen by
-all at the same step (a stop wins over a save), and the next ``k`` (about one check a second) is the same on every
-rank. No other communication; a notice costs at most one check interval; the snapshot holds every step taken.
-
-A preempted rank exits :data:`EXIT_PREEMPTED` (75, sysexits.h's ``EX_TEMPFAIL``: "retry later"), not a failure.
-A user script (``multinode.trainer.preempt`` where multinode is installed, ``training.preempt`` here)::
+What is behind them: :mod:`training.notice` (the notice sources and the agreement; docs/preemption.md),
+:mod:`training.survivor` (the last completed step kept; docs/recovery.md), :mod:`training.upload` (CHECKPOINT_URL;
+docs/checkpoints.md), :mod:`training.marks` (the ledger's steps). This module gathers what a script calls, under the
+name it imports (``multinode.trainer.preempt`` where multinode is installed, ``training.preempt`` here)::
 
     with preempt.guard() as stop:
         for step in range(start, steps):
-            train_one_step()
+            with preempt.on_peer_loss(lambda err: save_checkpoint(step)):   # optional: a lost peer
+                train_one_step()
             if stop.now():            # every rank, same step
                 save_checkpoint(step + 1)
                 sys.exit(preempt.EXIT_PREEMPTED)
 
 On a rebalance ``stop.now()`` stays False and ``stop.save_requested`` is True on that step, on every rank: save,
 and go on. ``preempt.requested()``: this process has seen a notice that stops (no agreement: one-process scripts).
+With CHECKPOINT_URL, ``upload_checkpoint(path, step)``, ``wait_for_uploads(timeout)`` and ``fetch_checkpoint(path)``
+put a checkpoint in the bucket and take the freshest back.
 
-The user's other helpers, loaded from their own modules on first use (:data:`USER_HELPERS`):
-``preempt.on_peer_loss(save)`` around a step keeps the last completed step when a peer is lost without a notice
-(:mod:`training.survivor`, docs/recovery.md); with CHECKPOINT_URL, ``upload_checkpoint(path, step)``,
-``wait_for_uploads(timeout)`` and ``fetch_checkpoint(path)`` put a checkpoint in the bucket and take the freshest
-back (:mod:`training.upload`, docs/checkpoints.md).
+A preempted rank exits :data:`EXIT_PREEMPTED` (75, sysexits.h's ``EX_TEMPFAIL``: "retry later"), not a failure.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import os
-import signal
-import threading
-import time
 
-from . import imds  # relative: the same file runs as training.preempt and as the guard's private copy
+from . import marks
+from .notice import (EXIT_PREEMPTED, GRACE_ENV, POLL_ENV, SWITCH_ENV, Agreement, Watcher, grace_from_env,
+                     poll_from_env, requested, torch_all_reduce_max, watch)
+from .survivor import on_peer_loss
+from .upload import fetch_checkpoint, upload_checkpoint, wait_for_uploads
 
-EXIT_PREEMPTED = 75
-GRACE_ENV = "MULTINODE_GRACE"
-SWITCH_ENV = "MULTINODE_NOTICES"
-POLL_ENV = "MULTINODE_NOTICE_POLL"  # seconds between metadata polls (default imds.POLL_SECONDS, AWS's advice)
-CHECK_SECONDS = 1.0  # target time between agreement checks
-MAX_CHECK_STEPS = 1000
-
-log = logging.getLogger("training")
-
-
-class Watcher:
-    """A process's notices: the metadata service polled on a thread, SIGTERM caught (each if enabled). ``notice``
-    is the first that stops the job; ``rebalance`` a rebalance recommendation not yet taken (:meth:`take_rebalance`)."""
-
-    def __init__(self, client: imds.MetadataClient | None, grace: float | None, poll: float = imds.POLL_SECONDS,
-                 started: float | None = None):
-        self.client, self.grace, self.poll = client, grace, poll
-        self.started = imds.process_started() if started is None else started  # notices before it are not this run's
-        self.notice: imds.Notice | None = None
-        self.noticed_at: float | None = None  # time.time() when this process first saw it
-        self.rebalance: imds.Notice | None = None  # a recommendation not yet saved for
-        self._known: set[tuple[str, str | None]] = set()  # rebalances taken and stale notices told, once each
-        self._event = threading.Event()
-        self._stop = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.client is not None or self.grace is not None
-
-    def start(self) -> Watcher:
-        if self.grace is not None:
-            signal.signal(signal.SIGTERM, self._on_signal)
-        if self.client is not None:
-            self.thread = threading.Thread(target=self._loop, name="spot-notice-watcher", daemon=True)
-            self.thread.start()
-        return self
-
-    def close(self) -> None:
-        self._stop.set()
-
-    def note(self, notice: imds.Notice) -> None:
-        """Record the first notice that stops (later ones add nothing: one checkpoint is enough); a rebalance
-        recommendation once per its time (the service shows it until the instance goes)."""
-        if not notice.stops:
-            if (notice.kind, notice.time) not in self._known:
-                self._known.add((notice.kind, notice.time))
-                self.rebalance = notice
-            return
-        if self.notice is None:
-            self.notice, self.noticed_at = notice, time.time()
-            self._event.set()
-
-    def requested(self) -> bool:
-        """Whether this process has a notice that stops the job."""
-        return self._event.is_set()
-
-    def take_rebalance(self) -> imds.Notice | None:
-        """The rebalance recommendation not yet saved for, if any; it is then taken."""
-        notice, self.rebalance = self.rebalance, None
-        return notice
-
-    def stale(self, notice: imds.Notice) -> bool:
-        """Whether ``notice`` is older than this process (its time before :attr:`started`): said once, ignored."""
-        if not notice.older_than(self.started):
-            return False
-        if ("stale", notice.time) not in self._known:
-            self._known.add(("stale", notice.time))
-            log.warning("ignoring a %s: it is older than this run (started %s)", notice.describe(),
-                        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)))
-        return True
-
-    def wait(self, timeout: float) -> bool:
-        """Until a notice (True) or ``timeout`` seconds (False)."""
-        return self._event.wait(timeout)
-
-    def seconds_left(self) -> float | None:
-        """Until this rank is killed, when a SIGTERM with a grace is the notice; None otherwise."""
-        if self.notice is None or self.notice.kind != "signal" or self.grace is None:
-            return None
-        return self.noticed_at + self.grace - time.time()
-
-    def _on_signal(self, signum, frame) -> None:
-        self.note(imds.Notice("signal", signal.Signals(signum).name, time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                                                   time.gmtime()), "signal"))
-
-    def _loop(self) -> None:
-        while not self._stop.is_set() and not self._event.is_set():
-            try:
-                notice = self.client.poll()
-            except (OSError, imds.BadNotice):
-                notice = None  # not reachable (yet): no notice; keep looking
-            if notice is not None and not self.stale(notice):
-                self.note(notice)  # a stop ends the loop; a rebalance does not (the interruption may follow)
-            self._stop.wait(self.poll)
-
-
-_WATCHER: Watcher | None = None
-
-
-def grace_from_env(env=None) -> float | None:
-    """MULTINODE_GRACE: a rank's seconds between SIGTERM and SIGKILL (None: SIGTERM keeps its default)."""
-    return _seconds(os.environ if env is None else env, GRACE_ENV, None, 60)
-
-
-def poll_from_env(env=None) -> float:
-    """MULTINODE_NOTICE_POLL: seconds between the metadata service's polls (a local cluster's drills poll faster
-    than the 5 s AWS advises)."""
-    return _seconds(os.environ if env is None else env, POLL_ENV, imds.POLL_SECONDS, 5)
-
-
-def _seconds(env, name: str, default: float | None, example: int) -> float | None:
-    """A positive number of seconds from ``env[name]`` (``default`` when unset); ValueError with the fix."""
-    text = env.get(name)
-    if not text:
-        return default
-    try:
-        seconds = float(text)
-    except ValueError:
-        raise ValueError(f"{name}={text!r} is not a number of seconds, e.g. {name}={example}") from None
-    if not seconds > 0:
-        raise ValueError(f"{name}={text!r} must be a positive number of seconds, e.g. {name}={example}")
-    return seconds
-
-
-def notices_off(env) -> bool:
-    """``MULTINODE_NOTICES=off`` (or ``0``, ``no``): no notice source at all."""
-    return env.get(SWITCH_ENV, "").lower() in ("off", "0", "no")
-
-
-def reads_metadata(env) -> bool:
-    """Whether to poll the metadata service: notices not off, and its endpoint variable set or on EC2."""
-    return not notices_off(env) and (bool(env.get(imds.ENDPOINT_ENV)) or imds.on_ec2())
-
-
-def watch(env=None) -> Watcher:
-    """This process's watcher, started on the first call with the sources the environment enables."""
-    global _WATCHER
-    if _WATCHER is None:
-        env = os.environ if env is None else env
-        off = notices_off(env)
-        client = imds.MetadataClient(imds.endpoint(env)) if reads_metadata(env) else None
-        _WATCHER = Watcher(client, None if off else grace_from_env(env), poll_from_env(env)).start()
-    return _WATCHER
-
-
-def requested() -> bool:
-    """Whether this process has seen a notice (starts the watcher on first use)."""
-    return watch().requested()
-
-
-class Agreement:
-    """Every rank calls :meth:`check` (or :meth:`step`) after each optimizer step; the answer is the same on every
-    rank at every step: ``"stop"`` once any rank has a notice that stops, ``"save"`` once any rank has a rebalance
-    recommendation (and none a stop), else None. ``all_reduce_max(list) -> list`` is the job's collective (MAX)."""
-
-    def __init__(self, watcher: Watcher, all_reduce_max):
-        self.watcher, self.all_reduce_max = watcher, all_reduce_max
-        self.steps = 0
-        self.next_check = 1
-        self._since = time.perf_counter()
-        self._since_steps = 0
-        self.stopped_at: int | None = None
-        self.saved_at: list[int] = []  # the steps a rebalance recommendation was saved at
-        self.rebalance: imds.Notice | None = None  # this rank's recommendation at the last "save", if it had one
-
-    def check(self) -> str | None:
-        self.steps += 1
-        if not self.watcher.active or self.steps < self.next_check:
-            return None
-        now = time.perf_counter()
-        per_step = (now - self._since) / max(self.steps - self._since_steps, 1)
-        stop = self.watcher.requested()
-        rebalance = None if stop else self.watcher.take_rebalance()
-        flag, per_step = self.all_reduce_max([1.0 if stop else 0.5 if rebalance else 0.0, per_step])
-        self._since, self._since_steps = now, self.steps
-        self.next_check = self.steps + max(1, min(MAX_CHECK_STEPS, int(CHECK_SECONDS / max(per_step, 1e-6))))
-        if flag >= 1.0:
-            self.stopped_at = self.steps
-            if not self.watcher.requested():
-                self.watcher.note(imds.Notice("peer", None, None, "another rank"))
-            return "stop"
-        if flag > 0:
-            self.saved_at.append(self.steps)
-            self.rebalance = rebalance
-            return "save"
-        return None
-
-    def step(self) -> bool:
-        """:meth:`check` for a loop that only stops: True on ``"stop"``."""
-        return self.check() == "stop"
-
-
-def torch_all_reduce_max(device=None):
-    """``all_reduce_max`` over torch.distributed when a process group exists, else identity."""
-    import torch
-    import torch.distributed as dist
-
-    def reduce(values: list[float]) -> list[float]:
-        if not (dist.is_available() and dist.is_initialized()):
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=device or "cpu")
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return tensor.cpu().tolist()
-
-    return reduce
+__all__ = ["EXIT_PREEMPTED", "GRACE_ENV", "POLL_ENV", "SWITCH_ENV", "Agreement", "Watcher", "grace_from_env",
+           "poll_from_env", "requested", "torch_all_reduce_max", "watch", "guard", "on_peer_loss",
+           "upload_checkpoint", "wait_for_uploads", "fetch_checkpoint"]
 
 
 class _Guard:
@@ -273,28 +60,9 @@ class _Guard:
 
 @contextlib.contextmanager
 def guard(device=None):
-    """The watcher and the agreement for a user's loop (see the module docstring); its steps are the ledger's
-    when ``training/marks.py`` is beside this file (a project that copied only preempt.py and imds.py goes without)."""
-    try:
-        from . import marks  # not at the top: the notice guard's private copy has no marks.py
-    except ImportError:
-        marks = None
+    """The watcher and the agreement for a user's loop (see the module docstring); its steps are the ledger's."""
     watcher = watch()
     try:
-        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)), marks.current() if marks else None)
+        yield _Guard(Agreement(watcher, torch_all_reduce_max(device)), marks.current())
     finally:
         watcher.close()
-
-
-USER_HELPERS = {"on_peer_loss": "survivor", "upload_checkpoint": "upload", "wait_for_uploads": "upload",
-                "fetch_checkpoint": "upload"}
-
-
-def __getattr__(name: str):
-    """The user's other helpers (module doc), from their own modules on first use: the notice guard's private copy
-    of this file has neither of them, and needs neither."""
-    if name not in USER_HELPERS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f".{USER_HELPERS[name]}", __package__), name)

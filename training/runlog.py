@@ -5,9 +5,9 @@
 * ``samples.jsonl`` (rank 0, only with ``--log-samples``): one line per optimizer step,
   ``{"epoch", "step", "ids"}`` with every rank's sample indices of that step (rank 0's first), so a run can be
   checked to train every sample exactly once per epoch, across a resume on another number of ranks;
-* ``heartbeat-rank<R>`` (every rank): this rank's optimizer step count as text, rewritten (atomically) at
-  most once a second after a step or an evaluation batch. The launcher's stall watchdog (STALL_TIMEOUT)
-  reads its modification time as the rank's progress.
+* ``heartbeat-rank<R>`` (every rank; :func:`training.channel.heartbeat_name`): this rank's optimizer step count as
+  text, rewritten (atomically) at most once a second after a step or an evaluation batch. The launcher's stall
+  watchdog (STALL_TIMEOUT) reads its modification time as the rank's progress, recovery its step.
 
 Both ``.jsonl`` files are appended to: a resumed run continues them.
 """
@@ -17,19 +17,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
+from . import channel
+
 HEARTBEAT_SECONDS = 1.0
 log = logging.getLogger("training")
-
-
-def announce(marker: str, payload: dict) -> None:
-    """``MARKER {json}`` on stdout as one write (the orchestrator and the tests parse these lines): ``print`` writes
-    the text and its newline apart, and under ``python -u`` another rank's line can land between the two."""
-    sys.stdout.write(f"{marker} {json.dumps(payload)}\n")
-    sys.stdout.flush()
 
 
 class RunLog:
@@ -76,8 +70,8 @@ class RunLog:
             return
         self._last_beat = now
         self.dir.mkdir(parents=True, exist_ok=True)
-        path = self.dir / f"heartbeat-rank{self.rank}"
-        tmp = self.dir / f".heartbeat-rank{self.rank}.tmp"
+        path = self.dir / channel.heartbeat_name(self.rank)
+        tmp = self.dir / f".{channel.heartbeat_name(self.rank)}.tmp"
         tmp.write_text(f"{step}\n", encoding="utf-8")
         os.replace(tmp, path)
 

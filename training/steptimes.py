@@ -1,7 +1,8 @@
 """Each rank's step times while it trains, for the orchestrator to compare across ranks as the job runs
 (``multinode.diagnose.slowranks`` names a rank that stays slower than the others).
 
-Every rank prints one line per window (at least :data:`WINDOW_SECONDS` and :data:`MIN_STEPS` steps)::
+Every rank prints one record per window (at least :data:`WINDOW_SECONDS` and :data:`MIN_STEPS` steps;
+:class:`training.channel.StepTimes`)::
 
     STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1}
 
@@ -15,14 +16,14 @@ lines off the console (they stay in the node's log); a hand-typed run prints non
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
 import time
 from typing import TextIO
 
-PREFIX = "STEPTIMES "
+from . import channel
+
 WINDOW_SECONDS = 2.0  # a line every 2 s per rank at most: 32 lines a second from 64 ranks, none on the console
 MIN_STEPS = 5  # the median of fewer steps says little (a GPU step of 1 s: a window of 5 s)
 
@@ -32,7 +33,7 @@ class StepTimes:
 
     def __init__(self, rank: int, out: TextIO | None = None, window: float = WINDOW_SECONDS) -> None:
         self.rank, self.out, self.window = rank, out or sys.stdout, window
-        self.enabled = "MULTINODE_RUN_ID" in os.environ
+        self.enabled = channel.RUN_ID_ENV in os.environ
         self.steps: list[float] = []
         self.comm: list[float] = []
         self.comm_total: float | None = None  # the communication seconds so far, at the end of the last step
@@ -55,7 +56,7 @@ class StepTimes:
         compute = [s - c for s, c in zip(self.steps, self.comm)]
         row = {"rank": self.rank, "steps": len(self.steps), "step_ms": _ms(self.steps), "compute_ms": _ms(compute),
                "comm_ms": _ms(self.comm)}
-        print(PREFIX + json.dumps(row), file=self.out, flush=True)
+        channel.send(channel.STEPTIMES, row, self.out)
         self.steps, self.comm, self.since = [], [], time.monotonic()
 
 

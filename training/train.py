@@ -56,7 +56,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from . import dist_env, runlog  # noqa: E402
+from . import channel, dist_env  # noqa: E402
 from .config import Config, ConfigError, load  # noqa: E402
 
 
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
             if code:
                 return code
         if world.rank == 0:
-            runlog.announce("RESULT", result)
+            channel.send(channel.RESULT, result)
         ok = result.get("collective_ok", True)
     finally:
         if world.backend is not None and dist.is_initialized():

@@ -40,12 +40,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from . import checkpoint, marks, preempt, replica, sampler, survivor, upload
+from . import channel, checkpoint, marks, preempt, replica, sampler, survivor, upload
 from .ddp_comm import CommTimer, settle_buckets
 from .config import Config
 from .dist_env import World
 from .mpi_plane import MpiGradients
-from .runlog import RunLog, announce
+from .runlog import RunLog
 from .steptimes import StepTimes
 from .workloads import Workload
 
@@ -97,7 +97,7 @@ class Trainer:
         resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
         log.info("%s", self.plan.describe())
         if resumed is not None and world.rank == 0:
-            announce("RESUMED", resumed)
+            channel.send(channel.RESUMED, resumed)
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()

@@ -17,9 +17,9 @@ import os
 import threading
 import time
 
-from . import bucket, runlog
+from . import bucket, channel
 
-URL_ENV, RUN_ENV = "MULTINODE_CHECKPOINT_URL", "MULTINODE_RUN_ID"
+URL_ENV, RUN_ENV = channel.CHECKPOINT_URL_ENV, channel.RUN_ID_ENV
 
 log = logging.getLogger("training")
 
@@ -90,13 +90,13 @@ class Uploader:
             url = bucket.put_copy(self.url, self.run_id, blob, order, digest)
         except Exception as err:  # noqa: BLE001 -- a failed upload is reported, never fatal to training
             log.warning("checkpoint upload to %s failed: %s", self.url, bucket._code(err))
-            runlog.announce("CHECKPOINT_UPLOAD_FAILED", {"order": order, "error": f"{bucket._code(err)}: {err}"})
+            channel.send(channel.UPLOAD_FAILED, {"order": order, "error": f"{bucket._code(err)}: {err}"})
             return
         took = time.monotonic() - start
         self.seconds += took
         report = {"url": url, "bytes": len(blob), "sha256": digest, "order": order, "seconds": round(took, 3)}
         self.uploaded.append(report)
-        runlog.announce("CHECKPOINT_UPLOADED", report)
+        channel.send(channel.UPLOADED, report)
 
 
 # --- the user script's side (training.preempt.upload_checkpoint, ...) ---

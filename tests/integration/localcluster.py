@@ -193,11 +193,12 @@ def another_torch(cluster: Cluster, node: str, root: Path):
 
 
 def preempt_project(root: Path) -> Path:
-    """A user project carrying our notice helper (training/preempt.py and training/imds.py: standard library only,
-    torch when it agrees) and tests/integration/jobs/user_preempt.py, a plain loop with ``preempt.guard()``."""
+    """A user project carrying our helpers (a copy of the ``training`` package, as a project without multinode
+    installed carries it: ``training.preempt`` and what it gathers) and tests/integration/jobs/user_preempt.py, a
+    plain loop with ``preempt.guard()``."""
     project = root / "project"
     (project / "training").mkdir(parents=True)
     shutil.copy(REPO / "tests" / "integration" / "jobs" / "user_preempt.py", project)
-    for name in ("__init__.py", "preempt.py", "imds.py"):
-        shutil.copy(REPO / "training" / name, project / "training" / name)
+    for path in (REPO / "training").glob("*.py"):
+        shutil.copy(path, project / "training" / path.name)
     return project

@@ -56,10 +56,9 @@ def test_a_plain_run_has_the_ledger_and_says_its_goodput_last(cluster2):
 
 
 def test_a_user_script_is_accounted_by_its_guard_steps_or_as_one_job_bucket(cluster2, tmp_path):
-    """tests/integration/jobs/user_preempt.py with preempt.guard() and training/marks.py in its project: its steps
-    are marked; user_allreduce.py marks nothing: its job is one bucket from its start to its end."""
+    """tests/integration/jobs/user_preempt.py with preempt.guard() (which marks its steps: training/marks.py) in its
+    project: its steps are marked; user_allreduce.py marks nothing: its job is one bucket from its start to its end."""
     project = preempt_project(tmp_path)
-    shutil.copy(REPO / "training" / "marks.py", project / "training" / "marks.py")
     res = cluster2.cli("train", "--nodes", "2", "--run-id=ledger-guard", "--script=user_preempt.py",
                        f"--workdir={project}", f"--args=--steps 200 --out {tmp_path / 'ckpt.pt'}")
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr

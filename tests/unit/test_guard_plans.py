@@ -29,14 +29,14 @@ def test_the_guard_run_by_path_loads_its_siblings_under_a_private_name(monkeypat
     monkeypatch.delitem(sys.modules, "_multinode_guard", raising=False)
     module = runpy.run_path(str(REPO / "training" / "guard.py"), run_name="guard_by_path")
     assert module["imds"].__name__ == "_multinode_guard.imds"
-    assert module["Watcher"].__module__ == "_multinode_guard.preempt" and module["EXIT_PREEMPTED"] == 75
+    assert module["Watcher"].__module__ == "_multinode_guard.notice" and module["EXIT_PREEMPTED"] == 75
     for name in [n for n in sys.modules if n.startswith("_multinode_guard")]:
         monkeypatch.delitem(sys.modules, name)
 
 
 def test_the_synced_guard_is_the_guard_and_what_it_imports(inventory):
     tree = guard_tree()
-    assert sorted(tree.manifest.files) == sorted(GUARD_FILES) == ["__init__.py", "guard.py", "imds.py", "preempt.py"]
+    assert sorted(tree.manifest.files) == sorted(GUARD_FILES) == ["__init__.py", "channel.py", "guard.py", "imds.py", "notice.py"]
     imports = {line.split()[1] for name in GUARD_FILES for line in (tree.root / name).read_text().splitlines()
                if line.startswith(("import ", "from ")) and not line.startswith("from __future__")}
     assert not {name for name in imports if name.split(".")[0] in ("training", "multinode", "torch")}, imports

@@ -84,3 +84,41 @@ def test_every_module_and_function_reads_as_one_concept():
                 if length > MAX_FUNCTION_LINES:
                     long_functions.append(f"{name}:{node.name}: {length} lines")
     assert long_modules == [] and long_functions == []
+
+
+def _imports(tree: Path):
+    """(file, module imported) for every import in the Python files under ``tree``."""
+    for path in sorted(tree.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                yield path, node.module, [alias.name for alias in node.names]
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    yield path, alias.name, []
+
+
+def test_the_orchestrator_imports_of_the_trainer_only_its_channel():
+    """The import-linter contract cannot see ``multinode.trainer`` (pyproject maps training/ there at install): the
+    orchestrator's one import of the trainer, the job channel, is held here."""
+    found = sorted({(str(path.relative_to(REPO)), module, tuple(names))
+                    for path, module, names in _imports(REPO / "scripts" / "multinode")
+                    if module == "multinode.trainer" or module.startswith("multinode.trainer.")})
+    assert found, "the orchestrator reads the job's records through multinode.trainer.channel"
+    bad = [entry for entry in found if not (entry[1] == "multinode.trainer.channel" or entry[2] == ("channel",))]
+    assert bad == []
+
+
+def test_the_job_records_are_parsed_in_one_module():
+    """No pattern of a job record's line anywhere but training/channel.py (the channel's LINE)."""
+    kinds = ("RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD")
+    offenders = []
+    for tree in TREES:
+        for path in sorted(tree.rglob("*.py")):
+            if path.name == "channel.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "compile" and node.args and \
+                        isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str) and \
+                        any(f"{kind} " in node.args[0].value for kind in kinds):
+                    offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []

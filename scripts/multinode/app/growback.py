@@ -18,6 +18,7 @@ from multinode.backends.base import RunContext
 from multinode.core.errors import MultinodeError
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
+from multinode.trainer import channel
 
 
 class GrowBack:
@@ -87,7 +88,7 @@ def job_trains(ctx: RunContext, since: float) -> bool:
     rank wrote a heartbeat after ``since`` (a step is a collective, so every rank's watcher runs by then)."""
     if ctx.spec.script is not None:
         return True
-    commands = {n.name: f"stat -c %Y {node_run_dir(ctx.inv, n.name, ctx.spec.run_id)}/heartbeat-rank* 2>/dev/null; "
-                        f"true" for n in ctx.inv.nodes}
+    commands = {n.name: f"stat -c %Y {channel.heartbeat_glob(node_run_dir(ctx.inv, n.name, ctx.spec.run_id))} "
+                        f"2>/dev/null; true" for n in ctx.inv.nodes}
     answers = ctx.runner.run_each(commands, timeout=10)
     return fresh_heartbeat((res.stdout for res in answers.values() if res.ok), since)

@@ -50,6 +50,7 @@ from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
+from multinode.trainer import channel
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
 # A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the
@@ -228,10 +229,10 @@ class Recovery:
 
     def _last_step(self, ctx: RunContext, alive: list[str]) -> int | None:
         """The highest optimizer step a surviving rank reached (our trainer's heartbeat files hold it)."""
-        commands = {name: f"cat {node_run_dir(ctx.inv, name, self.spec.run_id)}/heartbeat-rank* 2>/dev/null; true"
-                    for name in alive}
+        commands = {name: f"cat {channel.heartbeat_glob(node_run_dir(ctx.inv, name, self.spec.run_id))} 2>/dev/null; "
+                          f"true" for name in alive}
         answers = ctx.runner.run_each(commands, timeout=10)
-        steps = [int(tok) for res in answers.values() for tok in res.stdout.split() if tok.isdigit()]
+        steps = [step for res in answers.values() for step in channel.heartbeat_steps(res.stdout)]
         return max(steps) if steps else None
 
     def _replace_or_shrink(self, active: Inventory, loss: Loss) -> Inventory | None:

@@ -56,7 +56,7 @@ from multinode.core.errors import MultinodeError, NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
-from multinode.diagnose.ledger import MARK_LINE, JobMarks, account
+from multinode.diagnose.ledger import JobMarks, account, is_mark
 from multinode.diagnose.slowranks import SlowRanks
 from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
@@ -225,7 +225,7 @@ class Run:
         attempt.slow = SlowRanks(ctx.runner.say)
         # What the run reads of the job's output stays in the node logs, off the console: the step-time windows
         # (read here, as they come) and the ledger's marks (read from the logs at the end).
-        ctx.observe = lambda node, line: attempt.slow.observe(node, line) or bool(MARK_LINE.search(line))
+        ctx.observe = lambda node, line: attempt.slow.observe(node, line) or is_mark(line)
         if ctx.watchdog is not None:
             ctx.watchdog.start()
         self.phases.mark("start")

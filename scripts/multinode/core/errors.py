@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from multinode.trainer.channel import EXIT_PREEMPTED  # as the ranks' own: sysexits.h EX_TEMPFAIL, try again
+
 EXIT_USER_ERROR = 2
 EXIT_JOB_FAILED = 1
 EXIT_INTERRUPTED = 130
-EXIT_PREEMPTED = 75  # sysexits.h EX_TEMPFAIL, as the ranks' own (training/preempt.py): try again, it will work
 EXIT_UNAVAILABLE = 69  # sysexits.h EX_UNAVAILABLE: a service (here: capacity for a machine) is not available
 
 

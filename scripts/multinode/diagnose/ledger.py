@@ -24,11 +24,10 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
 
 from __future__ import annotations
 
-import json
-import re
 from dataclasses import dataclass, field
 
-MARK_LINE = re.compile(r"MARK (\{.*\})\s*$")
+from multinode.trainer import channel
+
 BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "checkpoint", "recovery", "trained twice", "teardown",
            "job", "other")
 FIRST_ATTEMPT = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight",
@@ -62,18 +61,15 @@ class _Book:
 
 
 def parse_marks(lines: list[str]) -> list[dict]:
-    """Every ``MARK {json}`` payload in ``lines``, in order (lines that do not parse are skipped)."""
-    found = []
-    for line in lines:
-        match = MARK_LINE.search(line)
-        if match:
-            try:
-                payload = json.loads(match[1])
-            except json.JSONDecodeError:
-                continue
-            if isinstance(payload, dict) and isinstance(payload.get("at"), (int, float)):
-                found.append(payload)
-    return found
+    """Every ``MARK`` record's payload in ``lines``, in order (:class:`training.channel.Mark`; one that does not read
+    as a mark is skipped)."""
+    return [data for data in channel.every(lines, channel.MARK) if channel.Mark.read(data) is not None]
+
+
+def is_mark(line: str) -> bool:
+    """Whether ``line`` is a ``MARK`` record (the run keeps those off the console: the node logs hold them)."""
+    record = channel.parse(line)
+    return record is not None and record.kind == channel.MARK
 
 
 def account(spans: list[dict], jobs: list[JobMarks], wall: float, began_unix: float) -> dict:

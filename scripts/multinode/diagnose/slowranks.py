@@ -22,13 +22,12 @@ Pure but for the ``say`` it is given.
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-PREFIX = "STEPTIMES "  # training/steptimes.py
+from multinode.trainer import channel
 RATIO = 1.5
 WINDOWS = 3
 
@@ -60,16 +59,12 @@ class SlowRanks:
 
     def observe(self, node: str, line: str) -> bool:
         """True for a step-time line (read here, kept off the console); False for any other line."""
-        at = line.find(PREFIX)
-        if at < 0:
-            return False
-        try:
-            row = json.loads(line[at + len(PREFIX):])
-            rank, compute = int(row["rank"]), float(row["compute_ms"])
-        except (ValueError, KeyError, TypeError):
-            return False  # not ours after all: shown as it came
+        record = channel.parse(line)
+        window = channel.StepTimes.read(record.data) if record and record.kind == channel.STEPTIMES else None
+        if window is None:
+            return False  # not a step-time record: shown as it came
         with self.lock:
-            found = self.feed(node, rank, compute)
+            found = self.feed(node, window.rank, window.compute_ms)
         if found is not None:
             self.say(found.line())
         return True

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,15 +13,9 @@ from pathlib import Path
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import NodeError
 from multinode.core.inventory import Inventory
+from multinode.trainer import channel
 
 log = logging.getLogger(__name__)
-
-# mpirun --tag-output glues the next chunk's tag ("[1,0]<stdout>:") to a line that an unbuffered print()
-# wrote in two pieces (text, then the newline); the runner re-assembles each rank's lines now
-# (multinode.ssh.lines.TaggedLines), but logs of runs recorded before still hold such lines.
-PREEMPTED_LINE = re.compile(r"PREEMPTED (\{.*\})\s*$")
-RESUMED_LINE = re.compile(r"RESUMED (\{.*\})\s*$")
-RESULT_LINE = re.compile(r"RESULT (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -73,31 +66,19 @@ class Phases:
         self._last = now
 
 
-def last_json(lines: list[str], pattern: re.Pattern) -> dict | None:
-    """The JSON of the last line ``pattern`` matches (its group 1), if any and if it parses."""
-    for line in reversed(lines):
-        match = pattern.search(line)
-        if match:
-            try:
-                return json.loads(match[1])
-            except json.JSONDecodeError:
-                return None
-    return None
-
-
 def parse_result(lines: list[str]) -> dict | None:
-    """The trainer's final ``RESULT {json}`` line, if the script printed one."""
-    return last_json(lines, RESULT_LINE)
+    """The trainer's final ``RESULT`` record, if the script sent one (:mod:`training.channel`)."""
+    return channel.last(lines, channel.RESULT)
 
 
 def parse_preempted(lines: list[str]) -> dict | None:
-    """Rank 0's ``PREEMPTED {json}`` line (a coordinated checkpoint on a notice), if it printed one."""
-    return last_json(lines, PREEMPTED_LINE)
+    """Rank 0's ``PREEMPTED`` record (a coordinated checkpoint on a notice), if it sent one."""
+    return channel.last(lines, channel.PREEMPTED)
 
 
 def parse_resumed(lines: list[str]) -> dict | None:
-    """Rank 0's ``RESUMED {json}`` line: the snapshot a resumed run continued from (step, world sizes, batch)."""
-    return last_json(lines, RESUMED_LINE)
+    """Rank 0's ``RESUMED`` record: the snapshot a resumed run continued from (step, world sizes, batch)."""
+    return channel.last(lines, channel.RESUMED)
 
 
 def result_from_metrics(metrics: str | None) -> dict | None:

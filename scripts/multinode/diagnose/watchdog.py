@@ -3,7 +3,8 @@ for a process-group timeout that is 30 minutes in a user's script (gloo's defaul
 
 Progress, polled every :func:`poll_interval` seconds:
 
-* our trainer: its step heartbeat -- every rank touches ``<run dir>/heartbeat-rank<R>`` on its node after
+* our trainer: its step heartbeat -- every rank touches ``<run dir>/heartbeat-rank<R>`` on its node (the job
+  channel's file, :func:`training.channel.heartbeat_name`) after
   each optimizer step and evaluation batch (at most once a second). Once any heartbeat exists, only
   heartbeats count: a rank spinning in a wedged data loader burns CPU but makes no step.
 * any script (no heartbeat): a new line of output from any node (the size of the run's local log files),
@@ -28,11 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multinode.core.config import DEFAULT_STALL_TIMEOUT
+from multinode.trainer import channel
 
-# argv: run id, heartbeat directory. Prints "<main-thread CPU ticks of every rank> <newest heartbeat mtime or 0>".
+# argv: run id, heartbeat directory, heartbeat files' prefix. Prints "<main-thread CPU ticks of every rank> <newest heartbeat mtime or 0>".
 PROGRESS = r'''
 import glob, os, sys
-run_id, beats = sys.argv[1], sys.argv[2]
+run_id, beats, prefix = sys.argv[1], sys.argv[2], sys.argv[3]
 own = os.readlink("/proc/self/ns/net")
 ticks = 0
 for d in os.listdir("/proc"):
@@ -51,7 +53,7 @@ for d in os.listdir("/proc"):
         continue
     f = raw[raw.rindex(")") + 2:].split()
     ticks += int(f[11]) + int(f[12])
-mtimes = [os.stat(p).st_mtime for p in glob.glob(os.path.join(beats, "heartbeat-rank*"))]
+mtimes = [os.stat(p).st_mtime for p in glob.glob(os.path.join(beats, prefix + "*"))]
 print(ticks, max(mtimes, default=0))
 '''
 
@@ -129,7 +131,7 @@ class StallWatchdog:
 
     def _poll(self) -> Progress | None:
         python = self.runner.inventory.python
-        commands = {node: shlex.join([python, "-c", PROGRESS, self.run_id, run_dir])
+        commands = {node: shlex.join([python, "-c", PROGRESS, self.run_id, run_dir, channel.HEARTBEAT_PREFIX])
                     for node, run_dir in self.run_dirs.items()}
         answers = self.runner.run_each(commands, timeout=max(5.0, self.interval))
         ticks, beat, answered = 0, 0.0, 0

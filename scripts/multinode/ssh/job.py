@@ -49,7 +49,7 @@ from multinode.ssh.runner import RemoteRunner
 from multinode.ssh.lines import LineSink, Relabel
 from multinode.ssh.shell import TextSink
 from multinode.ssh.signals import StopRequested, StopSignals
-
+from multinode.trainer import channel
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class JobRun:
         result.exit_code, result.error, result.lost, result.finished = None, None, False, None
         sinks = [TextSink(LineSink(name, self.runner.print_lock, self.log_files[name], self.runner.out, result.tail,
                                    self.relabel, self.observe)) for _ in range(2)]
-        command = f"export MULTINODE_RUN_ID={shlex.quote(self.run_id)} && {self.command_lines[name]}"
+        command = f"export {channel.RUN_ID_ENV}={shlex.quote(self.run_id)} && {self.command_lines[name]}"
         try:
             result.exit_code, _, _ = self.runner.execute(name, command, timeout=None, out=sinks[0], err=sinks[1])
         except Exception as err:  # lost SSH session: the node is gone or unreachable

@@ -26,14 +26,13 @@ from multinode.core.errors import EXIT_PREEMPTED
 from multinode.core.inventory import Inventory, Node
 from multinode.core.nodepaths import code_dir, data_dir, env_file, setup_env_dir
 from multinode.plan.launchers.words import cat, shell_join
+from multinode.trainer import channel
 
-# GRACE (docs/preemption.md): every rank gets it as MULTINODE_GRACE, which training/preempt.py reads -- SIGTERM is
-# then a notice (one coordinated checkpoint, exit 75) and the rank has that long before SIGKILL.
-GRACE_ENV = "MULTINODE_GRACE"
-# Where training.guard notes, on its node, that its command ended preempted (exit 75): torchrun's own exit code
-# says nothing of it (see multinode.plan.launchers.torchrun).
-PREEMPT_MARK_ENV = "MULTINODE_PREEMPT_MARK"
-GUARD_ENV = "MULTINODE_GUARD"  # set for training.guard's own process only (it starts its command without it)
+# The rank environment's contract is the job channel's (training/channel.py): GRACE as MULTINODE_GRACE (SIGTERM is
+# then a notice: one coordinated checkpoint, exit 75, and the rank has that long before SIGKILL); where training.guard
+# notes that its command ended preempted (torchrun's own exit code says nothing of it:
+# multinode.plan.launchers.torchrun); the variable that marks the guard's own process.
+GRACE_ENV, PREEMPT_MARK_ENV, GUARD_ENV = channel.GRACE_ENV, channel.PREEMPT_MARK_ENV, channel.GUARD_ENV
 
 
 def iface_for_subnet(subnet: str) -> str:
@@ -153,7 +152,7 @@ def grace_env(spec: LaunchSpec) -> dict[str, str]:
 
 def bucket_env(spec: LaunchSpec) -> dict[str, str]:
     """MULTINODE_CHECKPOINT_URL for every rank when CHECKPOINT_URL is set (training/upload.py reads it)."""
-    return {"MULTINODE_CHECKPOINT_URL": spec.checkpoint_url} if spec.checkpoint_url else {}
+    return {channel.CHECKPOINT_URL_ENV: spec.checkpoint_url} if spec.checkpoint_url else {}
 
 
 def data_env(inventory: Inventory, node_name: str, spec: LaunchSpec) -> dict[str, str]:
@@ -183,7 +182,7 @@ def preempted_status(code: str, mark: str) -> str:
 # directory (multinode.code.prepare) when GRACE is set, and run from there by path: no node, image or SLURM task needs
 # our package on its interpreter's path, and a project's own ``training`` package cannot shadow it.
 GUARD_SUBDIR = "guard"
-GUARD_FILES = ("__init__.py", "guard.py", "imds.py", "preempt.py")  # of training/
+GUARD_FILES = ("__init__.py", "guard.py", "imds.py", "notice.py", "channel.py")  # of training/: standard library only
 
 
 def guard_script(inventory: Inventory, node_name: str) -> str:
