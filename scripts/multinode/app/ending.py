@@ -20,6 +20,7 @@ from multinode.app.attempt import Attempt
 from multinode.checks.links import connection_error
 from multinode.core.errors import NodeError
 from multinode.core.outcome import Outcome
+from multinode.core.rundir import RunDir
 from multinode.diagnose.ledger import JobMarks, goodput_line, parse_marks
 from multinode.diagnose.rank import log_lines, pick_root_cause, root_cause
 from multinode.diagnose.report import save as save_stacks
@@ -101,9 +102,10 @@ def job_marks(attempt: Attempt, outcome: Outcome, reached_step: int | None) -> J
 def save(run_dir: Path, summary: RunSummary) -> None:
     """``summary.json`` (and a recovering run's ``recovery.json``): written here, nowhere else."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "summary.json").write_text(json.dumps(asdict(summary), indent=2))
+    files = RunDir(run_dir)
+    files.summary.write_text(json.dumps(asdict(summary), indent=2))
     if summary.recovery:
-        (run_dir / "recovery.json").write_text(json.dumps(summary.recovery, indent=2))
+        files.recovery.write_text(json.dumps(summary.recovery, indent=2))
 
 
 def report(summary: RunSummary, out: TextIO, err: TextIO, timeline: list[str]) -> None:

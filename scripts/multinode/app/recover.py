@@ -30,7 +30,6 @@ attempt's logs and summary are kept under ``attempt-<k>/`` (``grow-<k>/``) of th
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -47,6 +46,7 @@ from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
 from multinode.core.outcome import Outcome
+from multinode.core.rundir import RunDir
 from multinode.core.state import ClusterState
 from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
@@ -141,7 +141,7 @@ class Recovery:
         if grown:  # our own notice ended the job: every node is back
             self.grown += 1
             self._grow_stop(outcome, summary)
-            self.label, self.pending = f"grow-{self.grown}", Loss([], "grow", None)
+            self.label, self.pending = RunDir.kept_label("grow", self.grown), Loss([], "grow", None)
             return self.cluster.first(self.spec.nodes)
         if outcome.kind in ("succeeded", "interrupted"):
             return None
@@ -153,7 +153,7 @@ class Recovery:
         loss = self._with_the_batch(ctx, loss, summary)
         self.attempt += 1
         self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}")
-        self.label, self.pending = f"attempt-{self.attempt - 1}", loss
+        self.label, self.pending = RunDir.kept_label("attempt", self.attempt - 1), loss
         return self._replace_or_shrink(ctx.inv, loss)
 
     def _grow_stop(self, outcome: Outcome, summary: RunSummary) -> None:
@@ -280,11 +280,7 @@ class Recovery:
     def keep_attempt(self, run_dir: Path) -> None:
         """The ended attempt's logs and summary moved to ``attempt-<k>/`` or ``grow-<k>/`` (the next attempt writes
         the same names)."""
-        keep = run_dir / self.label
-        keep.mkdir(parents=True, exist_ok=True)
-        for path in list(run_dir.iterdir()):
-            if not path.name.startswith(("attempt-", "grow-")):
-                shutil.move(str(path), keep / path.name)
+        RunDir(run_dir).keep(self.label)
 
 
 def snapshot_kind(resumed: dict) -> str:

@@ -22,6 +22,8 @@ from multinode.checks.preflight import probe_ssh
 from multinode.core.config import ClusterSpec, LaunchSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory, node_name
+from multinode.core import rundir
+from multinode.core.rundir import RunDir
 from multinode.core.sources import Settled
 from multinode.core.state import ClusterState
 from multinode.diagnose.capture import capture
@@ -116,18 +118,18 @@ def resumable_run(state: ClusterState) -> str:
     """RESUME=1: the cluster's latest run, if it did not finish (preempted, failed, interrupted, or the orchestrator
     itself stopped before its summary); one line naming what there is otherwise. (Summaries written before they
     named their outcome say it by their failed node or preempted report.)"""
-    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
-    if not runs:
+    known = rundir.runs(state.runs_dir)
+    if not known:
         raise UserError(f"RESUME=1 but cluster {state.name!r} has no run to continue; run 'make train' without RESUME")
-    latest = runs[-1]
+    latest = known[-1]
     try:
-        summary = json.loads((latest / "summary.json").read_text())
+        summary = json.loads(latest.summary.read_text())
     except (OSError, ValueError):
-        return latest.name  # stopped before its summary: it may have snapshots
+        return latest.run_id  # stopped before its summary: it may have snapshots
     unfinished = summary.get("failed_node") or summary.get("preempted")
     if summary.get("outcome", "failed" if unfinished else "succeeded") != "succeeded":
-        return latest.name
-    raise UserError(f"RESUME=1 but the latest run {latest.name} finished; nothing to continue "
+        return latest.run_id
+    raise UserError(f"RESUME=1 but the latest run {latest.run_id} finished; nothing to continue "
                     f"(make train without RESUME starts a new run)")
 
 
@@ -232,7 +234,7 @@ def logs(cluster: str, run_id: str | None = None, node: str | None = None) -> No
     for path in files:
         for line in path.read_text(errors="replace").splitlines():
             print(f"[{path.stem}] {line}")
-    summary = run / "summary.json"
+    summary = RunDir(run).summary
     if summary.exists():
         print(summary.read_text())
 
@@ -248,12 +250,12 @@ def report(cluster: str, run_id: str | None = None) -> Path:
 
 def _run_dir(state: ClusterState, cluster: str, run_id: str | None) -> Path:
     """The run ``run_id`` (the latest without one); a UserError naming the runs there are otherwise."""
-    runs = sorted(p for p in state.runs_dir.glob("*") if p.is_dir()) if state.runs_dir.exists() else []
-    if not runs:
+    known = rundir.runs(state.runs_dir)
+    if not known:
         raise UserError(f"cluster {cluster!r} has no runs yet; run 'make train' first")
-    run = state.run_dir(run_id) if run_id else runs[-1]
+    run = state.run_dir(run_id) if run_id else known[-1].path
     if not run.exists():
-        raise UserError(f"no run {run_id!r}; runs are: {', '.join(p.name for p in runs[-5:])}")
+        raise UserError(f"no run {run_id!r}; runs are: {', '.join(r.run_id for r in known[-5:])}")
     return run
 
 

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 from multinode.core.errors import UserError
+from multinode.core.rundir import RunDir
 from multinode.diagnose import report_plots as plots
 from multinode.diagnose.ledger import duration, goodput_line
 
@@ -34,12 +35,12 @@ img{max-width:100%}.note{color:#666;font-size:13px}"""
 def write(run_dir: Path) -> Path:
     """The page for the run in ``run_dir``, written there; its path. A directory without ``summary.json`` (a run
     that never started, or still running) is a UserError naming it."""
-    summary_path = run_dir / "summary.json"
+    summary_path = RunDir(run_dir).summary
     if not summary_path.exists():
         raise UserError(f"run {run_dir.name} has no summary.json yet (still running, or refused before it started); "
                         "pick another with RUN=<run-id>")
     summary = json.loads(summary_path.read_text())
-    recovery = _json(run_dir / "recovery.json") or summary.get("recovery") or {}
+    recovery = _json(RunDir(run_dir).recovery) or summary.get("recovery") or {}
     page = render(summary, recovery, epoch_rows(run_dir))
     path = run_dir / NAME
     path.write_text(page)
@@ -48,9 +49,8 @@ def write(run_dir: Path) -> Path:
 
 def epoch_rows(run_dir: Path) -> list[dict]:
     """Our trainer's rows per epoch from every attempt's ``metrics.jsonl``, one per epoch (the latest attempt's)."""
-    files = sorted(run_dir.glob("attempt-*/metrics.jsonl")) + sorted(run_dir.glob("grow-*/metrics.jsonl"))
     rows: dict[int, dict] = {}
-    for path in files + [run_dir / "metrics.jsonl"]:
+    for path in (RunDir(where).metrics for where in RunDir(run_dir).attempts()):
         if not path.exists():
             continue
         for line in path.read_text().splitlines():
