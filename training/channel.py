@@ -18,7 +18,9 @@ kind           who          payload
 ``MARK``       rank 0       the ledger's marks: first/progress/last step, a checkpoint's stall (:class:`Mark`)
 ``STEPTIMES``  every rank   a window of one rank's step times, compute and communication (:class:`StepTimes`)
 ``KEPT``       every node   a survivor kept the last completed step after a lost peer (:class:`Kept`)
-``WORLD``      rank 0       the ranks went on in a new membership without a restart (:class:`World`)
+``WORLD``      rank 0       the ranks went on in a new membership without a restart (:class:`World`); its
+                            generation 0 says the job takes membership changes in its own processes
+``JOINING``    a new rank   a rank the run started to join a running job is ready and waits in the rendezvous
 ``CHECKPOINT_UPLOADED``      rank 0   a checkpoint reached the bucket: url, bytes, sha256, order, seconds
 ``CHECKPOINT_UPLOAD_FAILED`` rank 0   a checkpoint did not: order, error (boto3's code and message)
 =============  ===========  ==================================================================================
@@ -30,9 +32,10 @@ mpirun's ``--tag-output`` can glue the next chunk's tag (``[1,0]<stdout>:``) to 
 
 * ``heartbeat-rank<R>`` (:func:`heartbeat_name`): the rank's optimizer step count as text, rewritten atomically at
   most once a second after a step or an evaluation batch; the stall watchdog reads its time, recovery its step;
-* ``membership.json`` (:data:`MEMBERSHIP_FILE`): written by the RUN, read by the ranks at their step boundaries:
-  the generation of the job's membership and who is in it (:class:`Membership`). The one record that goes the other
-  way, over the run's SSH connection once per change, never per step.
+* ``membership.json`` (:data:`MEMBERSHIP_FILE`, named to the ranks by :data:`MEMBERSHIP_ENV`): written by the RUN,
+  read by the ranks (:mod:`training.membership`): the generation of the job's membership and who is in it
+  (:class:`Membership`). The one record that goes the other way, over the run's SSH connection once per change,
+  never per step.
 """
 
 from __future__ import annotations
@@ -43,10 +46,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
-RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD = \
-    "RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD"
+RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING = \
+    "RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD", "JOINING"
 UPLOADED, UPLOAD_FAILED = "CHECKPOINT_UPLOADED", "CHECKPOINT_UPLOAD_FAILED"
-KINDS = (RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, UPLOADED, UPLOAD_FAILED)
+KINDS = (RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, UPLOADED, UPLOAD_FAILED)
 LINE = re.compile(r"(?<![A-Z_])(" + "|".join(KINDS) + r") (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 # --- what the run gives every rank ------------------------------------------------------------------------------
@@ -58,6 +61,7 @@ NOTICE_POLL_ENV = "MULTINODE_NOTICE_POLL"  # seconds between metadata polls (AWS
 PREEMPT_MARK_ENV = "MULTINODE_PREEMPT_MARK"  # the guard's note that its command ended preempted (torchrun hides 75)
 GUARD_ENV = "MULTINODE_GUARD"  # set for training.guard's own process only (it starts its command without it)
 CHECKPOINT_URL_ENV = "MULTINODE_CHECKPOINT_URL"  # the bucket every rank 0 uploads its checkpoints to
+MEMBERSHIP_ENV = "MULTINODE_MEMBERSHIP"  # where the run writes membership.json: the job may change it in-process
 
 HEARTBEAT_PREFIX = "heartbeat-rank"
 MEMBERSHIP_FILE = "membership.json"
@@ -204,15 +208,14 @@ class World:
 
 @dataclass(frozen=True)
 class Membership:
-    """What the run tells the ranks (``membership.json`` on every node): generation ``generation`` of the job's
-    membership is ``hosts`` (the nodes' host names, head first, each with ``nproc`` ranks), its store on
-    ``master_addr:master_port``. A rank whose host is not listed leaves; ranks on a host that is new join."""
+    """What the run tells the ranks (``membership.json`` on the nodes it concerns): generation ``generation`` of the
+    job's membership is ``hosts`` (the nodes' host names, head first, each with ``nproc`` ranks); ``joining``: the
+    hosts new in it. A rank whose host is not listed leaves; ranks on a host that is new join."""
 
     generation: int
     hosts: list[str]
     nproc: int
-    master_addr: str
-    master_port: int
+    joining: list[str] = field(default_factory=list)
 
     @property
     def world_size(self) -> int:
@@ -226,7 +229,7 @@ class Membership:
         try:
             data = json.loads(text)
             return cls(int(data["generation"]), [str(h) for h in data["hosts"]], int(data["nproc"]),
-                       str(data["master_addr"]), int(data["master_port"]))
+                       [str(h) for h in data.get("joining", [])])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             return None
 

@@ -10,6 +10,7 @@ import signal
 import threading
 
 import pytest
+from attempt_fakes import Sessions, loop
 
 from multinode.backends.slurm.script import plan_sbatch
 from multinode.core.config import LaunchSpec
@@ -17,7 +18,7 @@ from multinode.core.errors import EXIT_PREEMPTED
 from multinode.plan.launchers import EntryPoint, launcher_for
 from multinode.plan.launchers.static import STARTER, starter
 from multinode.plan.launchers.torchrun import PREEMPTED_EXIT
-from multinode.ssh import job as jobmod
+from multinode.app import watch
 from multinode.ssh.runner import STOP_GRACE, RemoteRunner, StopPolicy
 
 OURS = EntryPoint("training/train.py", ("--workload", "digits", "4", "2"))
@@ -116,28 +117,6 @@ def test_the_stop_waits_the_grace_and_removes_containers_after_it(inventory):
     assert StopPolicy(30.0).kill_after == 32.0 and StopPolicy(0.5).kill_after == STOP_GRACE
 
 
-class FakeRunner:
-    """A runner whose node sessions end only when the job is stopped, each with ``codes[node]``."""
-
-    def __init__(self, codes: dict[str, int], grace: float | None):
-        self.codes, self.stopped, self.stop = codes, threading.Event(), StopPolicy(grace)
-        self.print_lock, self.out, self.said = threading.Lock(), io.StringIO(), []
-
-    def say(self, message):
-        self.said.append(message)
-
-    def execute(self, name, command, timeout=None, out=None, err=None):
-        self.stopped.wait(10)
-        return self.codes[name], b"", b""
-
-    def stop_all(self, run_id, extra_stop=None, names=None):
-        self.stopped.set()
-        return {name: type("Answer", (), {"exit_code": 0})() for name in self.codes}
-
-    def drop(self, name):
-        pass
-
-
 class SignalledAtOnce:
     """StopSignals as if the user had pressed Ctrl-C before the first event."""
 
@@ -152,10 +131,13 @@ class SignalledAtOnce:
 
 
 def run_job(tmp_path, monkeypatch, codes, grace):
-    monkeypatch.setattr(jobmod, "StopSignals", SignalledAtOnce)
-    runner = FakeRunner(codes, grace)
-    job = jobmod.JobRun(runner, {name: "true" for name in codes}, run_id="r1", log_dir=tmp_path)
-    return runner, job
+    """The attempt loop over node sessions that end only when the job is stopped, each with ``codes[node]``."""
+    monkeypatch.setattr(watch, "StopSignals", SignalledAtOnce)
+    runner = Sessions(codes, release=threading.Event(), grace=grace, stopped_code=None)
+    runner.stopped_code = "codes"
+    runner.execute = lambda name, command, timeout=None, out=None, err=None: (runner.stopped.wait(10), codes[name],
+                                                                             b"", b"")[1:]
+    return runner, loop(tmp_path, runner)
 
 
 def test_ctrl_c_with_grace_is_a_notice_and_a_run_whose_ranks_exit_75_ends_preempted(tmp_path, monkeypatch):

@@ -6,17 +6,23 @@ Plans and texts only: nothing is started."""
 
 from __future__ import annotations
 
+import io
 import runpy
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from conftest import make_inventory
 
-from multinode.backends.slurm.backend import preempted
-from multinode.backends.slurm.follow import NODE_EXITED, SlurmOutcome
+from multinode.backends.slurm.follow import NODE_EXITED, SlurmEnded
+from multinode.backends.slurm.job import SlurmJobRun
 from multinode.backends.slurm.script import plan_sbatch
 from multinode.code.sync import GUARD_MARK, guard_tree, read_manifest, split_manifests
 from multinode.core.config import LaunchSpec
+from multinode.core.errors import NodeError
+from multinode.core.events import Events
+from multinode.core.outcome import Ending, Outcome
 from multinode.plan.launchers import EntryPoint
 from multinode.plan.launchers.base import GUARD_FILES, guard_script
 
@@ -101,14 +107,19 @@ def test_slurm_mpi_with_grace_catches_in_the_rank_and_ignores_in_both_seds(inven
     assert "guard" not in ours  # our trainer takes notices itself
 
 
-def outcome(state: str, *reported: int, stalled: str | None = None) -> SlurmOutcome:
-    return SlurmOutcome("7", state, 0, failed_nodes=[(f"node-{i}", code, None) for i, code in enumerate(reported)],
-                        stalled=stalled)
+def slurm_outcome(state: str, *reported: int, ending: Ending = Ending()) -> Outcome:
+    """The outcome the SLURM job's handle makes of a batch job that ended ``state`` with these tasks reporting."""
+    runner = SimpleNamespace(inventory=make_inventory(2))
+    job = SlurmJobRun(runner, None, "7", ["node-0", "node-1"], io.StringIO(), Path("/nonexistent"), Events())
+    job.ended = SlurmEnded("7", state, 0 if state == "COMPLETED" else 1,
+                           failed_nodes=[(f"node-{i}", code, None) for i, code in enumerate(reported)])
+    return job.outcome(ending)
 
 
 def test_a_job_whose_tasks_report_only_75_ended_preempted_whatever_its_state():
     line = "[node-1] multinode: node-1 exited with code 75 (preempted)"
     assert NODE_EXITED.match(line)[2] == "75"
-    assert preempted(outcome("COMPLETED", 75)) and preempted(outcome("CANCELLED", 75, 75))
-    assert not preempted(outcome("FAILED", 75, 1)) and not preempted(outcome("COMPLETED"))
-    assert not preempted(outcome("CANCELLED", 75, stalled="no progress for 60 s"))
+    assert slurm_outcome("COMPLETED", 75).kind == "preempted" and slurm_outcome("CANCELLED", 75, 75).kind == "preempted"
+    assert slurm_outcome("FAILED", 75, 1).kind == "failed" and slurm_outcome("COMPLETED").kind == "succeeded"
+    stall = NodeError("node-0", "job", None, "no progress for 60 s; the job was stopped")
+    assert slurm_outcome("CANCELLED", 75, ending=Ending("stalled", stall)).kind == "stalled"

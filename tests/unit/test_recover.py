@@ -61,14 +61,14 @@ def _ended(kind, failure=None, preempted=None):
 
 def test_a_replaced_node_keeps_the_cluster_whole(tmp_path):
     rec = _recovery(tmp_path, Provider())
-    active = rec._replace_or_shrink(rec.cluster, _loss("node-2"))
+    active = rec._replace_or_shrink(rec.cluster, _loss("node-2"), 5.0)
     assert [n.name for n in active.nodes] == ["node-0", "node-1", "node-2"]
     assert [e["event"] for e in rec.timeline.events] == ["replacement asked", "node ready"]
 
 
 def test_a_refused_replacement_goes_on_without_the_node_and_a_lost_head_makes_node1_the_head(tmp_path):
     rec = _recovery(tmp_path, Provider(refuse={"node-0"}))
-    active = rec._replace_or_shrink(rec.cluster, _loss("node-0"))
+    active = rec._replace_or_shrink(rec.cluster, _loss("node-0"), 5.0)
     assert [n.name for n in active.nodes] == ["node-1", "node-2"] and active.head.name == "node-1"
     assert rec.timeline.events[-1]["event"] == "going on without it"
     assert "going on with 2 node(s) at the same global batch" in "\n".join(rec.said)
@@ -76,7 +76,7 @@ def test_a_refused_replacement_goes_on_without_the_node_and_a_lost_head_makes_no
 
 def test_nothing_left_to_go_on_with_ends_the_run(tmp_path):
     rec = _recovery(tmp_path, Provider(refuse={"node-0", "node-1"}), nodes=2)
-    assert rec._replace_or_shrink(rec.cluster, _loss("node-0", "node-1")) is None
+    assert rec._replace_or_shrink(rec.cluster, _loss("node-0", "node-1"), 5.0) is None
 
 
 def test_a_recovering_run_turns_grace_on_so_ranks_can_take_a_notice(tmp_path):
@@ -169,33 +169,43 @@ def test_recovery_bench_reads_steps_trained_twice_and_missing_samples_from_the_s
     assert coverage(log) == {"steps_lost": 2, "samples_missing": 2}
 
 
-def test_a_run_the_user_stopped_is_not_recovered(tmp_path, monkeypatch):
-    """Ctrl-C with GRACE ends the attempt preempted (the ranks checkpoint): the run ends there, nothing probed or
-    replaced; so does an interrupted or a succeeded attempt."""
-    import multinode.app.recover as recover
-
+def test_a_run_the_user_stopped_is_not_recovered(tmp_path):
+    """Ctrl-C with GRACE ends the attempt preempted (the ranks checkpoint): the run ends there, nothing replaced; so
+    does an interrupted or a succeeded attempt."""
     provider = Provider()
     rec = _recovery(tmp_path, provider)
-    monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: pytest.fail("probed"))
     ctx = SimpleNamespace(inv=rec.cluster)
-    outcome, summary = _ended("preempted", preempted={"noticed_on": "node-0", "stopped_by": "SIGINT"})
-    assert rec.after(ctx, outcome, summary, None, None) is None
+    outcome = Outcome("preempted", {"node-0": 75}, stopped_by="SIGINT")
+    assert rec.after(ctx, outcome, SimpleNamespace(preempted={"noticed_on": "node-0"}), None, None) is None
     stopped = NodeError("node-0", "job", None, "interrupted; run x was stopped on every node")
+    summary = SimpleNamespace(preempted=None)
     assert rec.after(ctx, Outcome("interrupted", {}, failure=stopped, stopped_by="SIGINT"), summary, None, None) is None
     assert rec.after(ctx, *_ended("succeeded"), None, None) is None
     assert provider.asked == [] and not rec.recovered
 
 
-def test_a_failure_with_every_node_answering_is_the_job_s_own_and_not_retried(tmp_path, monkeypatch):
-    import multinode.app.recover as recover
-
+def test_a_failure_with_every_node_answering_is_the_job_s_own_and_not_retried(tmp_path):
     rec = _recovery(tmp_path, Provider())
-    monkeypatch.setattr(recover, "probe_ssh", lambda inv, timeout: {n.name: (True, "up") for n in inv.nodes})
     failed = NodeError("node-1", "job", 1, "exited with code 1")
-    nothing_gone = SimpleNamespace(vanished=lambda names: {})  # the run's RemoteRunner: the provider knows of none
-    assert rec.after(SimpleNamespace(inv=rec.cluster, runner=nothing_gone), *_ended("failed", failed), None,
-                     None) is None
+    assert rec.after(SimpleNamespace(inv=rec.cluster), *_ended("failed", failed), None, None) is None
     assert not rec.recovered and rec.timeline.events == []
+
+
+def test_a_lost_node_is_replaced_from_the_outcome_without_asking_again(tmp_path):
+    """The outcome says which nodes were lost and why (the attempt's loop confirmed it): recovery replaces them and
+    asks no node anything but the survivors' heartbeats."""
+    provider = Provider()
+    rec = _recovery(tmp_path, provider)
+    failed = NodeError("node-2", "job", None, "is gone (its network namespace is gone)")
+    outcome = Outcome("lost", {"node-0": 143, "node-1": 143, "node-2": None}, failure=failed, failures=(failed,),
+                      lost=("node-2",), why_lost={"node-2": "its network namespace is gone"})
+    beats = SimpleNamespace(run_each=lambda commands, timeout: {
+        name: SimpleNamespace(stdout="41\n42\n") for name in commands})
+    nodes = rec.after(SimpleNamespace(inv=rec.cluster, runner=beats), outcome, SimpleNamespace(preempted=None), None,
+                      None)
+    assert [n.name for n in nodes.nodes] == ["node-0", "node-1", "node-2"] and provider.asked == ["node-2"]
+    assert rec.pending.last_step == 42 and rec.pending.nodes == ["node-2"]
+    assert rec.timeline.events[0]["detail"] == "node-2 (its network namespace is gone)"
 
 
 def test_timeline_keeps_events_in_time_order_when_one_is_known_only_later():
@@ -216,35 +226,21 @@ def test_the_checkpoint_is_on_the_timeline_when_it_was_written():
     assert checkpoint_time({"notice": "a rank exited 75 (preempted) with no report"}) is None
 
 
-def test_growing_back_waits_for_a_heartbeat_of_this_attempt():
-    from multinode.app.growback import fresh_heartbeat
-
-    assert not fresh_heartbeat([], 1000.5)  # no heartbeat yet: the trainer is starting
-    assert not fresh_heartbeat(["999\n1000\n", ""], 1000.5)  # the last attempt's, or of the same second
-    assert fresh_heartbeat(["999\n", "1001\n"], 1000.5)
-
-
-def test_grow_back_asks_until_the_node_is_back_then_notifies_until_the_job_takes_it():
+def test_grow_back_asks_every_interval_until_the_node_is_back_and_tells_a_refusal_once(tmp_path):
     from multinode.app.growback import GrowBack
+    from multinode.core.events import ReplacementReady, ReplacementRefused
 
-    asks, notices, said = [], [], []
-
-    def replace(name):
-        asks.append(name)
-        if len(asks) < 3:
-            raise CapacityRefused(f"{name}: no capacity")
-        return "the whole cluster"
-
-    def notify():
-        notices.append(1)
-        return len(notices) == 2  # the job trains only at the second try
-
-    grow = GrowBack(["node-2"], replace, notify, 0.01, said.append)
-    with grow:
-        grow._thread.join(timeout=60)  # the thread ends once the notice reached the job
-        assert not grow._thread.is_alive(), "the grow-back thread never ended (a hang guard, not a bound)"
-    assert grow.notified and asks == ["node-2"] * 3 and len(notices) == 2 and grow.cluster == "the whole cluster"
+    asked, said, back = [], [], []
+    grow = GrowBack(["node-2"], SimpleNamespace(ask=asked.append), 10.0, said.append,
+                    lambda name, at: back.append((name, at)))
+    for now in (0.0, 5.0, 10.0, 15.0, 20.0):  # the first tick starts the clock; then one ask every 10 s
+        grow.tick(now)
+    assert asked == ["node-2", "node-2"] and not grow.ready
+    grow.take(ReplacementRefused("node-2", "node-2: no capacity"))
+    grow.take(ReplacementRefused("node-2", "node-2: no capacity"))
     assert sum("still no replacement" in line for line in said) == 1, said  # a refusal is told once
+    grow.take(ReplacementReady("node-2", "the whole cluster", 123.0))
+    assert grow.ready and back == [("node-2", 123.0)]
     assert said[-2:] == ["node-2 is back",
                          "every node is back: the ranks take a checkpoint and the run resumes on the whole cluster"]
 
@@ -263,7 +259,7 @@ def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path
 
 def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
     """A healthy node too busy to answer the first probe must not be replaced (that wipes its snapshots); a node
-    that answers neither is lost."""
+    that answers neither is lost. Only the attempt's suspects are asked; one the provider says is gone is not."""
     import multinode.app.recover as recover
 
     probes = []
@@ -275,10 +271,11 @@ def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
 
     monkeypatch.setattr(recover, "probe_ssh", probe)
     rec = _recovery(tmp_path, Provider())
-    assert rec._silent(rec.cluster, {}) == {"node-2": "timed out"}
-    assert probes == [(["node-0", "node-1", "node-2"], recover.PROBE_SECONDS[0]),
+    ctx = SimpleNamespace(inv=rec.cluster)
+    assert rec.confirm_lost(ctx, ["node-1", "node-2"], {}) == {"node-2": "timed out"}
+    assert probes == [(["node-1", "node-2"], recover.PROBE_SECONDS[0]),
                       (["node-1", "node-2"], recover.PROBE_SECONDS[1])]
     probes.clear()
-    # the provider knows node-2's machine is gone (RemoteRunner.vanished asked it): no probe for it
-    assert rec._silent(rec.cluster, {"node-2": "its machine is gone"}) == {"node-2": "its machine is gone"}
-    assert probes == [(["node-0", "node-1"], recover.PROBE_SECONDS[0]), (["node-1"], recover.PROBE_SECONDS[1])]
+    assert rec.confirm_lost(ctx, ["node-1", "node-2"], {"node-2": "its machine is gone"}) == \
+        {"node-2": "its machine is gone"}
+    assert probes == [(["node-1"], recover.PROBE_SECONDS[0]), (["node-1"], recover.PROBE_SECONDS[1])]

@@ -53,19 +53,19 @@ def test_preflight_round_output_splits_into_the_checks_and_each_read():
 
 
 def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():
-    from multinode.ssh.job import JobRun, NodeResult, Rejoin
+    from multinode.app.watch import Rejoin
+    from multinode.core.events import NodeEnded
 
-    policy = Rejoin(budget=1, wait=5, exclude=("node-0",))
-    lost = NodeResult("node-1", lost=True)
-    killed = NodeResult("node-1", exit_code=-1)  # SSH reports a launcher killed by a signal as -1
-    shell_killed = NodeResult("node-1", exit_code=137)
-    failed = NodeResult("node-1", exit_code=1)  # torchrun's own verdict: its restarts ran out
-    assert all(JobRun._may_rejoin("node-1", r, policy) for r in (lost, killed, shell_killed))
-    assert not JobRun._may_rejoin("node-1", failed, policy)
-    assert not JobRun._may_rejoin("node-0", lost, policy)  # the head hosts the rendezvous
-    assert not JobRun._may_rejoin("node-1", lost, None)  # MAX_RESTARTS=0
-    lost.relaunches = 1
-    assert not JobRun._may_rejoin("node-1", lost, policy)  # budget spent
+    policy = Rejoin(budget=1, wait=5, prepare=lambda name: None, exclude=("node-0",))
+    lost = NodeEnded("node-1", None, lost=True)
+    killed = NodeEnded("node-1", -1)  # SSH reports a launcher killed by a signal as -1
+    shell_killed = NodeEnded("node-1", 137)
+    failed = NodeEnded("node-1", 1)  # torchrun's own verdict: its restarts ran out
+    assert all(policy.allows(event, 0) for event in (lost, killed, shell_killed))
+    assert not policy.allows(failed, 0)
+    assert not policy.allows(NodeEnded("node-0", None, lost=True), 0)  # the head hosts the rendezvous
+    assert not policy.allows(lost, 1)  # budget spent
+    assert not policy.allows(NodeEnded("node-1", None, lost=True, final=True), 0)  # its relaunch already failed
 
 
 @pytest.mark.parametrize("sig", StopSignals.SIGNALS)

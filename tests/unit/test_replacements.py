@@ -5,14 +5,16 @@ drill: tests/integration/test_replace_delay_local.py."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 from conftest import make_inventory
 
 from multinode.app.recover import Loss, Recovery
-from multinode.app.replacements import Replacements, StillUnderWay, wait_seconds
+from multinode.app.replacements import Replacements, wait_seconds
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, UserError
+from multinode.core.events import Events, ReplacementReady
 from multinode.core.state import ClusterState
 from multinode.providers.local.faults import replace_delay
 
@@ -59,12 +61,36 @@ def test_a_replacement_under_way_is_taken_when_ready_and_never_asked_twice():
 
     under_way = Replacements(replace)
     under_way.ask("node-2")
-    assert under_way.wait("node-2", 0.0)[:2] == (None, "still under way")
-    with pytest.raises(StillUnderWay):
-        under_way.take("node-2")
+    assert under_way.wait("node-2", 0.0) is None  # still under way
+    under_way.ask("node-2")  # not asked twice
     made.set()
-    inventory, done_at = under_way.take("node-2", patience=30)
-    assert inventory == "inventory" and done_at is not None and calls == ["node-2"]
+    done = under_way.wait("node-2", 30)
+    assert done.inventory == "inventory" and done.refused is None and done.at is not None and calls == ["node-2"]
+
+
+def test_any_error_of_a_replacement_is_a_refusal_in_one_line_and_never_a_dead_thread():
+    """boto3's own errors (throttling after its retries, a waiter giving up) are not MultinodeErrors: the thread
+    used to die with an empty result box, and the run's wait raised KeyError."""
+
+    def replace(name):
+        raise RuntimeError("Waiter InstanceRunning failed: Max attempts exceeded")
+
+    replacements = Replacements(replace)
+    replacements.ask("node-1")
+    done = replacements.wait("node-1", 30)
+    assert done.inventory is None
+    assert done.refused == "the replacement failed: RuntimeError: Waiter InstanceRunning failed: Max attempts exceeded"
+
+
+def test_a_replacement_done_between_attempts_reports_to_the_next_attempts_loop():
+    done = threading.Event()
+    replacements = Replacements(lambda name: done.set() or "inventory")
+    events = Events()
+    replacements.ask("node-1")
+    done.wait(30)
+    replacements.listen(events)  # done before anybody listened, or just after: it reports here either way
+    ready = events.take(5)
+    assert isinstance(ready, ReplacementReady) and ready.node == "node-1" and ready.inventory == "inventory"
 
 
 def test_a_slow_replacement_goes_on_without_the_node_at_once_then_grows_back(tmp_path):
@@ -74,18 +100,19 @@ def test_a_slow_replacement_goes_on_without_the_node_at_once_then_grows_back(tmp
     rec = Recovery(ClusterState.for_cluster("dev", root=tmp_path), make_inventory(3), spec, said.append,
                    provider=provider)
     rec.restart_seconds = 8.0
-    active = rec._replace_or_shrink(rec.cluster, Loss(["node-2"], "notice", 7))  # returns without the 300 s wait
+    active = rec._replace_or_shrink(rec.cluster, Loss(["node-2"], "notice", 7), 0.0)  # no 300 s wait
     assert [n.name for n in active.nodes] == ["node-0", "node-1"]
     assert [e["event"] for e in rec.timeline.events] == ["replacement asked", "going on without it"]
     assert "longer than a restart of the job, about 8 s: going on without it at once" in "\n".join(said)
+    grow = rec.grow_back(SimpleNamespace(inv=active))  # the next attempt's loop
+    events = Events()
+    grow.begin(events)
     provider.release.set()
-    for _ in range(100):  # growing back takes the replacement under way; it asks no second one
-        try:
-            rec._replace_now("node-2")
-            break
-        except StillUnderWay:
-            threading.Event().wait(0.05)
-    assert provider.asked == ["node-2"] and rec.timeline.events[-1]["event"] == "node back"
+    ready = events.take(30)  # growing back takes the replacement under way; it asks no second one
+    grow.take(ready)
+    assert grow.ready and provider.asked == ["node-2"] and rec.timeline.events[-1]["event"] == "node back"
+    assert said[-2:] == ["node-2 is back",
+                         "every node is back: the ranks take a checkpoint and the run resumes on the whole cluster"]
 
 
 def test_a_bad_replace_delay_stops_a_recovering_run_before_it_starts(tmp_path, monkeypatch):

@@ -3,7 +3,7 @@ backend, context and plan, and what the run learned while it ran. A run has one,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from multinode.backends.base import Backend, JobPlan, RunContext
 from multinode.core.config import LaunchSpec
@@ -24,3 +24,4 @@ class Attempt:
     captured: Capture | None = None  # the live ranks' stacks before a failed job was stopped
     links: dict | None = None  # the link check's report (pre-flight, or after a broken connection)
     slow: SlowRanks | None = None  # the ranks' step times compared while the job trains (named slow ranks)
+    gone: dict[str, str] = field(default_factory=dict)  # nodes whose machine the provider said is gone, and why

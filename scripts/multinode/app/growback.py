@@ -1,94 +1,85 @@
-"""Growing back: an attempt that went on with fewer nodes asks again for the missing ones, and when they are ready
-it gives the ranks the backend's notice (:meth:`multinode.backends.base.Backend.notice`), so they take one
-coordinated checkpoint and stop (exit 75); the run's next attempt then resumes on the whole cluster from that
-checkpoint (:mod:`multinode.app.recover`). The global batch stays what it was.
+"""Growing back: an attempt that went on with fewer nodes takes the missing ones back as their replacements come
+ready, and once all are back the run gives the ranks the backend's notice, so they take one coordinated checkpoint
+and stop (exit 75); the run's next attempt then resumes on the whole cluster from that checkpoint
+(:mod:`multinode.app.recover`). The global batch stays what it was.
 
-One thread per attempt on fewer nodes, asking every ``interval`` seconds (RECOVER_WAIT), over the run's own
-connections; it never stops the job itself except through the notice, and it is stopped when the attempt ends. Our trainer takes the notice only once it
-trains (its watcher starts with the trainer; a SIGTERM while it starts would end it as a failure), so the notice
-waits for a heartbeat the ranks wrote in this attempt (:func:`job_trains`); a user script runs behind
-``training.guard``, which takes a SIGTERM from its first instant."""
+A branch of the attempt's loop (:mod:`multinode.app.watch`), not a thread of its own -- torch elastic's agent takes
+in waiting nodes the same way (``num_nodes_waiting() > 0`` in its monitor loop): :meth:`GrowBack.tick` asks for a
+missing node's replacement every ``interval`` seconds (RECOVER_WAIT) when none is under way
+(:mod:`multinode.app.replacements`: one per node at a time, never asked twice), :meth:`GrowBack.take` reads a
+replacement's event, and the loop gives the notice once :attr:`GrowBack.ready` and the job trains -- our trainer
+takes a notice only once it trains (its watcher starts with the trainer; a SIGTERM while it starts would end it as a
+failure), which the loop learns from the job's first mark; a user script runs behind ``training.guard``, which
+takes a SIGTERM from its first instant.
+"""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
-from multinode.backends.base import RunContext
-from multinode.core.errors import MultinodeError
-from multinode.core.inventory import Inventory
-from multinode.core.nodepaths import run_dir as node_run_dir
-from multinode.trainer import channel
+from multinode.app.replacements import Replacements
+from multinode.core.events import Events, ReplacementReady, ReplacementRefused
 
 
 class GrowBack:
-    """Ask ``replace(name) -> Inventory`` for each missing node until all are back, then ``notify()`` (True once it
-    reached the job; a job not started or not training yet is notified at a later interval)."""
+    """The missing nodes of an attempt on fewer nodes than asked (see the module doc)."""
 
-    def __init__(self, missing: list[str], replace: Callable[[str], Inventory], notify: Callable[[], bool],
-                 interval: float, say: Callable[[str], None]) -> None:
-        self.missing, self.replace, self.notify = list(missing), replace, notify
-        self.interval, self.say = interval, say
-        self.cluster: Inventory | None = None  # the inventory once every missing node is back
+    def __init__(self, missing: list[str], replacements: Replacements | None, interval: float,
+                 say: Callable[[str], None], back: Callable[[str, float], None],
+                 notice: Callable[[int, float], None] = lambda nodes, at: None) -> None:
+        self.missing, self.replacements, self.interval = list(missing), replacements, interval
+        self.say, self.back, self.on_notice = say, back, notice  # the node is back; the notice reached the job
         self.notified = False
+        self._asked_at: float | None = None
         self._refused: set[str] = set()  # nodes whose refusal was told once (the asks go on quietly)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="mn-grow-back", daemon=True)
 
     @classmethod
     def idle(cls) -> "GrowBack":
         """Nothing missing: nothing to ask, no notice."""
-        return cls([], lambda name: None, lambda: False, 0.0, lambda message: None)
+        return cls([], None, 0.0, lambda message: None, lambda name, at: None)
 
-    def __enter__(self) -> "GrowBack":
-        if self.missing:
-            self._thread.start()
-        return self
+    @property
+    def ready(self) -> bool:
+        """Every missing node is back (and there was one): time for the notice."""
+        return self.replacements is not None and not self.missing
 
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self.interval + 5)
+    def begin(self, events: Events) -> None:
+        """The attempt's loop starts: replacements report to its queue from now on (one already done reports now)."""
+        if self.replacements is not None and self.missing:
+            self.replacements.listen(events)
 
-    def _loop(self) -> None:
-        told = False
-        while not self._stop.wait(self.interval):
-            if self.missing:
-                self._ask(self.missing[0])
-            if not self.missing:
-                if not told:
-                    self.say("every node is back: the ranks take a checkpoint and the run resumes on the whole "
-                             "cluster")
-                    told = True
-                if self.notify():
-                    self.notified = True
-                    return
+    def end(self) -> None:
+        if self.replacements is not None:
+            self.replacements.listen(None)
 
-    def _ask(self, name: str) -> None:
-        try:
-            self.cluster = self.replace(name)
-        except MultinodeError as err:  # CapacityRefused included
-            if name not in self._refused:
-                self._refused.add(name)
-                self.say(f"{name}: still no replacement ({err}); asking again every {self.interval:.0f} s")
+    def tick(self, now: float) -> None:
+        """Ask for the first missing node's replacement every ``interval`` seconds (the first ask one interval after
+        the attempt began; a replacement already under way is not asked again)."""
+        if not self.missing or self.replacements is None:
             return
-        self.missing.pop(0)
-        self.say(f"{name} is back")
+        if self._asked_at is None:
+            self._asked_at = now
+            return
+        if now - self._asked_at >= self.interval:
+            self._asked_at = now
+            self.replacements.ask(self.missing[0])
 
+    def noticed(self, nodes: int, at: float) -> None:
+        """The grow-back notice (given at ``at``) reached the job on ``nodes`` nodes: the attempt ends preempted and
+        the run goes on on the whole cluster."""
+        self.notified = True
+        self.on_notice(nodes, at)
 
-def fresh_heartbeat(stat_outputs: Iterable[str], since: float) -> bool:
-    """True when a heartbeat was written after ``since`` (Unix seconds): ``stat_outputs`` hold the heartbeat files'
-    modification times in whole seconds (``stat -c %Y``). A file of the same second as ``since`` counts as older
-    (the next heartbeat, a second later at most, settles it)."""
-    return any(tok.isdigit() and int(tok) > int(since) for text in stat_outputs for tok in text.split())
-
-
-def job_trains(ctx: RunContext, since: float) -> bool:
-    """Whether the job can take the notice now: a user script always (behind training.guard); our trainer once a
-    rank wrote a heartbeat after ``since`` (a step is a collective, so every rank's watcher runs by then)."""
-    if ctx.spec.script is not None:
-        return True
-    commands = {n.name: f"stat -c %Y {channel.heartbeat_glob(node_run_dir(ctx.inv, n.name, ctx.spec.run_id))} "
-                        f"2>/dev/null; true" for n in ctx.inv.nodes}
-    answers = ctx.runner.run_each(commands, timeout=10)
-    return fresh_heartbeat((res.stdout for res in answers.values() if res.ok), since)
+    def take(self, event: ReplacementReady | ReplacementRefused) -> None:
+        """A replacement's event: the node is back, or (said once per node) it was refused and is asked again."""
+        if event.node not in self.missing:
+            return
+        if isinstance(event, ReplacementReady):
+            self.missing.remove(event.node)
+            self.back(event.node, event.at)
+            self.say(f"{event.node} is back")
+            if not self.missing:
+                self.say("every node is back: the ranks take a checkpoint and the run resumes on the whole cluster")
+        elif event.node not in self._refused:
+            self._refused.add(event.node)
+            self.say(f"{event.node}: still no replacement ({event.why}); asking again every {self.interval:.0f} s")

@@ -10,18 +10,20 @@ run's own -- incremental, so on the nodes that kept their state they cost a chec
 the code. :meth:`Recovery.after` reads how an attempt ended (its :class:`~multinode.core.outcome.Outcome` and
 summary) and answers with the next attempt's nodes, or None for the end of the run:
 
-1. **what was lost**: a preempted attempt names the node that got the notice (rank 0's report, by host name); a
-   failed, stalled or lost one is probed over SSH and the nodes that no longer answer are lost (a failure with
-   every node answering is the job's own: recovery does not retry bugs); a job the orchestrator's own stop signal
-   ended is not recovered;
+1. **what was lost** is the outcome's: a preempted attempt names the node that got the notice (rank 0's report,
+   by host name), a failed, stalled or lost one the nodes the attempt's loop found lost and confirmed (no SSH, or
+   the provider's word that the machine is gone); the decision is :func:`multinode.app.decide.decide`, pure: a
+   failure with every node answering is the job's own (recovery does not retry bugs), a job the orchestrator's own
+   stop signal ended is not recovered;
 2. **replace it** (the provider's ``replace``: a new namespace, or one new instance; the other nodes untouched),
    waiting at most ``RECOVER_WAIT`` seconds, or not at all when it takes longer than a restart of the job
    (:mod:`multinode.app.replacements`: wait or shrink); a refusal or a slow one leaves the run to
    **go on with the nodes it has** -- our trainer keeps the global batch by accumulation and re-shards the rest
    of the epoch (``training/sampler.py``), so the result does not depend on how many nodes finished it;
 3. **resume**: the next attempt (a new head if node-0 was the lost one) starts from the freshest complete
-   snapshot on any surviving node. While it runs on fewer nodes, :meth:`Recovery.grow_back` asks for the missing
-   ones again (:mod:`multinode.app.growback`) and, once they are back, gives the job the backend's notice.
+   snapshot on any surviving node. While it runs on fewer nodes, :meth:`Recovery.grow_back` gives the attempt's
+   loop the missing ones to take back (:mod:`multinode.app.growback`); once they are back, the loop gives the job
+   the notice.
 
 The :class:`~multinode.app.timeline.Timeline` (notice or loss -> checkpoint -> replacement asked -> node ready -> job
 started again, each with its time, and the steps lost) goes into the run's summary and ``recovery.json``. Each
@@ -37,10 +39,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from multinode.app import notices
-from multinode.app.growback import GrowBack, job_trains
+from multinode.app.decide import Decision, Ended, History, decide
+from multinode.app.growback import GrowBack
 from multinode.app.replacements import Replacements, wait_seconds
 from multinode.app.timeline import Timeline, checkpoint_time
-from multinode.backends.base import Backend, RunContext
+from multinode.backends.base import RunContext
 from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
@@ -98,36 +101,41 @@ class Recovery:
 
     # --- while an attempt runs ---------------------------------------------------------
 
-    def grow_back(self, backend: Backend, ctx: RunContext, since: float) -> GrowBack:
-        """While the attempt runs on fewer nodes than asked: ask for the missing ones every RECOVER_WAIT seconds and,
-        once all are back and the job trains (``since``: the attempt's start), give it the backend's notice."""
+    def grow_back(self, ctx: RunContext) -> GrowBack:
+        """The attempt's grow-back (its loop runs it): the nodes of the cluster the attempt runs without, asked for
+        every RECOVER_WAIT seconds until they are back (nothing when none is missing)."""
         here = {n.name for n in ctx.inv.nodes}
         missing = [n.name for n in self.cluster.first(self.spec.nodes).nodes if n.name not in here]
-
-        def notify() -> bool:
-            if not job_trains(ctx, since):
-                return False
-            at = time.time()
-            if not backend.notice(ctx):
-                return False
-            self.timeline.add("notice", f"growing back: SIGTERM with GRACE to the ranks on {len(ctx.inv.nodes)} "
-                              f"node(s)", at=at)
-            return True
-
-        self.growing = GrowBack(missing, self._replace_now, notify, self.spec.recover_wait, self.say)
+        if not missing:
+            self.growing = GrowBack.idle()
+        else:
+            self.growing = GrowBack(missing, self.replacements, self.spec.recover_wait, self.say, self._back,
+                                    self._grew)
         return self.growing
 
-    def _replace_now(self, name: str) -> Inventory:
-        """Growing back: ``name``'s replacement once ready (the one under way, or a new ask)."""
-        cluster, done_at = self.replacements.take(name)
-        self.timeline.add("node back", name, at=done_at)
-        return cluster
+    def _grew(self, nodes: int, at: float) -> None:
+        """The grow-back notice reached the job (on ``nodes`` nodes): on the timeline, when it was given."""
+        self.timeline.add("notice", f"growing back: SIGTERM with GRACE to the ranks on {nodes} node(s)", at=at)
+
+    def _back(self, name: str, at: float) -> None:
+        self.timeline.add("node back", name, at=at)
 
     def _provider_replace(self, name: str) -> Inventory:
         """One provider call at a time, each from the inventory the last one wrote (replacements run on threads)."""
         with self._replacing:
             self.cluster = self.provider.replace(self.state, self.cluster, name)
             return self.cluster
+
+    def confirm_lost(self, ctx: RunContext, suspects: list[str], gone: dict[str, str]) -> dict[str, str]:
+        """{node: why} of ``suspects`` (a failed attempt's lost nodes) that are lost indeed: the provider's word
+        (``gone``), or neither SSH probe (:data:`PROBE_SECONDS`) answered, each on a new connection (the run's may be
+        stale). A node busy enough to miss the first probe is not lost: replacing it would wipe its snapshots."""
+        rest = [name for name in suspects if name not in gone]
+        first = probe_ssh(ctx.inv.only(rest), timeout=PROBE_SECONDS[0]) if rest else {}
+        doubt = [name for name, (ok, _why) in first.items() if not ok]
+        again = probe_ssh(ctx.inv.only(doubt), timeout=PROBE_SECONDS[1]) if doubt else {}
+        lost = {**{n: gone[n] for n in suspects if n in gone}, **{n: why for n, (ok, why) in again.items() if not ok}}
+        return {n.name: lost[n.name] for n in ctx.inv.nodes if n.name in lost}
 
     # --- between attempts ----------------------------------------------------------------
 
@@ -137,24 +145,29 @@ class Recovery:
         if self.restart_seconds is None and started_at is not None:
             self.restart_seconds = max(0.0, started_at - self.started)
         self._resumed(started_at, resumed)
-        grown, self.growing = self.growing.notified, GrowBack.idle()
-        if grown:  # our own notice ended the job: every node is back
-            self.grown += 1
-            self._grow_stop(outcome, summary)
-            self.label, self.pending = RunDir.kept_label("grow", self.grown), Loss([], "grow", None)
-            return self.cluster.first(self.spec.nodes)
-        if outcome.kind in ("succeeded", "interrupted"):
+        grew, self.growing = self.growing.notified, GrowBack.idle()
+        report = summary.preempted or {}
+        noticed = tuple(n.name for n in ctx.inv.nodes if report.get("noticed_on") in (n.hostname, n.name))
+        wait = wait_seconds(self.estimate, self.restart_seconds, self.spec.recover_wait)
+        decision = decide(Ended(outcome.kind, outcome.stopped_by, outcome.lost, noticed, grew),
+                          History(self.attempt, self.spec.recover, len(ctx.inv.nodes), wait))
+        if decision.action == "end":
             return None
-        if outcome.kind == "preempted" and (summary.preempted or {}).get("stopped_by"):
-            return None  # Ctrl-C (or a scheduler) stopped the orchestrator: nothing to recover
-        loss = self._what_was_lost(ctx, outcome, summary)
-        if loss is None or self.attempt >= self.spec.recover:
-            return None
+        if decision.action == "grow back":
+            return self._grow(outcome, summary)
+        loss = self._loss(ctx, outcome, decision, report)
         loss = self._with_the_batch(ctx, loss, summary)
         self.attempt += 1
         self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}")
         self.label, self.pending = RunDir.kept_label("attempt", self.attempt - 1), loss
-        return self._replace_or_shrink(ctx.inv, loss)
+        return self._replace_or_shrink(ctx.inv, loss, wait)
+
+    def _grow(self, outcome: Outcome, summary: RunSummary) -> Inventory:
+        """Our own notice ended the job: every node is back, the next attempt runs on the whole cluster."""
+        self.grown += 1
+        self._grow_stop(outcome, summary)
+        self.label, self.pending = RunDir.kept_label("grow", self.grown), Loss([], "grow", None)
+        return self.cluster.first(self.spec.nodes)
 
     def _grow_stop(self, outcome: Outcome, summary: RunSummary) -> None:
         """How the job took the notice for growing back: its coordinated checkpoint; or, when the notice met it
@@ -167,27 +180,22 @@ class Recovery:
                  "from the freshest snapshot")
         self.timeline.add("no checkpoint", "the job failed as the notice came: going on from the freshest snapshot")
 
-    def _what_was_lost(self, ctx: RunContext, outcome: Outcome, summary: RunSummary) -> Loss | None:
-        """The node(s) to replace: the one a notice named, and every node that no longer answers SSH. None for a
-        failure with every node answering: the job's own (recovery does not retry bugs)."""
-        silent = self._silent(ctx.inv, ctx.runner.vanished([n.name for n in ctx.inv.nodes]))
-        if outcome.kind == "preempted":
-            report = summary.preempted or {}
-            host = report.get("noticed_on")
-            named = [n.name for n in ctx.inv.nodes if host in (n.hostname, n.name)]
+    def _loss(self, ctx: RunContext, outcome: Outcome, decision: Decision, report: dict) -> Loss:
+        """The decision's nodes as a Loss, on the timeline: a notice (and its checkpoint) or the nodes lost."""
+        lost = [n for n in decision.nodes if n in outcome.lost]
+        why = outcome.why_lost.get(lost[0], "no SSH") if lost else ""
+        if decision.cause == "notice":
+            named = [n for n in decision.nodes if n not in lost]
             at = report.get("noticed_at")
-            self.timeline.add("notice", f"{report.get('notice', 'a notice')} on {', '.join(named) or host or '?'}",
+            self.timeline.add("notice", f"{report.get('notice', 'a notice')} on "
+                                        f"{', '.join(named) or report.get('noticed_on') or '?'}",
                               at=float(at) if isinstance(at, (int, float)) else None)
             stop = self._checkpoint_written(report)
-            also = [n for n in silent if n not in named]
-            if also:
-                self.timeline.add("node lost", f"{', '.join(also)} (no SSH: {silent[also[0]]})")
-            return Loss(named + also, "notice", stop.get("step"))
-        if not silent:
-            return None
-        lost = list(silent)
-        self.timeline.add("node lost", f"{', '.join(lost)} (no SSH: {silent[lost[0]]})")
-        alive = [n.name for n in ctx.inv.nodes if n.name not in silent]
+            if lost:
+                self.timeline.add("node lost", f"{', '.join(lost)} ({why})")
+            return Loss(list(decision.nodes), "notice", stop.get("step"))
+        self.timeline.add("node lost", f"{', '.join(lost)} ({why})")
+        alive = [n.name for n in ctx.inv.nodes if n.name not in lost]
         return Loss(lost, "lost", self._last_step(ctx, alive))
 
     def _with_the_batch(self, ctx: RunContext, loss: Loss, summary: RunSummary) -> Loss:
@@ -206,18 +214,6 @@ class Recovery:
                  f"recovery replaces {', '.join(loss.nodes + more)}")
         return replace(loss, nodes=loss.nodes + more)
 
-    def _silent(self, active: Inventory, gone: dict[str, str]) -> dict[str, str]:
-        """{node: why} for the nodes that answer neither SSH probe (PROBE_SECONDS), each on a new connection (the
-        run's may be stale): a node busy enough to miss the first is not lost -- replacing it would wipe its
-        snapshots. One of ``gone`` (the provider knows its machine is gone: ``Provider.gone``) is lost without a
-        probe."""
-        rest = [n.name for n in active.nodes if n.name not in gone]
-        first = probe_ssh(active.only(rest), timeout=PROBE_SECONDS[0]) if rest else {}
-        doubt = [name for name, (ok, _why) in first.items() if not ok]
-        again = probe_ssh(active.only(doubt), timeout=PROBE_SECONDS[1]) if doubt else {}
-        lost = {**gone, **{name: why for name, (ok, why) in again.items() if not ok}}
-        return {n.name: lost[n.name] for n in active.nodes if n.name in lost}
-
     def _checkpoint_written(self, report: dict | None) -> dict:
         """The coordinated checkpoint of a PREEMPTED report on the timeline, at the time it was written (now if the
         report does not say); its ``stopped_at``."""
@@ -235,23 +231,23 @@ class Recovery:
         steps = [step for res in answers.values() for step in channel.heartbeat_steps(res.stdout)]
         return max(steps) if steps else None
 
-    def _replace_or_shrink(self, active: Inventory, loss: Loss) -> Inventory | None:
-        """Each lost node replaced within RECOVER_WAIT, or the run goes on without it; None when no node is left."""
+    def _replace_or_shrink(self, active: Inventory, loss: Loss, wait: float) -> Inventory | None:
+        """Each lost node replaced within ``wait`` seconds, or the run goes on without it; None when no node is
+        left."""
         keep = [n.name for n in active.nodes]
-        wait = wait_seconds(self.estimate, self.restart_seconds, self.spec.recover_wait)
         for name in loss.nodes:
             self.timeline.add("replacement asked", name)
             self.say(f"{name} {'got a notice' if loss.cause == 'notice' else 'is lost'}: asking "
                      f"{self.cluster.provider} for a replacement ({self._waiting(wait)})")
             self.replacements.ask(name)
-            new, why, done_at = self.replacements.wait(name, wait)
-            if new is not None:
-                self.timeline.add("node ready", name, at=done_at)
+            done = self.replacements.wait(name, wait)
+            if done is not None and done.refused is None:
+                self.timeline.add("node ready", name, at=done.at)
                 self.say(f"{name} replaced (the other nodes untouched)")
                 continue
-            if why == "still under way":
-                why = (f"no replacement within RECOVER_WAIT={wait:.0f} s" if wait else
-                       "its replacement is under way; the run grows back when it is ready")
+            why = done.refused if done is not None else (
+                f"no replacement within RECOVER_WAIT={wait:.0f} s" if wait else
+                "its replacement is under way; the run grows back when it is ready")
             keep.remove(name)
             self.timeline.add("going on without it", f"{name}: {why}")
             self.say(f"{name}: {why}; going on with {len(keep)} node(s) at the same global batch")

@@ -2,8 +2,11 @@
 
 A replacement is asked once per node and runs on a thread of its own (:class:`Replacements`): recovery waits for it
 as long as :func:`wait_seconds` says, then goes on with the nodes it has if it is not ready; the replacement keeps
-going meanwhile, and growing back (:mod:`multinode.app.growback`) takes its result when it is ready -- it never asks
-the provider a second time for a node whose replacement is still under way.
+going meanwhile and, when it is done, reports to the attempt that is running then (its loop's queue:
+:class:`~multinode.core.events.ReplacementReady` or :class:`~multinode.core.events.ReplacementRefused`), where
+growing back (:mod:`multinode.app.growback`) takes it -- the provider is never asked a second time for a node whose
+replacement is still under way. Any error of a replacement (the provider's own, boto3's, a waiter giving up) is a
+refusal in one line: the run goes on with the nodes it has.
 
 **Wait or shrink.** Going on without the node costs one more coordinated checkpoint and one more restart of the job
 when the node is back (growing back); waiting costs the replacement's own time, with every node idle. So recovery
@@ -20,13 +23,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from multinode.core.errors import CapacityRefused, MultinodeError
+from multinode.core.errors import CapacityRefused
+from multinode.core.events import Events, ReplacementReady, ReplacementRefused
 from multinode.core.inventory import Inventory
-
-
-class StillUnderWay(MultinodeError):
-    """The node's replacement was asked and is not ready yet."""
 
 
 def wait_seconds(estimate: float | None, restart: float | None, recover_wait: float) -> float:
@@ -38,52 +39,72 @@ def wait_seconds(estimate: float | None, restart: float | None, recover_wait: fl
     return 0.0
 
 
+@dataclass(frozen=True)
+class Replaced:
+    """A replacement that is done: the cluster with the new node and when it was ready, or why there is none."""
+
+    node: str
+    inventory: Inventory | None
+    at: float
+    refused: str | None = None  # one line: no capacity, or the error that ended the replacement
+
+    def event(self) -> ReplacementReady | ReplacementRefused:
+        if self.refused is not None:
+            return ReplacementRefused(self.node, self.refused)
+        return ReplacementReady(self.node, self.inventory, self.at)
+
+
 class Replacements:
     """One replacement per node at a time, each ``replace(name) -> Inventory`` on a daemon thread."""
 
     def __init__(self, replace: Callable[[str], Inventory]) -> None:
         self.replace = replace
-        self._under_way: dict[str, tuple[threading.Thread, dict]] = {}
+        self._under_way: dict[str, threading.Thread] = {}
+        self._done: dict[str, Replaced] = {}  # done, not yet taken
+        self._listener: Events | None = None
+        self._lock = threading.Lock()
 
     def ask(self, name: str) -> None:
-        """Start ``name``'s replacement unless one is under way."""
-        if name in self._under_way:
-            return
-        box: dict = {}
-
-        def run() -> None:
-            try:
-                box["inventory"] = self.replace(name)
-            except CapacityRefused as err:
-                box["refused"] = str(err)
-            except MultinodeError as err:
-                box["refused"] = f"the replacement failed: {err}"
-            box["done_at"] = time.time()
-
-        worker = threading.Thread(target=run, name=f"mn-replace-{name}", daemon=True)
-        self._under_way[name] = (worker, box)
+        """Start ``name``'s replacement unless one is under way (or done and not yet taken)."""
+        with self._lock:
+            if name in self._under_way or name in self._done:
+                return
+            worker = threading.Thread(target=self._run, args=(name,), name=f"mn-replace-{name}", daemon=True)
+            self._under_way[name] = worker
         worker.start()
 
-    def wait(self, name: str, seconds: float) -> tuple[Inventory | None, str, float | None]:
-        """(the new inventory, "", when it was ready) once ``name``'s replacement is done within ``seconds``; else
-        (None, why not, None) -- a refusal ends the ask, a replacement not ready yet stays under way."""
-        worker, box = self._under_way[name]
-        worker.join(seconds)
-        if worker.is_alive():
-            return None, "still under way", None
-        del self._under_way[name]
-        if "refused" in box:
-            return None, box["refused"], None
-        return box["inventory"], "", box["done_at"]
+    def _run(self, name: str) -> None:
+        try:
+            done = Replaced(name, self.replace(name), time.time())
+        except CapacityRefused as err:
+            done = Replaced(name, None, time.time(), str(err))
+        except Exception as err:  # noqa: BLE001 -- any error of a replacement is a refusal, never a dead thread
+            done = Replaced(name, None, time.time(), f"the replacement failed: {type(err).__name__}: {err}")
+        with self._lock:
+            del self._under_way[name]
+            listener = self._listener
+            if listener is None:
+                self._done[name] = done
+        if listener is not None:
+            listener.put(done.event())
 
-    def take(self, name: str, patience: float = 0.0) -> tuple[Inventory, float]:
-        """For growing back: ``name``'s replacement (asked now if none is under way) if it is ready within
-        ``patience`` seconds, and when it was; StillUnderWay while it is not (ask again later), CapacityRefused when it
-        was refused (the next ask starts a new one)."""
-        self.ask(name)
-        inventory, why, done_at = self.wait(name, patience)
-        if inventory is not None:
-            return inventory, done_at
-        if why == "still under way":
-            raise StillUnderWay(f"the replacement of {name} is still under way")
-        raise CapacityRefused(why)
+    def wait(self, name: str, seconds: float) -> Replaced | None:
+        """``name``'s replacement once it is done within ``seconds`` (taken: a refusal ends the ask), or None while
+        it is still under way (it goes on, and reports to the attempt running when it is done)."""
+        with self._lock:
+            worker = self._under_way.get(name)
+        if worker is not None:
+            worker.join(seconds)
+        with self._lock:
+            return self._done.pop(name, None)
+
+    def listen(self, events: Events | None) -> None:
+        """From now on a replacement that is done reports to ``events`` (an attempt's loop); one done while nobody
+        listened reports there at once. None: nobody listens (between attempts)."""
+        with self._lock:
+            self._listener = events
+            done = list(self._done.values()) if events is not None else []
+            if events is not None:
+                self._done.clear()
+        for replaced in done:
+            events.put(replaced.event())

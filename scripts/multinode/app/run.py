@@ -38,8 +38,8 @@ from typing import TextIO
 
 from multinode.app import ending
 from multinode.app.attempt import Attempt
-from multinode.app.growback import GrowBack
 from multinode.app.recover import DEFAULT_GRACE, Recovery
+from multinode.app.watch import AttemptLoop, Rejoin
 from multinode.backends import backend_for
 from multinode.backends.base import Claim, JobPlan, RunContext
 from multinode.checks.gpu import gpu_smoke
@@ -56,7 +56,7 @@ from multinode.core.errors import MultinodeError, NodeError
 from multinode.core.inventory import Inventory
 from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
-from multinode.diagnose.ledger import JobMarks, account, is_mark
+from multinode.diagnose.ledger import JobMarks, account
 from multinode.diagnose.slowranks import SlowRanks
 from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
@@ -99,8 +99,7 @@ class Run:
         if self.spec.dry_run:
             print(attempt.backend.describe(attempt.ctx, attempt.plan), file=self.out)
             return None
-        runner = RemoteRunner(attempt.ctx.inv, out=self.out, stop=StopPolicy(self.spec.grace),
-                              gone=lambda names: self.provider.gone(self.state, runner.inventory, names))
+        runner = RemoteRunner(attempt.ctx.inv, out=self.out, stop=StopPolicy(self.spec.grace))
         runner.prewarm()  # every node's login shell starts now, while the rest is prepared
         with runner:  # the connections closed, after the claim is given back, however the run ends
             attempt.ctx.runner = runner
@@ -213,36 +212,47 @@ class Run:
         return plan
 
     def launch(self, attempt: Attempt) -> None:
-        """What must be in place the moment the job starts (inside the sweep's reach): the ENV files, the
-        runtime's MPI sshds, the stall watchdog and the run's hooks."""
+        """What must be in place the moment the job starts (inside the sweep's reach): the ENV files and the
+        runtime's MPI sshds."""
         ctx = attempt.ctx
         write_env_files(ctx.runner, ctx.spec)
         if ctx.spec.uses_mpi and not ctx.runtime.mpi_peers_are_nodes:
             start_mpi_sshds(ctx.runner, ctx.spec.run_id)
-        ctx.watchdog = attempt.backend.reach.watchdog(ctx)
-        ctx.before_stop = lambda failure, lost: self.capture(attempt, failure, lost)
-        ctx.prepare_again = lambda node: self.prepare_again(attempt, node)
-        attempt.slow = SlowRanks(ctx.runner.say)
-        # What the run reads of the job's output stays in the node logs, off the console: the step-time windows
-        # (read here, as they come) and the ledger's marks (read from the logs at the end).
-        ctx.observe = lambda node, line: attempt.slow.observe(node, line) or is_mark(line)
-        if ctx.watchdog is not None:
-            ctx.watchdog.start()
         self.phases.mark("start")
         attempt.started_at = time.time()
 
     def watch(self, attempt: Attempt) -> Outcome:
-        """The backend runs the job and watches it until it ends; on fewer nodes than the cluster has, growing back
-        asks for the missing ones meanwhile."""
-        ctx = attempt.ctx
-        grow = self.recovery.grow_back(attempt.backend, ctx, attempt.started_at) if self.recovery else GrowBack.idle()
+        """The job started and watched until it ends by the attempt's loop (:mod:`multinode.app.watch`): the
+        decisions while it runs are the loop's -- with the run's look at the live ranks before a failure's stop, the
+        provider's word on vanished machines, the stall watchdog, MAX_RESTARTS' rejoin and, on fewer nodes than
+        the cluster has, growing back."""
+        ctx, spec = attempt.ctx, attempt.ctx.spec
+        attempt.slow = SlowRanks(ctx.runner.say)
+        rejoin = Rejoin(spec.max_restarts, spec.rdzv_timeout, lambda node: self.prepare_again(attempt, node),
+                        exclude=(ctx.inv.head.name,)) if spec.max_restarts else None
+        loop = AttemptLoop(ctx, attempt.backend, attempt.plan, gone=self.gone, slow=attempt.slow,
+                           capture=lambda failure, lost: self.capture(attempt, failure, lost),
+                           watchdog=attempt.backend.reach.watchdog(ctx), rejoin=rejoin,
+                           grow=self.recovery.grow_back(ctx) if self.recovery else None,
+                           confirm=self.recovery.confirm_lost if self.recovery else None)
         try:
-            with grow:
-                return attempt.backend.run(ctx, attempt.plan)
+            return loop.run()
         finally:
-            if ctx.watchdog is not None:
-                ctx.watchdog.stop()
+            attempt.gone = dict(loop.gone)
             self.phases.mark("job")
+
+    def gone(self, names: list[str]) -> dict[str, str]:
+        """{node: why} of ``names`` whose machine the provider says is gone; {} when it cannot tell (an API error
+        is "cannot tell": every node is then treated as possibly there)."""
+        try:
+            return self.provider.gone(self.state, self.cluster_now(), names) if names else {}
+        except Exception as err:  # noqa: BLE001 -- a question to a cloud API: any failure means "cannot tell"
+            print(f"[multinode] could not ask which nodes are gone: {err}", file=self.err, flush=True)
+            return {}
+
+    def cluster_now(self) -> Inventory:
+        """The cluster as the provider last wrote it (a replacement changes it)."""
+        return self.recovery.cluster if self.recovery is not None else self.cluster
 
     def capture(self, attempt: Attempt, failure: NodeError, lost: tuple[str, ...]) -> None:
         """The backend's look at the live ranks before it stops a failed job."""
@@ -261,10 +271,9 @@ class Run:
         """Stop anything still tagged with the run id on every node (and the runtime's containers), even after
         success; remove the ENV files."""
         ctx = attempt.ctx
-        everyone = [n.name for n in ctx.inv.nodes]
-        ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line, names=everyone)  # skips a gone node
-        names = [name for name in everyone if name not in ctx.runner.gone]  # a vanished node has no files left
+        names = [n.name for n in ctx.inv.nodes if n.name not in attempt.gone]  # a vanished node: nothing to stop
         if names:
+            ctx.runner.stop_all(ctx.spec.run_id, extra_stop=ctx.runtime.stop_line, names=names)
             remove_env_files(ctx.runner, ctx.spec, names=names)
         self.phases.mark("sweep")
 

@@ -1,9 +1,11 @@
 """What a backend is handed (:class:`RunContext`), the shape every backend has (:class:`Backend`), and what it can see
 of the job's nodes (:class:`Reach`, :mod:`multinode.backends.reach`).
 
-A backend plans, starts, watches and stops the job of one attempt of a run (:class:`multinode.app.run.Run`); its
-run returns one :class:`~multinode.core.outcome.Outcome` and raises nothing for how the job ended. torchx hands a
-scheduler one ``AppDef``; a backend here gets one typed context, never the run itself.
+A backend plans and starts the job of one attempt of a run (:class:`multinode.app.run.Run`) and hands back its
+:class:`JobHandle`: the mechanism (the job's parts, their stop, their notice) that the run's attempt loop
+(:mod:`multinode.app.watch`) drives, and the mapping of how the job ended to one
+:class:`~multinode.core.outcome.Outcome` -- every decision is the loop's. torchx hands a scheduler one ``AppDef``;
+a backend here gets one typed context, never the run itself.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from typing import Protocol, TextIO
 from multinode.code.project import ResolvedProject
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import NodeError
+from multinode.core.events import Events
 from multinode.core.inventory import Inventory
-from multinode.core.outcome import Outcome
+from multinode.core.outcome import Ending, Outcome
 from multinode.diagnose.capture import Capture
 from multinode.diagnose.watchdog import StallWatchdog
 from multinode.plan.launchers import EntryPoint
@@ -27,8 +30,8 @@ from multinode.ssh.runner import RemoteRunner
 
 @dataclass
 class RunContext:
-    """One attempt of a run, as a backend sees it. ``runner``, ``watchdog`` and the two hooks are set once the run
-    is connected (a dry run plans with none of them)."""
+    """One attempt of a run, as a backend sees it. ``runner`` is set once the run is connected (a dry run plans
+    without it)."""
 
     spec: LaunchSpec
     inv: Inventory  # the attempt's nodes, head first
@@ -37,13 +40,45 @@ class RunContext:
     run_dir: Path  # on the control machine: logs, plan, summary
     out: TextIO
     runner: RemoteRunner | None = None
-    watchdog: StallWatchdog | None = None
-    # Before a failed or stalled job is stopped: the run's look at the live ranks (the failure, the lost nodes).
-    before_stop: Callable[[NodeError, tuple[str, ...]], None] | None = None
-    # A node that comes back (MAX_RESTARTS) gets the code, the job's files and the ENV file again.
-    prepare_again: Callable[[str], None] | None = None
-    # Every line of the job's output as it arrives, (node, line): True keeps it off the console (the run read it).
-    observe: Callable[[str, str], bool] | None = None
+
+
+Observe = Callable[[str, str], bool]
+"""Every line of the job's output as it arrives, (node, line): True keeps it off the console (the run read it)."""
+
+
+class JobHandle(Protocol):
+    """A started job, as the run's attempt loop drives it. Its parts report their end on the loop's events
+    (:class:`~multinode.core.events.NodeEnded` for a node's part, :class:`~multinode.core.events.JobEnded` for a
+    scheduler's whole job, :class:`~multinode.core.events.JobError` when it cannot go on)."""
+
+    parts: list[str]  # what the loop waits for: every node (SSH), or the head for the batch job (SLURM)
+    notice_words: str  # how the notice reaches the ranks, in words
+
+    def stop(self, names: list[str] | None = None) -> dict[str, bool]:
+        """Stop the job (on ``names``; all), under the run's stop policy; {part: it answered}."""
+
+    def notice(self) -> bool:
+        """GRACE's notice to the ranks (SIGTERM: one coordinated checkpoint, then exit 75); the job goes on being
+        watched. True when it reached the job."""
+
+    def drop(self, name: str) -> None:
+        """Give up on a part whose node does not answer."""
+
+    def fail_node(self, name: str, message: str, lost: bool) -> NodeError | None:
+        """``name``'s failure, recorded (lost: its node is gone or unreachable); None where the job has no such
+        node."""
+
+    def lost(self) -> tuple[str, ...]:
+        """The nodes lost so far."""
+
+    def relaunch(self, name: str, wait: float, prepare: Callable[[str], None]) -> None:
+        """Start a node's part again once it answers (elastic jobs only)."""
+
+    def outcome(self, ending: Ending) -> Outcome:
+        """How the job ended, from the loop's :class:`~multinode.core.outcome.Ending` and the backend's own account."""
+
+    def close(self) -> None:
+        """The job is over for the run: its files closed, what is left of it cancelled."""
 
 
 class JobPlan(Protocol):
@@ -116,12 +151,9 @@ class Backend(Protocol):
     def write_files(self, ctx: RunContext, plan: JobPlan, names: list[str] | None = None) -> None:
         """The plan's files on the nodes (hostfiles, ...)."""
 
-    def run(self, ctx: RunContext, plan: JobPlan) -> Outcome:
-        """Start the job and watch it until it ends; how it ended."""
-
-    def notice(self, ctx: RunContext) -> bool:
-        """GRACE's notice to the ranks of the running job (SIGTERM: one coordinated checkpoint, then exit 75); the
-        job goes on being watched by :meth:`run`, which then returns it preempted. True when it reached the job."""
+    def start(self, ctx: RunContext, plan: JobPlan, events: Events, observe: Observe) -> JobHandle:
+        """Start the job (NodeError: it could not be started); its handle. Its parts report on ``events``, its
+        output lines go through ``observe``."""
 
     def failed_rank(self, ctx: RunContext, plan: JobPlan, node: str, lines: list[str]) -> int | None:
         """The global rank a failed node's output names, if any."""

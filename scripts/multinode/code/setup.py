@@ -38,7 +38,8 @@ from multinode.core.nodepaths import env_file, setup_env_dir
 from multinode.plan.launchers.base import BASE_ENV, NodeCommand
 from multinode.ssh.runner import RemoteRunner
 from multinode.plan.runtime import runtime_for
-from multinode.ssh.job import JobRun
+from multinode.core.events import Events
+from multinode.ssh.job import JobRun, until_ended
 from multinode.code.workdir import Manifest
 
 STAMP = ".multinode-setup"
@@ -118,8 +119,9 @@ def run_setup(runner: RemoteRunner, spec: LaunchSpec, manifest: Manifest, cwd_fo
     # Its output is streamed; the logs go to a scratch directory: a refused job leaves no run directory.
     board = SetupBoard(list(lines), runner.out) if len(lines) > 1 and is_terminal(runner.out) else None
     with tempfile.TemporaryDirectory(prefix="multinode-setup-") as scratch:
-        outcome = JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), deadline=spec.deadline,
-                         extra_stop=runtime.stop_line, observe=board.observe if board else None).run()
+        job = JobRun(runner, lines, run_id=spec.run_id, log_dir=Path(scratch), events=Events(),
+                     extra_stop=runtime.stop_line, observe=board.observe if board else None)
+        outcome = until_ended(job, spec.deadline)
         if board is not None:
             board.end(outcome, Path(scratch))
         if outcome.kind == "interrupted":

@@ -6,8 +6,9 @@ Six kinds, each with what it needs (torch elastic's ``RunResult``/``WorkerState`
 * ``preempted`` -- the ranks stopped at one step on a notice and kept a snapshot (a node reported 75, none anything
   but 0 or 75); ``stopped_by`` names the signal to the orchestrator when its own notice (GRACE) did it;
 * ``failed`` -- a node exited non-zero, or the job's deadline passed; ``failure`` is the failure that ended it;
-* ``lost`` -- the failure that ended it was a node whose SSH session died or that stopped answering; ``lost`` names
-  every such node (the run asks them again before it calls them gone);
+* ``lost`` -- the failure that ended it was a node whose SSH session died, that stopped answering or whose machine
+  the provider says is gone; ``lost`` names every such node (confirmed by the run's probes when it recovers) and
+  ``why_lost`` says why;
 * ``stalled`` -- the stall watchdog saw no progress and ended the job; ``failure`` says for how long;
 * ``interrupted`` -- Ctrl-C, SIGTERM or SIGHUP to the orchestrator stopped the job on every node.
 
@@ -18,7 +19,7 @@ Nothing downstream reads a failure's wording to learn which kind it is. The exit
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from multinode.core.errors import EXIT_JOB_FAILED, EXIT_PREEMPTED, NodeError
 
@@ -35,6 +36,7 @@ class Outcome:
     failure: NodeError | None = None  # failed / lost / stalled / interrupted: what ended it
     failures: tuple[NodeError, ...] = ()  # every node's failure, in the order they ended
     lost: tuple[str, ...] = ()  # the nodes whose SSH session died or that stopped answering
+    why_lost: dict[str, str] = field(default_factory=dict)  # each lost node: why (no SSH, its machine gone)
     stopped_by: str | None = None  # the signal to the orchestrator (interrupted; preempted by its own notice)
     lines: tuple[str, ...] = ()  # the job's output where the backend holds it (SLURM); else the nodes' logs
 
@@ -47,9 +49,20 @@ class Outcome:
     @classmethod
     def ended(cls, exit_codes: dict[str, int | None], stopped_by: str | None = None,
               lines: tuple[str, ...] = ()) -> "Outcome":
-        """Every node ended by itself with 0 or 75: preempted if one said 75, else succeeded."""
+        """Every node ended by itself with 0 or 75 (:func:`ended_by_itself`): preempted if one said 75, else
+        succeeded."""
         kind = "preempted" if EXIT_PREEMPTED in exit_codes.values() else "succeeded"
         return cls(kind, dict(exit_codes), stopped_by=stopped_by, lines=lines)
+
+    @classmethod
+    def after_signal(cls, signum: int, noticed: bool, what: str, node: str, exit_codes: dict[str, int | None],
+                     lines: tuple[str, ...] = ()) -> "Outcome":
+        """A stop signal to the orchestrator, given to the ranks as a notice (GRACE: ``noticed``) or not: preempted
+        when it was and every node then ended by itself with its checkpoint (0 or 75, a 75 among them), else
+        interrupted (``what``)."""
+        if noticed and EXIT_PREEMPTED in exit_codes.values() and ended_by_itself(exit_codes):
+            return cls.ended(exit_codes, stopped_by=signal.Signals(signum).name, lines=lines)
+        return cls.interrupted(signum, what, node, exit_codes, lines)
 
     @classmethod
     def interrupted(cls, signum: int, message: str, node: str, exit_codes: dict[str, int | None],
@@ -73,3 +86,27 @@ class Outcome:
     @property
     def is_failure(self) -> bool:
         return self.kind in FAILURES
+
+
+def ended_by_itself(exit_codes: dict[str, int | None]) -> bool:
+    """Every node ended with 0 or 75 (a notice's checkpoint): the job ended by itself, not a failure."""
+    return all(code in (0, EXIT_PREEMPTED) for code in exit_codes.values())
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the run's attempt loop ended a job (:mod:`multinode.app.watch`), for the backend to make its
+    :class:`Outcome` of (its exit codes, and a scheduler's own account, are the backend's):
+
+    * ``kind`` "" -- the job ended by itself (every part ended, or the batch job did);
+    * ``kind`` "failed" | "lost" | "stalled" -- the loop stopped it for ``failure``; ``lost`` names the lost nodes;
+    * ``stopped_by`` -- a stop signal to the orchestrator (the ranks were given the notice where GRACE is set);
+      ``cancelled``: the notice did not end the job and it was stopped.
+    """
+
+    kind: str = ""
+    failure: NodeError | None = None
+    lost: tuple[str, ...] = ()
+    stopped_by: int | None = None
+    noticed: bool = False  # the signal was given to the ranks as a notice (GRACE)
+    cancelled: bool = False

@@ -58,11 +58,16 @@ class SlowRanks:
         self.lock = threading.Lock()  # every node's output thread calls observe
 
     def observe(self, node: str, line: str) -> bool:
-        """True for a step-time line (read here, kept off the console); False for any other line."""
+        """A line of ``node``'s output: True for a step-time record (read here, kept off the console)."""
         record = channel.parse(line)
-        window = channel.StepTimes.read(record.data) if record and record.kind == channel.STEPTIMES else None
+        return record is not None and self.take(node, record)
+
+    def take(self, node: str, record: channel.Record) -> bool:
+        """A record of ``node``'s output, parsed: True when it is a step-time window (the run keeps it off the
+        console); False otherwise (shown as it came)."""
+        window = channel.StepTimes.read(record.data) if record.kind == channel.STEPTIMES else None
         if window is None:
-            return False  # not a step-time record: shown as it came
+            return False
         with self.lock:
             found = self.feed(node, window.rank, window.compute_ms)
         if found is not None:

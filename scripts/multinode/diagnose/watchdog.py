@@ -11,9 +11,10 @@ Progress, polled every :func:`poll_interval` seconds:
   or CPU time spent by the main thread of any rank (one small Python program over SSH on every node,
   finding the ranks as the gang-stop does).
 
-When nothing moved for ``timeout`` seconds, :meth:`StallWatchdog.stalled` returns why; the runner then
-captures the stacks of every rank (multinode.diagnose.capture) and stops the job as a failure naming the culprit.
-A round in which a node does not answer changes nothing (a lost node is the runner's business).
+When nothing moved for ``timeout`` seconds, the watchdog puts one :class:`~multinode.core.events.Stalled` (why) on
+the attempt's events; the run's attempt loop then captures the stacks of every rank (multinode.diagnose.capture)
+and stops the job as a failure naming the culprit. A round in which a node does not answer changes nothing (a lost
+node is the loop's business).
 
 Default: :data:`DEFAULT_STALL_TIMEOUT` = 300 s -- past torch's imports, data loading and a long evaluation
 on a slow machine (those use CPU or print), well short of the collective timeouts; ``STALL_TIMEOUT=0`` turns
@@ -29,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multinode.core.config import DEFAULT_STALL_TIMEOUT
+from multinode.core.events import Events, Stalled
 from multinode.trainer import channel
 
 # argv: run id, heartbeat directory, heartbeat files' prefix. Prints "<main-thread CPU ticks of every rank> <newest heartbeat mtime or 0>".
@@ -107,19 +109,21 @@ class StallTracker:
 
 
 class StallWatchdog:
-    """Polls every node in a daemon thread while a job runs; :meth:`stalled` is cheap (the runner's loop)."""
+    """Polls every node in a daemon thread while a job runs; a stall is one event on the attempt's queue."""
 
     def __init__(self, runner, run_id: str, log_dir: Path, timeout: float, run_dirs: dict[str, str]):
         self.runner, self.run_id, self.log_dir = runner, run_id, log_dir
         self.run_dirs = run_dirs  # node -> the run's directory on that node (where heartbeats are)
         self.tracker = StallTracker(timeout, time.monotonic())
         self.interval = poll_interval(timeout)
+        self.events: Events | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="mn-stall-watchdog", daemon=True)
 
-    def start(self) -> None:
+    def start(self, events: Events) -> None:
         """Poll from now on (the job is about to start: its startup counts as time without progress only if
-        it prints nothing and uses no CPU)."""
+        it prints nothing and uses no CPU); a stall goes on ``events`` once (:class:`~multinode.core.events.Stalled`)."""
+        self.events = events
         self.tracker.since = time.monotonic()
         self._thread.start()
 
@@ -147,13 +151,19 @@ class StallWatchdog:
         return Progress(output, ticks, beat)
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            asked = time.monotonic()  # what a poll sees is as of when it asked, not when the slowest node answered
-            try:
-                progress = self._poll()
-            except Exception:  # a poll that fails is a round without answers
-                progress = None
-            self.tracker.feed(progress, asked)
+        polled = time.monotonic()
+        while not self._stop.wait(min(1.0, self.interval)):
+            if time.monotonic() - polled >= self.interval:
+                polled = time.monotonic()  # what a poll sees is as of when it asked, not when the slowest node answered
+                try:
+                    progress = self._poll()
+                except Exception:  # a poll that fails is a round without answers
+                    progress = None
+                self.tracker.feed(progress, polled)
+            why = self.stalled()
+            if why is not None:
+                self.events.put(Stalled(why))
+                return
 
 
 __all__ = ["DEFAULT_STALL_TIMEOUT", "Progress", "StallTracker", "StallWatchdog", "poll_interval"]

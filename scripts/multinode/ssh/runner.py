@@ -1,6 +1,7 @@
 """The one runner for everything that happens on nodes: short commands and files on one node or all at once, and
 the stop by run id, over the pooled connections and shells of :class:`multinode.ssh.pool.NodePool`. A job on every
-node at once is :class:`multinode.ssh.job.JobRun`'s (whole-line streaming, deadlines, gang-stop, rejoin).
+node at once is :class:`multinode.ssh.job.JobRun`'s (whole-line streaming, each part's end reported, its stop,
+its relaunch).
 
 Contract:
 
@@ -14,9 +15,8 @@ Contract:
   their coordinated checkpoint; the runtime's containers are then removed only after that wait.
 * :meth:`RemoteRunner.retarget` moves the runner to the nodes of a later attempt (a node replaced, or gone): the
   connections of the nodes that did not change are kept.
-* :meth:`RemoteRunner.vanished` asks the caller's ``gone`` question (the provider's: the machine itself is gone --
-  a deleted namespace, a terminated instance) and remembers the answer until the node is replaced: a stop, a
-  gang-stop or a capture does not wait out a dead connection to a node known to be gone.
+* Which machines are gone is not the runner's to know: the run asks the provider and leaves them out of what it
+  asks the runner to do (:mod:`multinode.app.watch`).
 """
 
 from __future__ import annotations
@@ -104,22 +104,9 @@ class RemoteRunner(NodePool):
     """Commands, files and the stop on the nodes of one inventory (see the module doc)."""
 
     def __init__(self, inventory: Inventory, out: TextIO | None = None, connect_timeout: float = 5.0,
-                 stop: StopPolicy = StopPolicy(), gone: Callable[[list[str]], dict[str, str]] | None = None):
+                 stop: StopPolicy = StopPolicy()):
         super().__init__(inventory, out=out, connect_timeout=connect_timeout)
         self.stop = stop
-        self._ask_gone = gone  # {node: why} of ``names`` whose machine is gone (module doc); None: cannot tell
-        self.gone: dict[str, str] = {}  # the nodes known to be gone, until replaced
-
-    def vanished(self, names: Iterable[str] | None = None) -> dict[str, str]:
-        """{node: why} for the nodes of ``names`` (every node) whose machine is gone, asked now and remembered;
-        {} when nothing can be asked or the question fails (every node is then treated as possibly there)."""
-        names = [n.name for n in self.inventory.nodes] if names is None else list(names)
-        if self._ask_gone is not None and names:
-            try:
-                self.gone.update(self._ask_gone(names))
-            except Exception as err:  # noqa: BLE001 -- a question to a cloud API: any failure means "cannot tell"
-                log.warning("could not ask which nodes are gone: %s", err)
-        return {name: self.gone[name] for name in names if name in self.gone}
 
     def retarget(self, inventory: Inventory) -> None:
         """The nodes of ``inventory`` from now on (a later attempt's): a node that is gone or was replaced (another
@@ -131,7 +118,6 @@ class RemoteRunner(NodePool):
         for name, node in old.items():
             if new.get(name) != node:
                 self.drop(name)
-                self.gone.pop(name, None)
 
     def say(self, message: str) -> None:
         with self.print_lock:
@@ -210,13 +196,10 @@ class RemoteRunner(NodePool):
 
     def stop_all(self, run_id: str, extra_stop: Callable[[str], str | None] | None = None,
                  names: Iterable[str] | None = None) -> dict[str, CommandResult]:
-        """Stop every process tagged with ``run_id`` on every node, or on ``names`` (and the run's containers). A
-        node gone (:meth:`vanished`, asked first) is not asked: its answer is no answer, at once."""
+        """Stop every process tagged with ``run_id`` on every node, or on ``names`` (and the run's containers); the
+        caller leaves out a node it knows is gone (the run's attempt loop knows which)."""
         names = [n.name for n in self.inventory.nodes] if names is None else list(names)
-        self.vanished(names)  # asked now: a node lost a moment ago may be gone by the time of its stop
-        gone = {name: CommandResult(name, None, error=f"gone ({self.gone[name]})") for name in names if name in self.gone}
-        commands = {name: self.stop_line(run_id, extra_stop(name) if extra_stop else None)
-                    for name in names if name not in gone}
+        commands = {name: self.stop_line(run_id, extra_stop(name) if extra_stop else None) for name in names}
 
         def stop(name: str) -> CommandResult:
             # A short channel-open timeout: a node that cannot open a channel in 3 s is unreachable.
@@ -234,7 +217,7 @@ class RemoteRunner(NodePool):
                 log.warning("%s: could not stop run %s: %s", name, run_id, res.error or res.stderr.strip())
             elif "left" in res.stdout:
                 log.warning("%s: processes of run %s survived SIGKILL: %s", name, run_id, res.stdout.strip())
-        return {**results, **gone}
+        return results
 
     def stop_line(self, run_id: str, extra: str | None = None) -> str:
         """The stop of ``run_id`` on one node, with the runtime's ``extra`` step (its containers): before the

@@ -1,9 +1,11 @@
 """The SLURM backend: the cluster's own scheduler runs the job as one batch job.
 
 The plan is an sbatch script (:mod:`multinode.backends.slurm.script`, pure; ``--dry-run`` prints it), submitted
-and followed on the login node (:mod:`multinode.backends.slurm.follow`). Everything around it is the run's, as
-over SSH: pre-flight with the software skew check, the one incremental sync, SETUP, ENV files, NPROC=auto, the
-stall watchdog, the stacks of the live ranks, the root cause and the summary.
+and followed on the login node (:mod:`multinode.backends.slurm.job`, the run's handle on it). Everything around it
+is the run's, as over SSH: pre-flight with the software skew check, the one incremental sync, SETUP, ENV files,
+NPROC=auto, and the attempt loop's decisions -- the stall watchdog, a node the provider says is gone (the batch job
+cancelled, the lost node's connections cut on the others), the stacks of the live ranks, the notice of a stop
+signal or a grow-back -- then the root cause and the summary.
 
 What cannot apply here, said in one line by the run or refused before anything starts:
 
@@ -15,31 +17,23 @@ What cannot apply here, said in one line by the run or refused before anything s
 
 from __future__ import annotations
 
-import signal
 from dataclasses import replace
 
-from multinode.backends.base import RunContext
+from multinode.backends.base import Observe, RunContext
 from multinode.backends.reach import EveryNode, LoginNodeOnly
 from multinode.backends.slurm import follow
+from multinode.backends.slurm.job import SlurmJobRun
 from multinode.backends.slurm.script import SlurmJob, pick_mpi_plugin, plan_sbatch
 from multinode.core.config import LaunchSpec
-from multinode.core.errors import EXIT_PREEMPTED, NodeError, UserError
+from multinode.core.errors import UserError
+from multinode.core.events import Events
 from multinode.core.inventory import Inventory
-from multinode.core.outcome import Outcome
 from multinode.plan.launchers import EntryPoint
 from multinode.plan.launchers.base import nproc_of
 from multinode.plan.launchers.torchrun import root_cause_rank
 
 UNCHECKED = ("the cluster is described by its login node: the software skew check, the stall watchdog and the stack "
              "capture need SSH to every node of the job and are not run")
-
-
-def preempted(outcome: follow.SlurmOutcome) -> bool:
-    """The ranks stopped on a notice: a task reported 75 and none reported anything else (a preempted task exits 0
-    for SLURM's sake, multinode.backends.slurm.grace), whatever state the scheduler gives the job (a notice by
-    ``scancel`` or a preemption may leave it CANCELLED or PREEMPTED)."""
-    codes = [code for _, code, _ in outcome.failed_nodes]
-    return not outcome.stalled and EXIT_PREEMPTED in codes and all(code == EXIT_PREEMPTED for code in codes)
 
 
 class SlurmBackend:
@@ -54,7 +48,6 @@ class SlurmBackend:
         self.reach = LoginNodeOnly(UNCHECKED) if self.shared else EveryNode()
         self.partition = inventory.extra.get("slurm_partition")
         self.recorded_plugin = inventory.extra.get("slurm_mpi")  # the PMI plugin `up` recorded (dry run: no I/O)
-        self.job_id: str | None = None  # the batch job while it runs (its notice)
 
     def nodes(self, inventory: Inventory) -> Inventory:
         return inventory if self.shared else inventory.first(self.spec.nodes)
@@ -97,53 +90,11 @@ class SlurmBackend:
     def write_files(self, ctx: RunContext, job: SlurmJob, names: list[str] | None = None) -> None:
         pass  # the batch script carries everything; it is written on the login node at submission
 
-    def run(self, ctx: RunContext, job: SlurmJob) -> Outcome:
-        """Submit, follow, and read how the batch job ended (a login node that stops answering, or a job the
-        scheduler holds, is a failure of the head's)."""
-        head = ctx.inv.head.name
-        try:
-            self.job_id = follow.submit(ctx.runner, job)
-            ended = follow.follow(ctx.runner, job, self.job_id, ctx.out, ctx.run_dir,
-                                  stalled=ctx.watchdog.stalled if ctx.watchdog else None, before_stop=ctx.before_stop,
-                                  observe=ctx.observe)
-        except NodeError as err:
-            return Outcome("failed", {n.name: None for n in ctx.inv.nodes}, failure=err, failures=(err,))
-        finally:
-            self.job_id = None
-        print(f"batch job {ended.job_id}: {ended.state}, exit code {ended.exit_code}", file=ctx.out)
-        return self._outcome(ctx, ended)
-
-    def _outcome(self, ctx: RunContext, ended: follow.SlurmOutcome) -> Outcome:
-        head, lines = ctx.inv.head.name, tuple(ended.lines)
-        failed = {node: code for node, code, _ in ended.failed_nodes}
-        exit_codes = {f"node-{i}": failed.get(f"node-{i}", 0 if ended.exit_code == 0 else None)
-                      for i in range(ctx.spec.nodes)}
-        if (ended.state == "COMPLETED" and ended.exit_code == 0 and not ended.cancelled) or preempted(ended):
-            return Outcome.ended(exit_codes, stopped_by=ended.stopped_by, lines=lines)
-        if ended.stopped_by:  # stopped by a signal (with GRACE: the notice did not end in a checkpoint)
-            how = f"cancelled with scancel (state {ended.state})" if ended.cancelled else \
-                f"ended {ended.state} after the notice"
-            return Outcome.interrupted(signal.Signals[ended.stopped_by].value,
-                                       f"{ended.stopped_by}: batch job {ended.job_id} {how}; run {ctx.spec.run_id} "
-                                       f"was stopped on every node", head, exit_codes, lines)
-        errors = tuple(NodeError(node, "srun task", code, f"exited with code {code} (batch job {ended.job_id}, "
-                                                          f"{ended.state})",
-                                 tail=ended.node_lines(node)[-20:], log_path=str(ctx.run_dir / f"{node}.log"))
-                       for node, code, _ in ended.failed_nodes)
-        if ended.stalled:
-            stall = NodeError(head, "job", None, f"{ended.stalled}; batch job {ended.job_id} was cancelled")
-            return Outcome("stalled", exit_codes, failure=stall, failures=errors or (stall,), lines=lines)
-        first = errors[0] if errors else NodeError(head, "sbatch", ended.exit_code,
-                                                   f"batch job {ended.job_id} ended {ended.state}",
-                                                   tail=list(ended.lines[-20:]))
-        return Outcome("failed", exit_codes, failure=first, failures=errors or (first,), lines=lines)
-
-    def notice(self, ctx: RunContext) -> bool:
-        job_id = self.job_id
-        if job_id is None:
-            return False
-        follow.notice(ctx.runner, job_id)
-        return True
+    def start(self, ctx: RunContext, job: SlurmJob, events: Events, observe: Observe) -> SlurmJobRun:
+        """Submit the batch job (NodeError: sbatch refused it) and follow it (:mod:`multinode.backends.slurm.job`)."""
+        job_id = follow.submit(ctx.runner, job)
+        nodes = [f"node-{i}" for i in range(ctx.spec.nodes)]
+        return SlurmJobRun(ctx.runner, job, job_id, nodes, ctx.out, ctx.run_dir, events, observe).start()
 
     def failed_rank(self, ctx: RunContext, job: SlurmJob, node: str, lines: list[str]) -> int | None:
         """The rank the node's task reported with its exit (srun --mpi), else torchrun's own report."""

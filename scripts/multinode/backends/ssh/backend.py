@@ -1,22 +1,22 @@
 """The SSH backend: the orchestrator itself runs every node's command over that node's SSH session.
 
 The plan is a launcher's (:mod:`multinode.plan.launchers`: static, torchrun, mpirun): per node, the exact argv and
-environment, wrapped by the runtime. The job runs as a :class:`multinode.ssh.job.JobRun`: lines streamed with
-``[node-i]`` prefixes and saved per node, the first failure stops every node (after the run's look at the live
-ranks), and with MAX_RESTARTS a lost node is started again and rejoins (torchrun's rendezvous takes it back;
-the head hosts it, so its loss is final). Every stop follows the runner's stop policy (GRACE); the notice is the
-job's (:meth:`multinode.ssh.job.JobRun.notice`), for a stop signal to the orchestrator and for growing back alike.
+environment, wrapped by the runtime. The job runs as a :class:`multinode.ssh.job.JobRun` -- the run's
+:class:`~multinode.backends.base.JobHandle`: lines streamed with ``[node-i]`` prefixes and saved per node, each
+node's part reporting its end; the run's attempt loop decides the rest (the first failure stops every node after
+its look at the live ranks; with MAX_RESTARTS a lost node is started again and rejoins, torchrun's rendezvous taking
+it back -- the head hosts it, so its loss is final). Every stop follows the runner's stop policy (GRACE).
 """
 
 from __future__ import annotations
 
-from multinode.backends.base import RunContext
+from multinode.backends.base import Observe, RunContext
 from multinode.backends.reach import EveryNode
 from multinode.core.config import LaunchSpec
+from multinode.core.events import Events
 from multinode.core.inventory import Inventory
-from multinode.core.outcome import Outcome
 from multinode.plan.launchers import EntryPoint, LaunchPlan, launcher_for
-from multinode.ssh.job import JobRun, Rejoin
+from multinode.ssh.job import JobRun
 
 
 class SshBackend:
@@ -26,7 +26,6 @@ class SshBackend:
         self.spec = spec
         self.launcher = launcher_for(spec)
         self.reach = EveryNode()
-        self.job: JobRun | None = None  # the job while it runs (its notice)
 
     def nodes(self, inventory: Inventory) -> Inventory:
         return inventory.first(self.spec.nodes)
@@ -65,22 +64,12 @@ class SshBackend:
                 for path, content in cmd.files.items():
                     ctx.runner.put_bytes(cmd.node, path, content.encode())
 
-    def run(self, ctx: RunContext, plan: LaunchPlan) -> Outcome:
-        spec = ctx.spec
-        rejoin = Rejoin(budget=spec.max_restarts, wait=spec.rdzv_timeout, prepare=ctx.prepare_again,
-                        exclude=(ctx.inv.head.name,)) if spec.max_restarts else None
-        self.job = JobRun(ctx.runner, {cmd.node: ctx.runtime.wrap(cmd) for cmd in plan.commands}, run_id=spec.run_id,
-                          log_dir=ctx.run_dir, deadline=spec.deadline, extra_stop=ctx.runtime.stop_line,
-                          relabel=self.launcher.relabel(plan), rejoin=rejoin, before_stop=ctx.before_stop,
-                          stalled=ctx.watchdog.stalled if ctx.watchdog else None, observe=ctx.observe)
-        try:
-            return self.job.run()
-        finally:
-            self.job = None
-
-    def notice(self, ctx: RunContext) -> bool:
-        job = self.job
-        return job is not None and job.notice()
+    def start(self, ctx: RunContext, plan: LaunchPlan, events: Events, observe: Observe) -> JobRun:
+        job = JobRun(ctx.runner, {cmd.node: ctx.runtime.wrap(cmd) for cmd in plan.commands}, run_id=ctx.spec.run_id,
+                     log_dir=ctx.run_dir, events=events, extra_stop=ctx.runtime.stop_line,
+                     relabel=self.launcher.relabel(plan), observe=observe)
+        job.start()
+        return job
 
     def failed_rank(self, ctx: RunContext, plan: LaunchPlan, node: str, lines: list[str]) -> int | None:
         return self.launcher.failed_rank(lines)
