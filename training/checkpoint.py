@@ -25,15 +25,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
 import socket
 import time
 from pathlib import Path
 
 import torch
 
-from . import channel, preempt, replica, sampler, snapshot
+from . import channel, replica, sampler, snapshot
 
 from . import upload
 
@@ -51,6 +49,23 @@ def restore(trainer) -> dict | None:
             log.info("no snapshot on any rank nor of this run in %s: a fresh start", upload.where()[0])
         return None
     state = loaded.state
+    before = apply(trainer, state)
+    done = trainer.start_consumed
+    within = f" batch {-(-done // trainer.plan.global_batch)} (consumed {done} samples)" if done else ""
+    log.info("resumed from snapshot: next epoch %d%s", trainer.start_epoch, within)
+    if before != world.world_size:
+        log.info("resized: %d ranks -> %d, the same global batch", before, world.world_size)
+    return {"epoch": trainer.start_epoch, "consumed": done, "step": trainer.step, "world_size_before": before,
+            "world_size": world.world_size, "global_batch": trainer.plan.global_batch,
+            "accum": trainer.plan.accum, "micro_batch": trainer.plan.micro_batch,
+            "snapshot_from": f"{loaded.host}:{loaded.path}" if loaded.host else loaded.path,
+            "survivor": bool(state.get("survivor"))}  # the surviving ranks' last completed step (training/survivor.py)
+
+
+def apply(trainer, state: dict) -> int:
+    """``state`` (a snapshot's, or a live peer's: :func:`state_of`) loaded into ``trainer``, its global batch over
+    this world's ranks; the world size it was taken on."""
+    t, world = trainer.t, trainer.world
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
@@ -66,16 +81,7 @@ def restore(trainer) -> dict | None:
     trainer.step = int(state.get("step", 0))
     trainer.initial_test_loss = state.get("initial_test_loss")
     trainer.best, trainer.stale = state.get("early_stopping", (float("inf"), 0))
-    done = trainer.start_consumed
-    within = f" batch {-(-done // trainer.plan.global_batch)} (consumed {done} samples)" if done else ""
-    log.info("resumed from snapshot: next epoch %d%s", trainer.start_epoch, within)
-    if before != world.world_size:
-        log.info("resized: %d ranks -> %d, the same global batch", before, world.world_size)
-    return {"epoch": trainer.start_epoch, "consumed": done, "step": trainer.step, "world_size_before": before,
-            "world_size": world.world_size, "global_batch": trainer.plan.global_batch,
-            "accum": trainer.plan.accum, "micro_batch": trainer.plan.micro_batch,
-            "snapshot_from": f"{loaded.host}:{loaded.path}" if loaded.host else loaded.path,
-            "survivor": bool(state.get("survivor"))}  # the surviving ranks' last completed step (training/survivor.py)
+    return before
 
 
 def state_of(trainer, next_epoch: int, consumed: int) -> dict:
@@ -103,13 +109,8 @@ def save(trainer, next_epoch: int, consumed: int = 0) -> replica.Copies | None:
 def _save(trainer, next_epoch: int, consumed: int) -> replica.Copies | None:
     blob = None
     if trainer.world.rank == 0:
-        crash = None
-        first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-        drill = trainer.t.crash_during_snapshot  # -1: off (and not "the snapshot of epoch 0's middle")
-        if drill >= 0 and next_epoch - 1 == drill and first_attempt:
-            crash = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731  (a drill: die mid-write)
         blob = snapshot.encode(state_of(trainer, next_epoch, consumed))
-        path = snapshot.write(trainer.t.snapshot_dir, blob, before_rename=crash)
+        path = snapshot.write(trainer.t.snapshot_dir, blob, before_rename=trainer.faults.before_rename(next_epoch))
         if trainer.uploader is not None:  # the checksum written beside it goes up with it
             digest = (path.parent / snapshot.SUM).read_text().split()[0]
             trainer.uploader.submit(blob, next_epoch * snapshot.BATCH_SPAN + consumed, digest)
@@ -147,7 +148,7 @@ def save_preempted(trainer, epoch: int, consumed: int) -> dict:
               "noticed_on": first[0][2] if first[0] else None, "noticed_at": first[0][0] if first[0] else None,
               "stopped_at": {"epoch": epoch, "batch": batch, "step": step}, "stopped_time": start,
               "checkpoint_seconds": round(time.time() - start, 3), "snapshot": {"next_epoch": epoch, "batch": batch, "consumed": consumed},
-              "copies": copies.places if copies else [], "exit_code": preempt.EXIT_PREEMPTED}
+              "copies": copies.places if copies else [], "exit_code": channel.EXIT_PREEMPTED}
     if uploaded is not None:
         last = trainer.uploader.uploaded[-1:]
         ours = last and last[0]["order"] == epoch * snapshot.BATCH_SPAN + consumed

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Mapping
 
+from . import channel, membership
+
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 # NCCL's watchdog on a failed or timed-out collective: 2 = CleanUpOnly, the communicators aborted and the error raised
 # in the training loop (torch's ErrorHandlingMode in torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp: NoHandling 0,
@@ -90,11 +92,13 @@ def my_address() -> str:
 
 @dataclass
 class World:
-    """The running job: who we are, and the MPI communicator when MPI launched us."""
+    """The running job: who we are, the MPI communicator when MPI launched us, and our place in the job's membership
+    when the run may change it while we run (:mod:`training.membership`)."""
 
     launch: Launch
     backend: str | None  # torch process-group backend; None when single
     comm: Any = None  # mpi4py COMM_WORLD under mpirun
+    member: Any = None  # training.membership.Member, with MULTINODE_MEMBERSHIP under the static launcher
 
     @property
     def rank(self) -> int:
@@ -208,6 +212,8 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
         store = mpi_rendezvous(comm, launch.rank, launch.world_size, nodes, pg_timeout)
         dist.init_process_group(backend, store=store, rank=launch.rank, world_size=launch.world_size,
                                 timeout=pg_timeout)
+    elif launch.launcher == "env" and membership.path_from_env() is not None:
+        return _with_membership(launch, backend, timeout)
     elif launch.launcher == "spawn":  # the parent hosts the store, as torchrun's agent does
         store = dist.TCPStore(launch.master_addr, launch.master_port, launch.world_size, is_master=False,
                               timeout=pg_timeout)
@@ -219,3 +225,20 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
         dist.init_process_group(backend, init_method="env://", rank=launch.rank,
                                 world_size=launch.world_size, timeout=pg_timeout)
     return World(launch, backend, comm)
+
+
+def _with_membership(launch: Launch, backend: str, timeout: float) -> World:
+    """The static launcher's ranks when the run may change the membership: the job's store hosted by rank 0 for the
+    job's life, the group of this generation under its prefix (:mod:`training.membership`). A rank of a node started
+    to join a running job takes its place from the run's file, says it is ready (``JOINING``), and waits in the
+    rendezvous."""
+    member, place = membership.first_place(launch, membership.path_from_env())
+    member.connect(launch.master_addr or "127.0.0.1", launch.master_port or 29500,
+                   rank0=place.generation == 0 and place.rank == 0, timeout=timeout)
+    if place.generation > 0:
+        launch = Launch(launch.launcher, place.rank, place.world_size, launch.local_rank, launch.master_addr,
+                        launch.master_port)
+        channel.send(channel.JOINING, {"generation": place.generation, "host": member.host, "rank": place.rank})
+    member.form(place, backend, timeout)
+    return World(launch, backend, None, member)
+

@@ -177,13 +177,28 @@ def requested() -> bool:
     return watch().requested()
 
 
+class Members:
+    """What the agreement carries for a job whose membership can change while it runs (:mod:`training.membership`):
+    this rank's place (``rank`` of ``world_size``) and the newest membership generation written on its node."""
+
+    def __init__(self, rank: int, world_size: int, newest) -> None:
+        self.rank, self.world_size, self.newest = rank, world_size, newest  # newest() -> int
+        self.generation = 0  # the generation the ranks are in
+
+
 class Agreement:
     """Every rank calls :meth:`check` (or :meth:`step`) after each optimizer step; the answer is the same on every
     rank at every step: ``"stop"`` once any rank has a notice that stops, ``"save"`` once any rank has a rebalance
-    recommendation (and none a stop), else None. ``all_reduce_max(list) -> list`` is the job's collective (MAX)."""
+    recommendation (and none a stop), else None. ``all_reduce_max(list) -> list`` is the job's collective (MAX).
 
-    def __init__(self, watcher: Watcher, all_reduce_max):
-        self.watcher, self.all_reduce_max = watcher, all_reduce_max
+    With ``members`` (a job whose membership the run may change), the same all-reduce also carries which ranks have a
+    notice and the newest membership generation any rank has seen: ``"leave"`` -- the noticed ranks (:attr:`leaving`)
+    leave and the others go on without them, unless rank 0 is among them (it hosts the job's store: then ``"stop"``
+    for all, as without members); ``"reform"`` -- the run wrote a newer generation (:attr:`generation`): every rank
+    changes to it at this step. The check is still one all-reduce, of ``2 + 1 + world size`` numbers."""
+
+    def __init__(self, watcher: Watcher, all_reduce_max, members: Members | None = None):
+        self.watcher, self.all_reduce_max, self.members = watcher, all_reduce_max, members
         self.steps = 0
         self.next_check = 1
         self._since = time.perf_counter()
@@ -191,23 +206,43 @@ class Agreement:
         self.stopped_at: int | None = None
         self.saved_at: list[int] = []  # the steps a rebalance recommendation was saved at
         self.rebalance: imds.Notice | None = None  # this rank's recommendation at the last "save", if it had one
+        self.leaving: list[int] = []  # "leave": the ranks with a notice
+        self.generation = 0  # "reform": the generation every rank changes to
+
+    def restart(self, members: Members | None) -> None:
+        """After a membership change: the same fresh count on every rank of the new world (a new rank starts so)."""
+        self.members, self.steps, self.next_check = members, 0, 1
+        self._since, self._since_steps = time.perf_counter(), 0
 
     def check(self) -> str | None:
         self.steps += 1
-        if not self.watcher.active or self.steps < self.next_check:
+        if not (self.watcher.active or self.members is not None) or self.steps < self.next_check:
             return None
         now = time.perf_counter()
         per_step = (now - self._since) / max(self.steps - self._since_steps, 1)
         stop = self.watcher.requested()
         rebalance = None if stop else self.watcher.take_rebalance()
-        flag, per_step = self.all_reduce_max([1.0 if stop else 0.5 if rebalance else 0.0, per_step])
+        values = [1.0 if stop else 0.5 if rebalance else 0.0, per_step]
+        members = self.members
+        if members is not None:
+            values += [float(members.newest())] + [1.0 if stop and r == members.rank else 0.0
+                                                    for r in range(members.world_size)]
+        reduced = self.all_reduce_max(values)
+        flag, per_step = reduced[0], reduced[1]
         self._since, self._since_steps = now, self.steps
         self.next_check = self.steps + max(1, min(MAX_CHECK_STEPS, int(CHECK_SECONDS / max(per_step, 1e-6))))
         if flag >= 1.0:
+            noticed = [r for r, f in enumerate(reduced[3:]) if f >= 1.0]
+            if members is not None and noticed and 0 not in noticed:
+                self.leaving = noticed
+                return "leave"
             self.stopped_at = self.steps
             if not self.watcher.requested():
                 self.watcher.note(imds.Notice("peer", None, None, "another rank"))
             return "stop"
+        if members is not None and reduced[2] > members.generation:
+            self.generation = int(reduced[2])
+            return "reform"
         if flag > 0:
             self.saved_at.append(self.steps)
             self.rebalance = rebalance

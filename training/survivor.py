@@ -29,7 +29,7 @@ import logging
 import re
 import socket
 
-from . import snapshot
+from . import reform, snapshot
 
 log = logging.getLogger("training")
 
@@ -69,9 +69,13 @@ def keep(trainer, epoch: int, step, state_of):
     rng, steps_before = snapshot.rng_state(), trainer.step
     try:
         yield
+    except reform.Change:
+        raise  # not a failure: the agreed change of the membership
     except Exception as err:
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size
+        if trainer.world.member is not None and lost_peer(err):  # the survivors go on in their processes
+            raise reform.lost(trainer, err, (epoch, consumed), None if completed else rng) from err
         _kept(trainer, err, lambda: state_of(trainer, epoch, consumed), None if completed else rng)
         raise
 
@@ -87,14 +91,19 @@ def keep_between(trainer, next_epoch: int, state_of):
         return
     try:
         yield
+    except reform.Change:
+        raise
     except Exception as err:
+        if trainer.world.member is not None and lost_peer(err):
+            raise reform.lost(trainer, err, (next_epoch, 0), None) from err
         _kept(trainer, err, lambda: state_of(trainer, next_epoch, 0), None)
         raise
 
 
 def _keeps(trainer) -> bool:
-    """A distributed job with a snapshot directory: the only kind with peers to lose and somewhere to write."""
-    return trainer.world.backend is not None and bool(trainer.t.snapshot_dir)
+    """A distributed job with a snapshot directory, or whose membership can change: the kinds with peers to lose
+    and somewhere to keep the last step (a file, or the memory the survivors go on with)."""
+    return trainer.world.backend is not None and (bool(trainer.t.snapshot_dir) or trainer.world.member is not None)
 
 
 def _kept(trainer, err: BaseException, state, rng: dict | None) -> None:

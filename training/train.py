@@ -147,6 +147,8 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
     """Our Trainer on ``workload``, its figures added to ``result``; 0, or the exit code of a run stopped
     early: 3 by ``--stop-after-epoch``, 75 (``preempt.EXIT_PREEMPTED``) by a notice."""
     from .checkpoint import finish_uploads
+    from .faults import Faults
+    from .membership import Left
     from .preempt import EXIT_PREEMPTED
     from .trainer import Preempted, StoppedAfterEpoch, Trainer
 
@@ -154,7 +156,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
     t = cfg.training
     log.info("%s: %s, world size %d, backend %s, %d epochs", t.workload, world.launch.launcher,
              world.world_size, world.backend or "none", t.total_epochs)
-    trainer = Trainer(cfg, world, workload, device, plane)  # logs the global batch (a resume keeps its own)
+    trainer = Trainer(cfg, world, workload, device, plane, Faults.of(t))  # logs the global batch (a resume keeps its own)
     result.update(epochs=t.total_epochs, seed=t.seed, batch_size=t.batch_size,
                   global_batch=trainer.plan.global_batch, accum=trainer.plan.accum)
     result["data_plane"] = data_plane_name(trainer, world)
@@ -165,6 +167,9 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
         return 3
     except Preempted as stop:
         log.warning("%s: exit %d (preempted, not failed)", stop, EXIT_PREEMPTED)
+        return EXIT_PREEMPTED
+    except Left as gone:  # the job goes on without this node (a notice): nothing to keep, the others hold it all
+        log.warning("%s: exit %d (preempted, not failed)", gone, EXIT_PREEMPTED)
         return EXIT_PREEMPTED
     finally:
         result.update(finish_uploads(trainer))

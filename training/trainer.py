@@ -21,15 +21,19 @@
   snapshot is written and replicated (Preempted, exit 75); a resume continues at that sample: on the same
   world size bitwise, on another one with the same global batch; a rebalance recommendation: the same snapshot
   at the same step on every rank, and training goes on;
-* ``metrics.jsonl``, ``samples.jsonl``, the heartbeat -- :mod:`training.runlog`; the ledger's -- :mod:`training.marks`.
+* ``metrics.jsonl``, ``samples.jsonl``, the heartbeat -- :mod:`training.runlog`; the ledger's -- :mod:`training.marks`;
+  what rides along with every step (the sample log, a drill's pace, the step times, the heartbeat and marks, the
+  notice agreement) -- the listeners of :mod:`training.steps`;
+* a job whose membership the run may change (``MULTINODE_MEMBERSHIP``, :mod:`training.membership`): a lost peer or
+  a noticed node's departure is a pause, not an end -- the surviving ranks keep their processes and the last
+  completed step in memory, form the run's new world, and the epoch goes on re-sharded at the same global batch
+  (:mod:`training.reform`); a new node's ranks join the running world and take their state from a live peer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -40,10 +44,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from . import channel, checkpoint, marks, preempt, replica, sampler, survivor, upload
+from . import (channel, checkpoint, epoch_end, marks, membership, preempt, reform, replica, sampler, steps, survivor,
+               upload)
 from .ddp_comm import CommTimer, settle_buckets
 from .config import Config
 from .dist_env import World
+from .epoch_end import StoppedAfterEpoch  # noqa: F401 -- train.py's, with the trainer's other endings
+from .faults import Faults
 from .mpi_plane import MpiGradients
 from .runlog import RunLog
 from .steptimes import StepTimes
@@ -51,10 +58,6 @@ from .workloads import Workload
 
 
 log = logging.getLogger("training")
-
-
-class StoppedAfterEpoch(Exception):
-    """``--stop-after-epoch k``: every rank stops right after epoch k (and its snapshot) on purpose."""
 
 
 class Preempted(Exception):
@@ -66,10 +69,11 @@ class Preempted(Exception):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, world: World, workload: Workload, device: torch.device, data_plane: str):
+    def __init__(self, cfg: Config, world: World, workload: Workload, device: torch.device, data_plane: str,
+                 faults: Faults | None = None):
         self.cfg, self.t = cfg, cfg.training
         self.world, self.workload, self.device = world, workload, device
-        self.data_plane = data_plane
+        self.data_plane, self.faults = data_plane, faults or Faults()
         self.model = workload.model.to(device)
         lr = self.t.lr or workload.lr
         # CPU: the fused kernels update every parameter in one pass (~1.5 ms less per step on 5 M parameters
@@ -93,33 +97,58 @@ class Trainer:
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (every rank); kept in snapshots
         self.uploader = upload.Uploader.from_env() if world.rank == 0 else None  # CHECKPOINT_URL: rank 0 uploads
-        self.gather, self.broadcast = world.gather, world.broadcast  # the job's object collectives
-        resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
+        joining = world.member is not None and world.member.generation > 0
+        if joining:  # a new node's rank in a running job: its state from a live peer (training/membership.py)
+            self.start_epoch, self.start_consumed = membership.synchronize(self, None)
+        else:
+            resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
+            if resumed is not None and world.rank == 0:
+                channel.send(channel.RESUMED, resumed)
         log.info("%s", self.plan.describe())
-        if resumed is not None and world.rank == 0:
-            channel.send(channel.RESUMED, resumed)
         if data_plane == "mpi":
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()
-            self.net: nn.Module = self.model
-        elif world.backend is not None:
-            ids = [device.index] if device.type == "cuda" else None
-            self.net = DDP(self.model, device_ids=ids, find_unused_parameters=self.t.find_unused_parameters)
-            self.net.register_comm_hook(dist.group.WORLD, self.timer.hook)
-            settle_buckets(self.net, workload.train, device)  # the same bucket layout fresh or resumed
-        else:
-            self.net = self.model
-        self.val_loader = self._loader(workload.val)
-        self.test_loader = self._loader(workload.test)
         self.runlog = RunLog(self.t.metrics_dir, world.rank, self.t.log_samples)
-        self.steptimes = StepTimes(world.rank)  # every rank: the orchestrator compares them while the job trains
-        self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
+        self.join_world()
         self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
         device_for_sum = device if world.backend == "nccl" else None
-        self.agreement = preempt.Agreement(self.watcher, preempt.torch_all_reduce_max(device_for_sum))
+        self.agreement = preempt.Agreement(self.watcher, preempt.torch_all_reduce_max(device_for_sum),
+                                           reform.members(self.world))
         self.marks = marks.Marks(world.rank == 0)  # the ledger's steps and checkpoint stalls (training/marks.py)
+        self.listeners = steps.listeners()
+        if world.member is not None and not joining and world.rank == 0:
+            channel.send(channel.WORLD, {"generation": 0, "step": self.step, "world_size": world.world_size,
+                                         "before": world.world_size, "seconds": 0.0})  # the job takes changes
 
     # --- plumbing -----------------------------------------------------------------------
+
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order (the job's object collective)."""
+        return self.world.gather(obj)
+
+    def broadcast(self, obj, src: int = 0):
+        return self.world.broadcast(obj, src)
+
+    def join_world(self) -> None:
+        """What depends on the world the ranks are in: the batch plan (the same global batch over these ranks), the
+        gradient average (DDP on this world's group), the evaluation shards, the snapshot's second host, the step
+        times' rank. At the start, and again in every new world (every rank of it, at the same point)."""
+        world = self.world
+        self.plan = sampler.BatchPlan(self.plan.global_batch, world.world_size, self.t.batch_size)
+        if self.mpi is not None:
+            self.net: nn.Module = self.model
+        elif world.backend is not None:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.net = DDP(self.model, device_ids=ids, find_unused_parameters=self.t.find_unused_parameters)
+            self.net.register_comm_hook(dist.group.WORLD, self.timer.hook)
+            settle_buckets(self.net, self.workload.train, self.device)  # the same bucket layout fresh or resumed
+        else:
+            self.net = self.model
+        self.val_loader = self._loader(self.workload.val)
+        self.test_loader = self._loader(self.workload.test)
+        self.runlog.rank = world.rank
+        self.steptimes = StepTimes(world.rank)  # every rank: the orchestrator compares them while the job trains
+        self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
 
     def _loader(self, dataset) -> DataLoader:
         """Evaluation: a strided shard per rank, without padding, so every sample is counted exactly once.
@@ -129,7 +158,7 @@ class Trainer:
 
     # --- training ---------------------------------------------------------------------
 
-    def _autocast(self):
+    def autocast(self):
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
@@ -142,7 +171,7 @@ class Trainer:
         loss, so this rank takes part in the gradient average."""
         sync_ctx = self.net.no_sync() if isinstance(self.net, DDP) and not boundary else contextlib.nullcontext()
         with sync_ctx:
-            with self._autocast():
+            with self.autocast():
                 out = self.net(x)
                 mean = self.workload.loss(out, y) if len(x) else out.float().sum() * 0.0
                 loss = mean / divisor
@@ -165,122 +194,88 @@ class Trainer:
             total += self._run_batch(x.to(self.device), y.to(self.device), divisor, boundary=k == last)
         return total
 
-    def _steps(self, epoch: int):
-        """This rank's steps of ``epoch`` (from the snapshot's sample on, in the epoch a resume starts in)."""
-        consumed = self.start_consumed if epoch == self.start_epoch else 0
-        order = sampler.epoch_order(len(self.workload.train), self.t.seed, epoch)
-        steps = sampler.steps(order, self.plan, self.world.rank, consumed)
-        # mpirun gives every rank a pty, so isatty() says nothing there: no bar under MPI.
-        if self.world.rank == 0 and sys.stdout.isatty() and self.world.launch.launcher != "mpirun":
-            from tqdm import tqdm
-
-            left = sampler.steps_left(len(order), self.plan, consumed)
-            steps = tqdm(steps, desc=f"epoch {epoch}", leave=False, total=left)
-        return steps
-
-    def _after_step(self, epoch: int, step: sampler.Step, ids: list | None) -> None:
-        """The step's sample log (``ids``: every rank's, gathered before the step) and heartbeat; a notice agreed
-        on by every rank ends the run here."""
+    def _one_step(self, epoch: int, step: sampler.Step, stats: steps.EpochStats) -> None:
+        """One optimizer step with its listeners (:mod:`training.steps`); a notice agreed on by every rank ends the
+        run (or, where the membership can change, lets the noticed node go) here."""
+        for listener in self.listeners:
+            listener.before(self, epoch, step)
+        stats.loss_sum += self._run_step(step)
         self.step += 1
-        if ids is not None:
-            self.runlog.step_samples(epoch, self.step, ids)
-        self.runlog.heartbeat(self.step)
-        self.marks.step(self.step)
-        decision = self.agreement.check()  # the same on every rank
+        decisions = [listener.after(self, epoch, step, stats) for listener in self.listeners]
+        decision = decisions[-1]
         if decision == "stop":
             raise Preempted(checkpoint.save_preempted(self, epoch, step.consumed))
         if decision == "save":  # a rebalance recommendation: one coordinated checkpoint, and the job goes on
             checkpoint.save_rebalance(self, epoch, step.consumed)
+        if decision in ("leave", "reform"):
+            raise reform.Change(decision, (epoch, step.consumed), time.time())
 
-    def _comm_seconds(self) -> float:
+    def _change(self, change: reform.Change) -> None:
+        """The membership changes (:mod:`training.reform`); when the run's new membership does not come, the
+        survivor snapshot of the last completed step is written and the rank fails: the restart path takes over."""
+        try:
+            reform.change(self, change)
+        except membership.NoNewMembership as err:
+            if self.t.snapshot_dir and self.world.local_rank == 0:
+                survivor.save(self, checkpoint.state_of(self, *change.position), None,
+                              RuntimeError(change.error or str(err)))
+            raise RuntimeError(f"{err}: the restart path takes over") from err
+
+    def comm_seconds(self) -> float:
         """Seconds spent averaging gradients so far (the DDP buckets' all-reduce, or the MPI data plane's)."""
         return self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
 
     def _run_epoch(self, epoch: int) -> dict:
-        self.net.train()
-        comm_before = self._comm_seconds()
-        total_loss, samples, step_times = 0.0, 0, []
-        start = step_start = time.perf_counter()
-        for step in self._steps(epoch):
-            with survivor.keep(self, epoch, step, checkpoint.state_of):  # a lost peer: the last step kept
-                # The sample log's ids are gathered before the update, not after it: a peer lost once the update is
-                # done (survivor.keep then keeps this step) must not leave the step out of the log.
-                ids = self.gather(step.ids) if self.t.log_samples else None
-                total_loss += self._run_step(step)
-                time.sleep(max(0.0, self.t.min_step_seconds - (time.perf_counter() - step_start)))  # a drill's pace
-                samples += len(step.ids)
-                now = time.perf_counter()
-                step_times.append(now - step_start)
-                self.steptimes.add(now - step_start, self._comm_seconds())
-                step_start = now
-                self._after_step(epoch, step, ids)
-        elapsed = max(time.perf_counter() - start, 1e-9)
+        """The epoch's steps; a change of the job's membership in the middle goes on with the rest of the epoch in
+        the new world (the steps re-sharded from the agreed sample on)."""
+        comm_before = self.comm_seconds()
+        stats = steps.EpochStats()
+        while True:
+            self.net.train()
+            try:
+                for step in steps.of_epoch(self, epoch):
+                    with survivor.keep(self, epoch, step, checkpoint.state_of):  # a lost peer: the last step kept
+                        self._one_step(epoch, step, stats)
+                break
+            except reform.Change as change:
+                self._change(change)
+                if self.start_epoch != epoch:  # the change agreed on the epoch's end: it is done
+                    break
+        elapsed = max(time.perf_counter() - stats.started, 1e-9)
         self.scheduler.step()
-        comm = self._comm_seconds() - comm_before
-        step_times.sort()
-        steps = len(step_times)
-        return {"loss_sum": total_loss, "samples": samples, "elapsed": elapsed, "steps": steps,
-                "step_time_s": round(step_times[steps // 2], 5) if step_times else None,
-                "comm_time_s": round(comm / max(steps, 1), 5), "epoch_time_s": round(elapsed, 3)}
+        comm = self.comm_seconds() - comm_before
+        step_times = sorted(stats.step_times)
+        count = len(step_times)
+        return {"loss_sum": stats.loss_sum, "samples": stats.samples, "elapsed": elapsed, "steps": count,
+                "step_time_s": round(step_times[count // 2], 5) if step_times else None,
+                "comm_time_s": round(comm / max(count, 1), 5), "epoch_time_s": round(elapsed, 3)}
 
     def _end_epoch(self, epoch: int, local: dict) -> bool:
-        """After ``epoch``'s last step: validation, the epoch's record, the periodic snapshot, the early-stopping
-        vote; whether to stop. The validation loader draws its seed before the first collective (survivor.py)."""
-        val = self.evaluate(self.val_loader)
-        loss_sum, n = self.world.all_sum([local.pop("loss_sum"), local.pop("samples")], self.device)
-        self.runlog.epoch({"epoch": epoch, "step": self.step, "loss": loss_sum / n if n else float("nan"),
-                           "samples_per_s": round(n / local.pop("elapsed"), 1), **local, "val_loss": val["loss"],
-                           "val_accuracy": val.get("accuracy"), "step_time_by_rank": self.gather(local["step_time_s"])},
-                          self.t.total_epochs)
-        stop = None
-        if self.t.patience:  # on every rank (the same summed loss): a survivor's snapshot on any rank carries it
-            self.stale = 0 if val["loss"] < self.best else self.stale + 1
-            self.best = min(self.best, val["loss"])
-            stop = self.stale >= self.t.patience
-        saved = (epoch + 1) % self.t.save_every == 0 or epoch + 1 == self.t.total_epochs
-        if saved:
-            checkpoint.save(self, epoch + 1)
-        if epoch == self.t.crash_after_epoch and self.world.rank == self.world.world_size - 1:
-            os.kill(os.getpid(), signal.SIGKILL)  # testing: die like a lost node, right after the snapshot
-        asked = epoch == self.t.stop_after_epoch  # the same on every rank: no vote
-        stop = asked or bool(self.broadcast(stop))
-        if stop and not saved:
-            checkpoint.save(self, epoch + 1)  # whatever save_every says: the run resumes from here
-        if asked:
-            raise StoppedAfterEpoch(f"stopped after epoch {epoch + 1} as asked (--stop-after-epoch {epoch})")
-        if stop:
-            log.info("early stopping after epoch %d: no val-loss improvement for %d epochs", epoch + 1, self.stale)
-        return stop
+        """After ``epoch``'s last step: validation, the record, the snapshot, the vote (:mod:`training.epoch_end`)."""
+        return epoch_end.end_epoch(self, epoch, local)
 
-    @torch.no_grad()
     def evaluate(self, loader: DataLoader) -> dict:
-        self.net.eval()
-        loss_sum, correct, n = 0.0, 0.0, 0.0
-        for x, y in loader:
-            x, y = x.to(self.device), y.to(self.device)
-            with self._autocast():
-                out = self.model(x)
-            loss_sum += self.workload.loss(out.float(), y).item() * len(x)
-            if self.workload.classification:
-                correct += (out.argmax(1) == y).sum().item()
-            n += len(x)
-            self.runlog.heartbeat(self.step)
-        loss_sum, correct, n = self.world.all_sum([loss_sum, correct, n], self.device)
-        result = {"loss": loss_sum / n}
-        if self.workload.classification:
-            result["accuracy"] = correct / n
-        return result
+        """Loss (and accuracy) over ``loader``'s shards, summed across the ranks."""
+        return epoch_end.evaluate(self, loader)
 
     def train(self) -> dict:
         epochs_run = 0
         if self.initial_test_loss is None:  # for loss_reduction (regression); a resumed run keeps the original
             self.initial_test_loss = self.evaluate(self.test_loader)["loss"]
-        for epoch in range(self.start_epoch, self.t.total_epochs):
+        epoch = self.start_epoch
+        while epoch < self.t.total_epochs:
             epochs_run += 1
             local = self._run_epoch(epoch)
-            with survivor.keep_between(self, epoch + 1, checkpoint.state_of):  # a lost peer: the whole epoch kept
-                if self._end_epoch(epoch, local):
-                    break
+            if self.start_epoch > epoch:  # a change at the epoch's end already moved past it
+                epoch = self.start_epoch
+                continue
+            try:
+                with survivor.keep_between(self, epoch + 1, checkpoint.state_of):  # a lost peer: the epoch kept
+                    if self._end_epoch(epoch, local):
+                        break
+            except reform.Change as change:
+                self._change(change)
+            epoch += 1
         self.marks.done()
         test = self.evaluate(self.test_loader)
         result = {"epochs_run": epochs_run, "test_loss": test["loss"]}

@@ -1,0 +1,90 @@
+"""A change of the job's membership, as the ranks live it: pause, leave the old group, form the run's new world, agree
+on where they are, go on -- without a new process (:mod:`training.membership` has the contract with the run).
+
+Three ways into a change, each a :class:`Change` raised out of the step that met it:
+
+* ``"lost"`` -- a collective failed because a peer is gone (:func:`training.survivor.keep`): the last completed step
+  is what this rank holds (a step the failure interrupted changed no weight -- DDP averages inside ``backward`` --
+  and its RNG draws are put back, its partial gradients dropped);
+* ``"leave"`` -- the ranks agreed that the nodes with a notice leave (:class:`training.notice.Agreement`): those
+  ranks exit 75 at once (no checkpoint: the others hold everything), the others go on;
+* ``"reform"`` -- the ranks agreed that the run wrote a newer generation (a node joins): every rank changes at the
+  same step.
+
+Then every surviving rank: one ``KEPT`` record per node (the run's timeline: the pause began), the old group given
+up, the run's membership waited for (at most ``MULTINODE_REFORM_TIMEOUT`` s, 60 by default: without it the trainer
+writes the survivor snapshot and fails, and the run restarts every process from it -- the fallback), the new group
+formed, :func:`training.membership.synchronize` (the freshest state to whoever lacks it), the world's parts made
+again (:meth:`training.trainer.Trainer.join_world`), and rank 0 sends ``WORLD``: the generation, the step, the
+world sizes before and after, who joined or left, and the seconds from the pause to this point.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+from . import channel, membership, notice, snapshot
+from .dist_env import Launch, World
+
+log = logging.getLogger("training")
+
+
+class Change(Exception):
+    """The job's membership changes here (module doc): why, and where this rank is -- (epoch, samples of it
+    trained) after its last completed step -- since when it has paused, and for ``"lost"``, the RNG states to put
+    back (the interrupted step's draws) and the error."""
+
+    def __init__(self, why: str, position: tuple[int, int], began: float, rng: dict | None = None, error: str = ""):
+        super().__init__(f"membership change ({why}) at epoch {position[0]}, {position[1]} samples in")
+        self.why, self.position, self.began, self.rng, self.error = why, position, began, rng, error
+
+
+def members(world: World) -> notice.Members | None:
+    """What the notice agreement carries of the membership (None where it cannot change)."""
+    member = world.member
+    if member is None:
+        return None
+    members = notice.Members(world.rank, world.world_size, member.newest)
+    members.generation = member.generation
+    return members
+
+
+def change(trainer, what: Change) -> None:
+    """Pause, leave, form the new world, agree, go on (module doc); Left when this rank is not in it."""
+    world, member = trainer.world, trainer.world.member
+    before, step_before = world.world_size, trainer.step
+    if what.why == "lost":
+        if what.rng is not None:
+            snapshot.set_rng_state(what.rng)
+        trainer.optimizer.zero_grad(set_to_none=True)
+    elif what.why == "leave" and world.rank in trainer.agreement.leaving:
+        raise membership.Left(f"{member.host} has a notice: its ranks leave the job at step {trainer.step}")
+    if world.local_rank == 0:
+        channel.send(channel.KEPT, {"rank": world.rank, "host": member.host, "step": trainer.step,
+                                    "epoch": what.position[0], "consumed": what.position[1], "in_memory": True,
+                                    "error": what.error[:300]})
+    member.leave_group()
+    written = member.wait(member.generation, membership.reform_timeout())  # NoNewMembership: the fallback's
+    place = member.place_in(written)  # Left: this node is not in the new world
+    member.form(place, world.backend, trainer.cfg.distributed.timeout)
+    trainer.world = World(Launch(world.launch.launcher, place.rank, place.world_size, world.local_rank,
+                                 world.launch.master_addr, world.launch.master_port), world.backend, None, member)
+    trainer.start_epoch, trainer.start_consumed = membership.synchronize(trainer, what.position)
+    if trainer.world.rank == 0 and trainer.step > step_before:
+        trainer.listeners[0].flush(trainer, what.position[0])  # the adopted step's ids, gathered before it
+    trainer.join_world()
+    trainer.agreement.restart(members(trainer.world))
+    seconds = round(time.time() - what.began, 3)
+    log.info("membership generation %d: %d -> %d ranks at step %d, %.2f s after the pause (%s)", place.generation,
+             before, place.world_size, trainer.step, seconds, what.why)
+    if trainer.world.rank == 0:
+        channel.send(channel.WORLD, {"generation": place.generation, "step": trainer.step,
+                                     "world_size": place.world_size, "before": before, "seconds": seconds,
+                                     "joined": list(written.joining), "why": what.why})
+
+
+def lost(trainer, err: BaseException, position: tuple[int, int], rng: dict | None) -> Change:
+    """A lost peer in a job whose membership can change: the change to make (``survivor.keep`` raises it)."""
+    return Change("lost", position, time.time(), rng, f"{socket.gethostname()}: {str(err).splitlines()[0][:200]}")
