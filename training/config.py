@@ -53,6 +53,7 @@ class TrainConfig:
     seed: int = 0
     grad_accum: int = 1
     amp: str = "off"  # GPU only; auto: bf16 where the GPU supports it, else fp16 with a GradScaler
+    deterministic: bool = False  # deterministic algorithms where torch has them (train.make_deterministic)
     find_unused_parameters: bool = False
     patience: int = 0  # early stopping after this many epochs without val-loss improvement; 0 = off
     device: str = "auto"
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-accum", type=int, help="micro-batches per optimizer step")
     p.add_argument("--amp", nargs="?", const="auto", help=f"one of {', '.join(AMP)} (GPU only; bare --amp = auto)")
     p.add_argument("--find-unused-parameters", action="store_const", const=True)
+    p.add_argument("--deterministic", action="store_const", const=True,
+                   help="deterministic algorithms (cuDNN, cuBLAS; an op without one warns), for a bitwise rerun or resume")
     p.add_argument("--patience", type=int, help="early stopping patience in epochs (0 = off)")
     p.add_argument("--device", help=f"one of {', '.join(DEVICES)}")
     p.add_argument("--snapshot-dir")

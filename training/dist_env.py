@@ -36,6 +36,21 @@ MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS
 # 0 and 2), where the process would otherwise be torn down before the surviving ranks could keep their state.
 # A value the user set is kept.
 NCCL_ERROR_HANDLING = "2"
+# Before it aborts the communicators and raises, the watchdog sleeps four times TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC
+# (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp, Watchdog::runLoop: ``sleep_for(getDumpTimeout() * 4)``, "to let
+# all ranks ... dump" the flight recorder; HeartbeatMonitor: ``getCvarInt(TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC, 15 *
+# 1000)``): a minute by default, after the process-group timeout, during which the survivors of a lost peer keep
+# nothing and a recovery's grace (PG_TIMEOUT + 15 s, docs/recovery.md) runs out. Measured on an H200 with torch 2.11
+# (docs/gpu.md, bench/gpu/timeout.py; a 5 s timeout, the collective's stream held 15 s): the error reached Python 65.8 s
+# after the hold began with torch's default, 15.1 s (when the hold ended) with 1000 ms: 4 s. A user's value is kept.
+NCCL_DUMP_WAIT_MS = "1000"
+
+
+def nccl_environment(environ=os.environ) -> dict[str, str]:
+    """Set NCCL's error handling as the trainer wants it (a value already set is kept); the values in effect."""
+    environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
+    environ.setdefault("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", NCCL_DUMP_WAIT_MS)
+    return {k: environ[k] for k in ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC")}
 
 
 @dataclass(frozen=True)
@@ -205,7 +220,7 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
         return World(launch, None, comm)
     pg_timeout = timedelta(seconds=timeout)
     if backend == "nccl":  # a lost peer raises in the loop, for the survivors' snapshot (training/survivor.py)
-        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", NCCL_ERROR_HANDLING)
+        nccl_environment(os.environ)
     if comm is not None and backend == "mpi":
         dist.init_process_group("mpi", timeout=pg_timeout)
     elif comm is not None:

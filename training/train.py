@@ -7,13 +7,15 @@
 
 Positional ``total_epochs save_every`` and ``--batch-size`` (per rank) as in the seed scripts;
 ``--help`` lists the rest (--workload, --config, --snapshot-dir, --metrics-dir, --timeout, --device,
---backend, --data-plane, --lr, --seed, --grad-accum, --amp, --patience, --stop-after-epoch, --log-samples ...).
+--backend, --data-plane, --lr, --seed, --grad-accum, --amp, --deterministic, --patience, --stop-after-epoch,
+--log-samples ...).
 The global batch is ``--batch-size x --grad-accum x world size`` on a fresh start; a resume keeps its
 snapshot's, on any world size (rank 0 logs ``global batch G = W ranks x S samples (A micro-batches of up to
 M)`` and prints ``RESUMED {json}``, see ``training/checkpoint.py``).
 
 Rank 0 ends with ``RESULT {json}`` (what the orchestrator's summary reads: workload, launcher,
-world_size, backend, data_plane, test_accuracy | loss_reduction | collective_ok, ...).
+world_size, backend, data_plane, amp, test_accuracy | loss_reduction | collective_ok, ...; a job of several ranks
+adds ``weights_sha256``, rank 0's final weights, and ``ranks_weights_equal``: whether every rank holds the same).
 Exit codes: 0 done; 1 failed (or hello's collective was wrong); 2 bad input, one line on stderr,
 before any process group exists; 3 stopped on purpose by --stop-after-epoch; 75 preempted: a spot notice
 (or SIGTERM with MULTINODE_GRACE) stopped every rank at the same step after one snapshot (rank 0 prints
@@ -58,6 +60,31 @@ import torch.distributed as dist  # noqa: E402
 
 from . import channel, dist_env  # noqa: E402
 from .config import Config, ConfigError, load  # noqa: E402
+
+
+def make_deterministic() -> None:
+    """``--deterministic``: deterministic algorithms, cuDNN's autotuner off, and cuBLAS's workspace fixed, as
+    PyTorch's reproducibility notes say (docs/source/notes/randomness.rst: ``torch.use_deterministic_algorithms``,
+    ``torch.backends.cudnn.benchmark = False`` and, on CUDA 10.2 or later, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``;
+    pytorch PR 161749 dropped torch's check that the variable is set, the value still fixes cuBLAS's workspace),
+    set before the first cuBLAS call (a user's value is kept). ``warn_only``: an op that has no deterministic
+    implementation warns, naming itself ("... does not have a deterministic implementation"), instead of stopping
+    the run (``torch.use_deterministic_algorithms``' docstring lists ``NLLLoss`` on CUDA among them, and our
+    classifiers' cross-entropy is one): whether such a run is bitwise is for a rerun to show (docs/gpu.md)."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+
+
+def weights_digest(model: torch.nn.Module) -> str:
+    """sha256 of a model's state (every tensor's bytes, in the state dict's order), whatever its dtypes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
 
 
 def seed_everything(seed: int) -> None:
@@ -160,8 +187,12 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
     result.update(epochs=t.total_epochs, seed=t.seed, batch_size=t.batch_size,
                   global_batch=trainer.plan.global_batch, accum=trainer.plan.accum)
     result["data_plane"] = data_plane_name(trainer, world)
+    result["amp"] = str(trainer.amp_dtype).removeprefix("torch.") if trainer.amp_dtype else "off"
     try:
         result.update(trainer.train())
+        if world.backend is not None:  # every rank: the job's gather
+            digests = world.gather(weights_digest(trainer.model))
+            result.update(weights_sha256=digests[0], ranks_weights_equal=len(set(digests)) == 1)
     except StoppedAfterEpoch as stop:
         log.warning("%s", stop)
         return 3
@@ -194,6 +225,8 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
     try:
         cfg = load(argv)
         _check_grace()
+        if cfg.training.deterministic:
+            make_deterministic()
         spawned = launch is not None
         launch = launch or dist_env.detect(os.environ)
         if cfg.distributed.spawn and not spawned:
