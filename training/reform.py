@@ -61,7 +61,7 @@ def change(trainer, what: Change) -> None:
         trainer.optimizer.zero_grad(set_to_none=True)
     elif what.why == "leave" and world.rank in trainer.agreement.leaving:
         raise membership.Left(f"{member.host} has a notice: its ranks leave the job at step {trainer.step}")
-    if world.local_rank == 0:
+    if world.local_rank == 0 and what.why != "reform":  # the survivors of a departure say so: the run learns who
         channel.send(channel.KEPT, {"rank": world.rank, "host": member.host, "step": trainer.step,
                                     "epoch": what.position[0], "consumed": what.position[1], "in_memory": True,
                                     "error": what.error[:300]})

@@ -191,7 +191,7 @@ def run_workload(cfg: Config, world: dist_env.World, workload, device: torch.dev
     try:
         result.update(trainer.train())
         if world.backend is not None:  # every rank: the job's gather
-            digests = world.gather(weights_digest(trainer.model))
+            digests = trainer.world.gather(weights_digest(trainer.model))  # the world it ended in
             result.update(weights_sha256=digests[0], ranks_weights_equal=len(set(digests)) == 1)
     except StoppedAfterEpoch as stop:
         log.warning("%s", stop)

@@ -9,7 +9,7 @@ import json
 import time
 
 from multinode.app import notices
-from multinode.app.recover import snapshot_kind
+from multinode.app.timeline import snapshot_kind
 
 T0 = calendar.timegm(time.strptime("2026-11-25T10:00:00Z", "%Y-%m-%dT%H:%M:%SZ"))
 

@@ -260,7 +260,7 @@ def test_a_job_the_grow_back_notice_failed_goes_on_on_the_whole_cluster(tmp_path
 def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
     """A healthy node too busy to answer the first probe must not be replaced (that wipes its snapshots); a node
     that answers neither is lost. Only the attempt's suspects are asked; one the provider says is gone is not."""
-    import multinode.app.recover as recover
+    import multinode.app.watchers as recover
 
     probes = []
 
@@ -272,10 +272,10 @@ def test_a_node_that_misses_one_ssh_probe_is_not_lost(tmp_path, monkeypatch):
     monkeypatch.setattr(recover, "probe_ssh", probe)
     rec = _recovery(tmp_path, Provider())
     ctx = SimpleNamespace(inv=rec.cluster)
-    assert rec.confirm_lost(ctx, ["node-1", "node-2"], {}) == {"node-2": "timed out"}
+    assert recover.confirm_lost(ctx, ["node-1", "node-2"], {}) == {"node-2": "timed out"}
     assert probes == [(["node-1", "node-2"], recover.PROBE_SECONDS[0]),
                       (["node-1", "node-2"], recover.PROBE_SECONDS[1])]
     probes.clear()
-    assert rec.confirm_lost(ctx, ["node-1", "node-2"], {"node-2": "its machine is gone"}) == \
+    assert recover.confirm_lost(ctx, ["node-1", "node-2"], {"node-2": "its machine is gone"}) == \
         {"node-2": "its machine is gone"}
     assert probes == [(["node-1"], recover.PROBE_SECONDS[0]), (["node-1"], recover.PROBE_SECONDS[1])]

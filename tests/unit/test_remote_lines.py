@@ -53,7 +53,7 @@ def test_preflight_round_output_splits_into_the_checks_and_each_read():
 
 
 def test_only_a_lost_or_killed_non_head_node_with_budget_left_rejoins():
-    from multinode.app.watch import Rejoin
+    from multinode.app.watchers import Rejoin
     from multinode.core.events import NodeEnded
 
     policy = Rejoin(budget=1, wait=5, prepare=lambda name: None, exclude=("node-0",))

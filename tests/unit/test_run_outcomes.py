@@ -11,7 +11,7 @@ import threading
 import pytest
 from attempt_fakes import Sessions, loop
 
-from multinode.app import watch
+from multinode.app import watchers as watch
 from multinode.core.config import LaunchSpec
 from multinode.core.errors import EXIT_PREEMPTED, NodeError
 from multinode.core.events import Stalled

@@ -1,4 +1,4 @@
-"""The provider's word that a node's machine is gone, in the run's attempt loop (multinode.app.watch.GoneWatch): asked
+"""The provider's word that a node's machine is gone, in the run's attempt loop (multinode.app.watchers.GoneWatch): asked
 every GONE_POLL seconds for the job's nodes not yet known gone, each gone node said once; a question that fails is
 "cannot tell". The runner itself knows nothing of it: a stop goes to the nodes it is given."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from conftest import make_inventory
 
-from multinode.app import watch
+from multinode.app import watchers as watch
 from multinode.core.events import Events, NodeGone
 from multinode.ssh.runner import RemoteRunner
 

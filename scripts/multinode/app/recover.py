@@ -42,9 +42,8 @@ from multinode.app import notices
 from multinode.app.decide import Decision, Ended, History, decide
 from multinode.app.growback import GrowBack
 from multinode.app.replacements import Replacements, wait_seconds
-from multinode.app.timeline import Timeline, checkpoint_time
+from multinode.app.timeline import Timeline, checkpoint_time, snapshot_kind
 from multinode.backends.base import RunContext
-from multinode.checks.preflight import probe_ssh
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory
 from multinode.core.nodepaths import run_dir as node_run_dir
@@ -56,10 +55,6 @@ from multinode.providers import get_provider
 from multinode.trainer import channel
 
 DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
-# A node is lost when it answers neither SSH probe: the first short, the second for a node merely busy (with the
-# host's load average near 14 on 2 cores, node-0 and node-1 missed a 5 s probe right after a coordinated
-# checkpoint and were replaced, their snapshots wiped: tests/integration/test_growback_local.py, 2026-11-24).
-PROBE_SECONDS = (5.0, 20.0)
 
 
 @dataclass(frozen=True)
@@ -117,6 +112,31 @@ class Recovery:
         """The grow-back notice reached the job (on ``nodes`` nodes): on the timeline, when it was given."""
         self.timeline.add("notice", f"growing back: SIGTERM with GRACE to the ranks on {nodes} node(s)", at=at)
 
+    def may_recover(self) -> bool:
+        """Whether RECOVER has a recovery left."""
+        return self.attempt < self.spec.recover
+
+    def left_in_process(self, name: str, cause: str, why: str, at: float, survivors: int) -> None:
+        """A node left the running job (a membership change inside the attempt: :mod:`multinode.app.changes`): a
+        recovery, on the timeline from the loss (its last sign of life) or the notice, its replacement asked."""
+        self.attempt += 1
+        self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}: {name} "
+                 f"{'left on a notice' if cause == 'notice' else 'is lost'} ({why}); the {survivors} other node(s) "
+                 f"go on in their processes; asking {self.cluster.provider} for a replacement")
+        self.timeline.add("notice" if cause == "notice" else "node lost", f"{name} ({why})", at=at)
+        self.timeline.add("replacement asked", name)
+        self.replacements.ask(name)
+
+    def world_changed(self, world: dict, at: float) -> None:
+        """The ranks' WORLD record of a new generation: on the timeline."""
+        joined = ", ".join(world.get("joined") or [])
+        what = f"{joined} joined" if joined else f"world {world.get('before')} -> {world.get('world_size')}"
+        self.timeline.add("world changed", f"{what} at step {world.get('step')} ({world.get('seconds')} s after the "
+                                           f"pause; no process restarted)", at=at)
+        self.say(f"{what} rank(s) at step {world.get('step')}, {world.get('seconds')} s after the pause, every "
+                 f"surviving process kept" if not joined else f"{joined} joined the running job at step "
+                 f"{world.get('step')}; the ranks paused {world.get('seconds')} s")
+
     def _back(self, name: str, at: float) -> None:
         self.timeline.add("node back", name, at=at)
 
@@ -125,17 +145,6 @@ class Recovery:
         with self._replacing:
             self.cluster = self.provider.replace(self.state, self.cluster, name)
             return self.cluster
-
-    def confirm_lost(self, ctx: RunContext, suspects: list[str], gone: dict[str, str]) -> dict[str, str]:
-        """{node: why} of ``suspects`` (a failed attempt's lost nodes) that are lost indeed: the provider's word
-        (``gone``), or neither SSH probe (:data:`PROBE_SECONDS`) answered, each on a new connection (the run's may be
-        stale). A node busy enough to miss the first probe is not lost: replacing it would wipe its snapshots."""
-        rest = [name for name in suspects if name not in gone]
-        first = probe_ssh(ctx.inv.only(rest), timeout=PROBE_SECONDS[0]) if rest else {}
-        doubt = [name for name, (ok, _why) in first.items() if not ok]
-        again = probe_ssh(ctx.inv.only(doubt), timeout=PROBE_SECONDS[1]) if doubt else {}
-        lost = {**{n: gone[n] for n in suspects if n in gone}, **{n: why for n, (ok, why) in again.items() if not ok}}
-        return {n.name: lost[n.name] for n in ctx.inv.nodes if n.name in lost}
 
     # --- between attempts ----------------------------------------------------------------
 
@@ -277,16 +286,3 @@ class Recovery:
         """The ended attempt's logs and summary moved to ``attempt-<k>/`` or ``grow-<k>/`` (the next attempt writes
         the same names)."""
         RunDir(run_dir).keep(self.label)
-
-
-def snapshot_kind(resumed: dict) -> str:
-    """The snapshot a recovered job resumed from (its ``RESUMED`` report) in words: whose, which step, where."""
-    where = resumed.get("snapshot_from", "?")
-    if not isinstance(resumed.get("step"), int):
-        return "no snapshot (a fresh start)"
-    if resumed.get("survivor"):
-        return f"the surviving ranks' snapshot of step {resumed['step']} (their last completed step, epoch {resumed.get('epoch')}), {where}"
-    if resumed.get("consumed"):
-        return (f"the coordinated checkpoint of step {resumed['step']} (epoch {resumed.get('epoch')}, "
-                f"{resumed['consumed']} samples in), {where}")
-    return f"the periodic snapshot of step {resumed['step']} (before epoch {resumed.get('epoch')}), {where}"

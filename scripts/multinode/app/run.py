@@ -38,8 +38,10 @@ from typing import TextIO
 
 from multinode.app import ending
 from multinode.app.attempt import Attempt
+from multinode.app.members import Members
 from multinode.app.recover import DEFAULT_GRACE, Recovery
-from multinode.app.watch import AttemptLoop, Rejoin
+from multinode.app.watch import AttemptLoop
+from multinode.app.watchers import Rejoin, confirm_lost
 from multinode.backends import backend_for
 from multinode.backends.base import Claim, JobPlan, RunContext
 from multinode.checks.gpu import gpu_smoke
@@ -216,6 +218,7 @@ class Run:
         runtime's MPI sshds."""
         ctx = attempt.ctx
         write_env_files(ctx.runner, ctx.spec)
+        Members.of(ctx, attempt.plan, ctx.runner.say).clear()  # no node keeps an earlier attempt's membership
         if ctx.spec.uses_mpi and not ctx.runtime.mpi_peers_are_nodes:
             start_mpi_sshds(ctx.runner, ctx.spec.run_id)
         self.phases.mark("start")
@@ -234,7 +237,8 @@ class Run:
                            capture=lambda failure, lost: self.capture(attempt, failure, lost),
                            watchdog=attempt.backend.reach.watchdog(ctx), rejoin=rejoin,
                            grow=self.recovery.grow_back(ctx) if self.recovery else None,
-                           confirm=self.recovery.confirm_lost if self.recovery else None)
+                           confirm=confirm_lost if self.recovery else None, recovery=self.recovery,
+                           prepare=lambda node: self.prepare_again(attempt, node))
         try:
             return loop.run()
         finally:
@@ -254,9 +258,10 @@ class Run:
         """The cluster as the provider last wrote it (a replacement changes it)."""
         return self.recovery.cluster if self.recovery is not None else self.cluster
 
-    def capture(self, attempt: Attempt, failure: NodeError, lost: tuple[str, ...]) -> None:
-        """The backend's look at the live ranks before it stops a failed job."""
+    def capture(self, attempt: Attempt, failure: NodeError, lost: tuple[str, ...]):
+        """The backend's look at the live ranks before it stops a failed job (or names a frozen node); the capture."""
         attempt.captured = attempt.backend.reach.capture(attempt.ctx, failure, lost)
+        return attempt.captured
 
     def prepare_again(self, attempt: Attempt, node: str) -> None:
         """A node that comes back (rebooted or replaced) gets the code, the job's files and the ENV file again."""

@@ -40,3 +40,16 @@ class Timeline:
         if self.steps_lost:
             out.append(f"  steps lost: {', '.join(map(str, self.steps_lost))} (per recovery)")
         return out
+
+
+def snapshot_kind(resumed: dict) -> str:
+    """The snapshot a recovered job resumed from (its ``RESUMED`` report) in words: whose, which step, where."""
+    where = resumed.get("snapshot_from", "?")
+    if not isinstance(resumed.get("step"), int):
+        return "no snapshot (a fresh start)"
+    if resumed.get("survivor"):
+        return f"the surviving ranks' snapshot of step {resumed['step']} (their last completed step, epoch {resumed.get('epoch')}), {where}"
+    if resumed.get("consumed"):
+        return (f"the coordinated checkpoint of step {resumed['step']} (epoch {resumed.get('epoch')}, "
+                f"{resumed['consumed']} samples in), {where}")
+    return f"the periodic snapshot of step {resumed['step']} (before epoch {resumed.get('epoch')}), {where}"

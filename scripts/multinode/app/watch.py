@@ -32,10 +32,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from multinode.app.changes import Changes
 from multinode.app.growback import GrowBack
+from multinode.app.members import Members
+from multinode.app.watchers import GoneWatch, Rejoin, frozen
 from multinode.backends.base import Backend, JobHandle, JobPlan, RunContext
 from multinode.core.errors import EXIT_PREEMPTED, NodeError
-from multinode.core.events import (Events, JobEnded, JobError, NodeEnded, NodeGone, ReplacementReady,
+from multinode.core.events import (Events, JobEnded, JobError, JobRecord, NodeEnded, NodeGone, ReplacementReady,
                                    ReplacementRefused, Stalled)
 from multinode.core.outcome import Ending, Outcome
 from multinode.diagnose.slowranks import SlowRanks
@@ -45,67 +48,27 @@ from multinode.trainer import channel
 
 TICK = 0.2  # seconds the loop waits for an event before it looks at the clocks
 LOST_GRACE = 15.0  # after a stop, how long a part may take to end before it is dropped
-# How often a running job asks whether a node's machine is gone (a vanished machine ends no SSH session). EC2: a
-# DescribeInstances, 2.5 % of a non-mutating action's 20/s refill (docs.aws.amazon.com/ec2/latest/devguide/).
-GONE_POLL = 2.0
-
-
-@dataclass(frozen=True)
-class Rejoin:
-    """MAX_RESTARTS: which nodes may be started again, how often, how long a lost one has to answer again."""
-
-    budget: int  # relaunches allowed per node
-    wait: float
-    prepare: Callable[[str], None]  # e.g. sync the code again (a replaced node has none)
-    exclude: tuple[str, ...] = ()  # nodes whose loss ends the job (the head: it hosts the rendezvous)
-
-    def allows(self, event: NodeEnded, relaunches: int) -> bool:
-        """Whether ``event``'s node may be started again: it is lost or was killed by a signal, its relaunch has
-        not already failed, it is not excluded and it has relaunches left."""
-        code = event.exit_code
-        killed = event.lost or code is None or code < 0 or code >= 128
-        return killed and not event.final and event.node not in self.exclude and relaunches < self.budget
-
-
-class GoneWatch:
-    """Every :data:`GONE_POLL` s on a thread: which of the job's nodes the provider says are gone (``ask``); each
-    one a :class:`~multinode.core.events.NodeGone`, once. ``ask`` failing is "cannot tell"."""
-
-    def __init__(self, ask: Callable[[list[str]], dict[str, str]], names: list[str], events: Events) -> None:
-        self.ask, self.names, self.events = ask, list(names), events
-        self.gone: dict[str, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="mn-gone-watch", daemon=True)
-
-    def start(self) -> "GoneWatch":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _loop(self) -> None:
-        while not self._stop.wait(GONE_POLL):
-            for name, why in self.ask([n for n in self.names if n not in self.gone]).items():
-                self.gone[name] = why
-                self.events.put(NodeGone(name, why))
 
 
 class AttemptLoop:
     """One attempt's job from its start to its outcome (see the module doc)."""
 
     def __init__(self, ctx: RunContext, backend: Backend, plan: JobPlan, *, gone: Callable[[list[str]], dict],
-                 capture: Callable[[NodeError, tuple[str, ...]], None], slow: SlowRanks,
+                 capture: Callable[[NodeError, tuple[str, ...]], object], slow: SlowRanks,
                  watchdog: StallWatchdog | None = None, rejoin: Rejoin | None = None, grow: GrowBack | None = None,
-                 confirm: Callable[[RunContext, list[str], dict[str, str]], dict[str, str]] | None = None) -> None:
+                 confirm: Callable[[RunContext, list[str], dict[str, str]], dict[str, str]] | None = None,
+                 recovery=None, prepare: Callable[[str], None] | None = None) -> None:
         self.ctx, self.backend, self.plan = ctx, backend, plan
         self.ask_gone, self.capture, self.slow, self.rejoin = gone, capture, slow, rejoin
-        self.watchdog, self.confirm = watchdog, confirm
+        self.watchdog, self.confirm, self.recovery, self.prepare = watchdog, confirm, recovery, prepare
         self.grow = grow or GrowBack.idle()
+        self.changes: Changes | None = None  # membership changes inside the attempt (RECOVER, our helper's jobs)
+        self.last_seen: dict[str, float] = {}  # each node's last line: its last sign of life
         self.events = Events()
         self.say = ctx.runner.say
         self.trains = threading.Event()  # a mark of this attempt's job came: it trains (the grow-back's notice)
         self.gone: dict[str, str] = {}  # the nodes the provider said are gone, and why
+        self.frozen: dict[str, str] = {}  # the nodes whose ranks the stacks showed frozen at a stall, and why
         self.relaunches: dict[str, int] = {}
         self.job: JobHandle | None = None
         self._noticing = threading.Event()  # the grow-back notice is on its way
@@ -114,6 +77,7 @@ class AttemptLoop:
     def observe(self, node: str, line: str) -> bool:
         """Every line of the job's output as it arrives: True for the channel's records the run reads (kept off
         the console; the node logs keep them)."""
+        self.last_seen[node] = time.time()
         record = channel.parse(line)
         if record is None:
             return False
@@ -121,6 +85,9 @@ class AttemptLoop:
             return self.slow.take(node, record)
         if record.kind == channel.MARK:
             self.trains.set()
+            return True
+        if record.kind in (channel.WORLD, channel.KEPT, channel.JOINING):
+            self.events.put(JobRecord(node, record.kind, record.data))  # the membership's: the loop's to act on
             return True
         return False
 
@@ -130,6 +97,11 @@ class AttemptLoop:
             self.job = self.backend.start(self.ctx, self.plan, self.events, self.observe)
         except NodeError as err:
             return Outcome("failed", {n.name: None for n in self.ctx.inv.nodes}, failure=err, failures=(err,))
+        members = Members.of(self.ctx, self.plan, self.say)
+        if members.enabled and self.recovery is not None:
+            self.changes = Changes(self.ctx, self.job, members, self.recovery, self.prepare, self.say,
+                                   self.last_seen, self.capture)
+            self.recovery.replacements.listen(self.events)
         watch = GoneWatch(self.ask_gone, [n.name for n in self.ctx.inv.nodes], self.events).start()
         if self.watchdog is not None:
             self.watchdog.start(self.events)
@@ -144,10 +116,12 @@ class AttemptLoop:
             if self._notice_thread is not None:  # the job ended under the grow-back notice: its answer first
                 self._notice_thread.join(timeout=self.ctx.runner.stop.kill_after + 10)
             self.grow.end()
+            if self.changes is not None:
+                self.recovery.replacements.listen(None)
             self.job.close()
         outcome = self.job.outcome(ending)
         if self.confirm is not None and outcome.lost:  # a recovering run replaces only what is lost indeed
-            lost = self.confirm(self.ctx, list(outcome.lost), self.gone)
+            lost = self.confirm(self.ctx, list(outcome.lost), {**self.gone, **self.frozen})
             outcome = replace(outcome, lost=tuple(lost), why_lost=lost)
         return outcome
 
@@ -161,11 +135,15 @@ class AttemptLoop:
                 return self._signalled(signals.signum, pending)
             event = self.events.take(TICK)
             if event is None:
+                if self.changes is not None:
+                    self.changes.tick(pending)
                 if end is not None and time.monotonic() > end:
                     why = f"deadline of {self.ctx.spec.deadline:.0f} s passed"
                     return self._fail("failed", NodeError(job.parts[0], "job", None, f"{why}; the job was stopped"),
                                       why, pending)
                 self._grow_tick()
+                continue
+            if self._changed(event, pending):
                 continue
             if isinstance(event, NodeEnded):
                 failure = self._part_ended(event, pending)
@@ -208,6 +186,11 @@ class AttemptLoop:
         pending.discard(event.node)
         return failure
 
+    def _changed(self, event, pending: set[str]) -> bool:
+        """An event a membership change takes (:meth:`multinode.app.changes.Changes.take`): True when it did, and
+        the job goes on in its processes; False for the loop's other decisions (the restart path among them)."""
+        return self.changes is not None and self.changes.take(event, pending, self.capture, self._lost(), self.gone)
+
     # --- decisions ----------------------------------------------------------------------------------------------
 
     def _lost(self) -> tuple[str, ...]:
@@ -222,7 +205,11 @@ class AttemptLoop:
         lost = self._lost()
         self.ctx.runner.cut_off(lost, [n.name for n in self.ctx.inv.nodes if n.name not in lost])
         try:
-            self.capture(failure, lost)
+            captured = self.capture(failure, lost)
+            found = frozen(captured, self.job.parts[0]) if kind == "stalled" else None
+            if found is not None:  # a node whose ranks are frozen is lost, whatever SSH says
+                self.frozen[found[0]] = found[1]
+                self.job.fail_node(found[0], found[1], lost=True)
         except Exception as err:  # a diagnosis that fails must not leave the job running
             self.say(f"before the stop: {type(err).__name__}: {err}")
         self._gang_stop(pending)

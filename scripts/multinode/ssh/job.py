@@ -75,6 +75,7 @@ class JobRun:
         self.events, self.extra_stop, self.relabel, self.observe = events, extra_stop, relabel, observe
         self.results = {name: NodeResult(name) for name in command_lines}
         self.log_files: dict[str, TextIO] = {}
+        self.departed: set[str] = set()  # nodes that left while the job went on (a membership change)
 
     notice_words = "SIGTERM"
 
@@ -111,6 +112,16 @@ class JobRun:
         answers = self.runner.stop_all(self.run_id, self.extra_stop, names=names) if names else {}
         return any(res.ok and not res.stdout.startswith("stopped 0") for res in answers.values())
 
+    def depart(self, name: str) -> None:
+        """``name`` left the job while it goes on: its part no longer counts in how the job ends."""
+        self.departed.add(name)
+
+    def rejoin(self, name: str) -> None:
+        """``name``'s part started again, on its replacement, in the running job."""
+        self.departed.discard(name)
+        self.results[name].relaunches += 1
+        self._start_node(name)
+
     def drop(self, name: str) -> None:
         """Give up on ``name``'s session: its connection closed (its thread ends when the connection does)."""
         self.runner.drop(name)
@@ -141,7 +152,8 @@ class JobRun:
     def outcome(self, ending: Ending) -> Outcome:
         """The job's outcome: the loop's ending with every node's exit code; a failure's list in the order the
         nodes ended."""
-        codes, head = self.exit_codes(), self.nodes[0]
+        codes = {name: code for name, code in self.exit_codes().items() if name not in self.departed}
+        head = self.nodes[0]
         if ending.stopped_by is not None:
             name = signal.Signals(ending.stopped_by).name
             what = "interrupted" if ending.stopped_by == signal.SIGINT else f"stopped by {name}"
@@ -149,7 +161,7 @@ class JobRun:
                                         f"{what}; run {self.run_id} was stopped on every node", head, codes)
         if ending.failure is None:
             return Outcome.ended(codes)
-        ended = sorted(self.results.values(), key=lambda r: r.finished or 0)
+        ended = sorted((r for r in self.results.values() if r.node not in self.departed), key=lambda r: r.finished or 0)
         lost = tuple(sorted(set(self.lost()) | set(ending.lost), key=self.nodes.index))
         why = {name: (self.results[name].error.message if self.results[name].error else "no SSH") for name in lost}
         return Outcome(ending.kind, codes, failure=ending.failure,

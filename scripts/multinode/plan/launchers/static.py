@@ -40,6 +40,7 @@ from multinode.plan.launchers.base import (
     trainer_args,
 )
 from multinode.plan.launchers.torchrun import root_cause_rank
+from multinode.trainer import channel
 
 # $1 = this node's first global rank, $2 = processes on this node, $3 = directory for per-rank exit files;
 # the rest is the program. Exit files of an earlier run of the same run id go first (a resumed or recovered
@@ -78,6 +79,15 @@ def starter(grace: bool) -> str:
     return f"{IGNORE_TERM}; " + STARTER.replace("{ RANK=$rank", f"{{ {CATCH_TERM}; RANK=$rank", 1)
 
 
+def membership_env(spec: LaunchSpec, counts: list[int], directory: str) -> dict[str, str]:
+    """RECOVER with the same number of ranks on every node: where the run writes the job's membership
+    (training/membership.py: the survivors of a lost or noticed node go on in their processes). Not under MPI (an
+    MPI rank's loss ends every rank), nor with uneven nodes (a membership gives every node ``nproc`` ranks)."""
+    if not spec.recover or spec.uses_mpi or len(set(counts)) > 1:
+        return {}
+    return {channel.MEMBERSHIP_ENV: f"{directory}/{channel.MEMBERSHIP_FILE}"}
+
+
 class StaticLauncher:
     name = "static"
 
@@ -100,6 +110,7 @@ class StaticLauncher:
                 "GROUP_RANK": str(node_rank),
                 "MASTER_ADDR": inv.head.private_ip,
                 "MASTER_PORT": str(spec.rdzv_port),
+                **membership_env(spec, counts, directory),
             }
 
         return per_node_plan(self.name, inv, spec, node_command, entry)

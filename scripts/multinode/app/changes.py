@@ -1,0 +1,176 @@
+"""A membership change as an event inside one attempt: the run's decisions when a node is lost or noticed while the
+survivors keep running, and when its replacement joins them (the attempt loop, :mod:`multinode.app.watch`, hands
+these events here; :mod:`multinode.app.members` writes what the ranks read).
+
+* **a node lost** (its part killed or its session lost, its machine gone, its ranks found frozen by the stall
+  watchdog): cut off at once -- the survivors' connections to it closed, so their collective fails now, not at the
+  process-group timeout -- and left behind: the next generation, without it, written to the survivors, its session
+  dropped (never waited on: a node that does not answer costs the others nothing), its replacement asked for --
+  the provider's replacement ends the old machine and whatever of the job still runs on it (a refused one leaves
+  it to the attempt's sweep);
+* **survivors paused** (``KEPT`` records, one per surviving node): a node that neither sent one within
+  :data:`KEPT_WINDOW` s nor is still being left (a notice's node exits 75; a node whose link was cut sends nothing)
+  leaves the same way -- the survivors say who survived;
+* **a replacement ready**: prepared (code, data, ENV file, the job's files) on a thread, its generation written to
+  it, its part started; when its ranks say ``JOINING`` the generation is opened to the others, which change at
+  their next agreement -- they pause only once the new ranks are ready;
+* **the ranks' WORLD**: the new world trains -- on the timeline (``world 3 -> 2 at step S``, ``node-2 joined at
+  step S``) and in the ledger (the survivors' pause).
+
+A change the job cannot take in its processes (:meth:`multinode.app.members.Members.usable`: MODE=mpi,
+LAUNCHER=torchrun, a script without the helper, the head) is said in one line, and the loop's failure path --
+the restart of every process -- takes over, as does a RECOVER budget spent.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from multinode.app.members import Members
+from multinode.backends.base import JobHandle, RunContext
+from multinode.core.errors import NodeError
+from multinode.core.events import JobRecord, NodeEnded, NodeGone, ReplacementReady, Stalled
+from multinode.app.watchers import frozen
+from multinode.trainer import channel
+
+KEPT_WINDOW = 2.0  # seconds after the first survivor's KEPT for every other survivor's
+
+
+class Changes:
+    """The run's side of membership changes during one attempt (see the module doc). ``recovery`` is the run's
+    :class:`~multinode.app.recover.Recovery` (its budget, timeline and replacements); ``prepare(node)`` readies a
+    replacement (the run's ``prepare_again``)."""
+
+    def __init__(self, ctx: RunContext, job: JobHandle, members: Members, recovery, prepare: Callable[[str], None],
+                 say: Callable[[str], None], last_seen: dict[str, float], capture=None) -> None:
+        self.ctx, self.job, self.members, self.recovery, self.prepare = ctx, job, members, recovery, prepare
+        self.say, self.last_seen, self.capture = say, last_seen, capture
+        self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
+        self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
+        self._told: set[str] = set()
+
+    def why_not(self, name: str) -> str | None:
+        """None when ``name`` can leave without a restart; else why not (said once per reason)."""
+        why = self.members.usable(name)
+        if why is None and not self.recovery.may_recover():
+            why = f"RECOVER={self.ctx.spec.recover} recoveries spent"
+        if why is not None and why not in self._told:
+            self._told.add(why)
+            self.say(f"{name}: {why}: the job restarts every process instead")
+        return why
+
+    def take(self, event, pending: set[str], capture, lost: tuple[str, ...], gone: dict[str, str]) -> bool:
+        """The attempt loop's event, if it is one of a membership change: True when it was taken (the job goes on
+        in its processes), False for the loop's other decisions. ``gone`` is the loop's record of vanished
+        machines, kept up to date here too."""
+        if isinstance(event, JobRecord):
+            if event.kind == channel.JOINING:
+                pending.add(event.node)
+            self.take_record(event, pending)
+            return True
+        if isinstance(event, ReplacementReady):
+            return self.take_ready(event)
+        if isinstance(event, NodeGone):
+            gone[event.node] = event.why
+        if isinstance(event, (NodeEnded, NodeGone)) and event.node in self.leaving:
+            return True  # a node that already left: its end, or its machine's, changes nothing more
+        found = self.lost_node(event, capture, lost)
+        if found is None or self.why_not(found[0]) is not None:
+            return False
+        self.lose(found[0], found[1], pending)
+        return True
+
+    def lose(self, name: str, why: str, pending: set[str], notice: bool = False) -> None:
+        """``name`` leaves the running job (module doc); ``pending`` loses it."""
+        at = self.last_seen.get(name, time.time())  # the last sign of life, not its detection
+        survivors = [n for n in self.members.names if n != name]
+        if not notice:
+            self.ctx.runner.cut_off([name], survivors)  # their collective with it fails now
+        self.members.leave(name)
+        pending.discard(name)
+        self.leaving.add(name)
+        self.job.depart(name)
+        if not notice:
+            self.job.drop(name)  # never waited on; what of it still runs goes with the machine its replacement ends
+        self.recovery.left_in_process(name, "notice" if notice else "lost", why, at, len(survivors))
+
+    def take_record(self, event: JobRecord, pending: set[str]) -> None:
+        """A record the ranks sent about the membership."""
+        if event.kind == channel.WORLD:
+            if int(event.data.get("generation", 0)) == 0:
+                self.members.supported = True
+                return
+            self.kept.clear()
+            self.recovery.world_changed(event.data, time.time())
+        elif event.kind == channel.KEPT:
+            self.kept.setdefault(event.node, time.time())
+        elif event.kind == channel.JOINING and self.members.open(event.node):
+            self.say(f"{event.node} is ready: the running ranks take it in at their next agreement")
+
+    def tick(self, pending: set[str]) -> None:
+        """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
+        node exits 75), else once the window is over (a node whose link was cut sends nothing)."""
+        if not self.kept:
+            return
+        silent = [n for n in self.members.names if n not in self.kept]
+        if any(n in pending for n in silent) and time.time() - min(self.kept.values()) < KEPT_WINDOW:
+            return
+        named = self._named(silent, pending)
+        for name in silent:
+            if self.why_not(name) is None:
+                ended = name not in pending
+                why = "its ranks left on a notice" if ended else named.get(name, "it sent nothing while its peers "
+                                                                                   "paused")
+                self.lose(name, why, pending, notice=ended)
+        self.kept.clear()
+
+    def _named(self, silent: list[str], pending: set[str]) -> dict[str, str]:
+        """Why a silent node that has not ended is silent, when the live ranks' stacks say (a rank stopped or stuck
+        in the kernel): {node: why}."""
+        if not any(n in pending for n in silent) or self.capture is None:
+            return {}
+        head = self.members.names[0]
+        found = frozen(self.capture(NodeError(head, "job", None, "the survivors paused"), ()), head)
+        return {found[0]: found[1]} if found is not None and found[0] in silent else {}
+
+    def lost_node(self, event, capture, lost: tuple[str, ...]) -> tuple[str, str] | None:
+        """(node, why) when ``event`` loses a node of the job: its part killed or its session lost, its machine
+        gone, or -- a stall -- its rank found frozen in the stacks (``capture``: the run's look at the live ranks),
+        stopped or stuck in the kernel. None otherwise (a part's own failure is no loss)."""
+        if isinstance(event, NodeEnded) and event.node in self.members.names:
+            code = event.exit_code
+            if event.lost or code is None or code < 0 or code >= 128:
+                return event.node, (event.error.message if event.error else f"killed (exit code {code})")
+        if isinstance(event, NodeGone) and event.node in self.members.names:
+            return event.node, f"its machine is gone ({event.why})"
+        if isinstance(event, Stalled):
+            head = self.members.names[0]
+            found = frozen(capture(NodeError(head, "job", None, event.why), lost), head)
+            if found is not None:
+                return found[0], f"{found[1]} ({event.why})"
+        return None
+
+    def take_ready(self, event: ReplacementReady) -> bool:
+        """A replacement for a node that left in this attempt: prepared and started on a thread; False for another
+        node's (growing back's)."""
+        if event.node not in self.leaving:
+            return False
+        self.leaving.discard(event.node)
+        self.recovery.timeline.add("node ready", event.node, at=event.at)
+        threading.Thread(target=self._join, args=(event,), name=f"mn-join-{event.node}", daemon=True).start()
+        return True
+
+    def _join(self, event: ReplacementReady) -> None:
+        name = event.node
+        try:
+            self.ctx.inv = event.inventory.first(self.ctx.spec.nodes)
+            self.ctx.runner.retarget(self.ctx.inv)
+            self.prepare(name)
+            self.members.join(name)
+            self.job.rejoin(name)
+        except Exception as err:  # noqa: BLE001 -- a node that cannot be readied stays out; the job goes on
+            self.say(f"{name} is back but could not be readied ({err}); the job goes on without it")
+            return
+        self.say(f"{name} is back: its ranks start and join the running job")
