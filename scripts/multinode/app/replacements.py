@@ -8,11 +8,11 @@ the provider a second time for a node whose replacement is still under way.
 **Wait or shrink.** Going on without the node costs one more coordinated checkpoint and one more restart of the job
 when the node is back (growing back); waiting costs the replacement's own time, with every node idle. So recovery
 waits only when the provider says the replacement comes sooner than that restart: the provider's estimate
-(:meth:`~multinode.providers.base.Provider.replacement_seconds`: locally about a second, plus
-``MULTINODE_REPLACE_DELAY``) against the run's own measured restart, the seconds from the run's start to its first
-job's launch (pre-flight, code sync and setup, launch: what a grow-back's attempt repeats, the sync then incremental;
-not counted: the job's own start to its first step). A provider that cannot say (EC2: None) is waited for up to
-RECOVER_WAIT, as before.
+(:meth:`~multinode.providers.base.Provider.replacement_estimate`: locally about a second, plus
+``MULTINODE_REPLACE_DELAY``; on EC2 the median of the cluster's own launches) against the run's own measured
+restart, the seconds from the run's start to its first job's launch (pre-flight, code sync and setup, launch: what a
+grow-back's attempt repeats, the sync then incremental; not counted: the job's own start to its first step). A
+provider that cannot say (hosts: None) is waited for up to RECOVER_WAIT, as before.
 """
 
 from __future__ import annotations
@@ -58,6 +58,8 @@ class Replacements:
                 box["refused"] = str(err)
             except MultinodeError as err:
                 box["refused"] = f"the replacement failed: {err}"
+            except Exception as err:  # noqa: BLE001 -- boto3's own errors too: a refusal, never a dead thread
+                box["refused"] = f"the replacement failed: {type(err).__name__}: {' '.join(str(err).split())}"
             box["done_at"] = time.time()
 
         worker = threading.Thread(target=run, name=f"mn-replace-{name}", daemon=True)
