@@ -50,7 +50,7 @@ def test_a_checkpoint_above_the_threshold_goes_up_and_comes_down_in_parts(s3, tm
     newer = tmp_path / "newer.pt"
     newer.write_bytes(b"the next snapshot")
     os.replace(newer, path)  # as the trainer writes its next one, while the first may still go up
-    assert uploader.drain(120), "the upload did not finish"
+    uploader.drain()  # until it is up (moto on loopback: no bound needed)
     key = f"job/r1/ckpt-{7:020d}/snapshot.pt"
     head = client.head_object(Bucket=CKB, Key=key)
     assert head["ContentLength"] == len(data) and head["ETag"].strip('"').endswith("-3"), head["ETag"]
