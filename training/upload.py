@@ -86,14 +86,16 @@ class Uploader:
                     self._cond.wait()
                 (source, order, digest), self._pending = self._pending, None
                 self._busy = True
-            with source:
-                self._upload(source, order, digest)
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+            try:
+                with source:
+                    self._upload(source, order, digest)
+            finally:  # never left busy: drain() would wait for ever
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
 
     def _upload(self, source: BinaryIO, order: int, digest: str | None) -> None:
-        start = time.monotonic()
+        start, size = time.monotonic(), source.seek(0, os.SEEK_END)  # before: a single PUT closes the file it sent
         try:
             url = bucket.put_copy(self.url, self.run_id, source, order, digest)
         except Exception as err:  # noqa: BLE001 -- a failed upload is reported, never fatal to training
@@ -102,7 +104,6 @@ class Uploader:
             return
         took = time.monotonic() - start
         self.seconds += took
-        size = source.seek(0, os.SEEK_END)
         report = {"url": url, "bytes": size, "sha256": digest, "order": order, "seconds": round(took, 3)}
         self.uploaded.append(report)
         runlog.announce("CHECKPOINT_UPLOADED", report)
