@@ -62,8 +62,7 @@ def client():
     return boto3.session.Session().client("s3")
 
 
-def transfer_config():
-    """boto3's managed transfer settings for every large object here (module doc)."""
+def transfer_config():  # boto3's managed transfer settings for every large object here (module doc)
     from boto3.s3.transfer import TransferConfig
 
     return TransferConfig(multipart_threshold=THRESHOLD, multipart_chunksize=PART, max_concurrency=8)
@@ -82,9 +81,10 @@ def _safe(rel: str) -> bool:
     return bool(rel) and not rel.startswith("/") and ".." not in parts and STATE not in parts
 
 
-def _fetch(s3, bucket: str, key: str, path: str, counted) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    s3.download_file(bucket, key, f"{path}.part", Callback=counted, Config=transfer_config())
+def _fetch(s3, bucket: str, key: str, path: str, counted=None) -> None:  # via <path>.part, its parts at their offsets
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(f"{path}.part", "wb") as fh:
+        s3.download_fileobj(bucket, key, fh, Callback=counted, Config=transfer_config())
     os.replace(f"{path}.part", path)
 
 
@@ -198,24 +198,23 @@ def put_copy(url: str, run_id: str, source, order: int, digest: str | None = Non
 
 
 def fetch_copy(url: str, run_id: str, path: str) -> str | None:
-    """Download the run's freshest complete copy whose bytes match their checksum to ``path`` (through
-    ``<path>.part``, in parts above :data:`THRESHOLD`); its s3 URL, or None (nothing written) when there is none."""
+    """The run's freshest complete copy whose bytes match their checksum, to ``path`` (via ``<path>.got``); its URL."""
     bucket, prefix = split(url)
     base, s3 = f"{prefix}{run_id}/", client()
     for order in sorted(_copies(s3, bucket, base), reverse=True):
         try:
             line = s3.get_object(Bucket=bucket, Key=_key(base, order, SUM))["Body"].read().decode().split()
-            s3.download_file(bucket, _key(base, order, BLOB), f"{path}.part", Config=transfer_config())
+            _fetch(s3, bucket, _key(base, order, BLOB), f"{path}.got")
         except Exception as err:  # noqa: BLE001 -- an object gone between the listing and the read
             if _code(err) in ("NoSuchKey", "404"):
                 continue
             raise
-        with open(f"{path}.part", "rb") as fh:
+        with open(f"{path}.got", "rb") as fh:
             sha, size = checksum(fh)
         if line[:2] == [sha, str(size)]:
-            os.replace(f"{path}.part", path)
+            os.replace(f"{path}.got", path)
             return f"s3://{bucket}/{_key(base, order, BLOB)}"
-        os.unlink(f"{path}.part")
+        os.unlink(f"{path}.got")
     return None
 
 

@@ -69,7 +69,7 @@ def test_a_checkpoint_above_the_threshold_goes_up_and_comes_down_in_parts(s3, tm
     assert fetched == f"s3://{CKB}/{key}" and (tmp_path / "back.pt").read_bytes() == data
     ranged = [r for method, p, r in counted.requests if method == "GET" and p.split("?")[0].endswith("/snapshot.pt") and r]
     assert len(ranged) == 3, counted.requests  # three ranged GETs of the blob, not one stream
-    assert not (tmp_path / "back.pt.part").exists()
+    assert not (tmp_path / "back.pt.got").exists() and not (tmp_path / "back.pt.got.part").exists()
 
 
 def test_a_checkpoint_below_the_threshold_goes_up_in_one_put_from_its_file(s3, tmp_path):
