@@ -27,7 +27,7 @@ class Estimate:
             raise ValueError(f"an estimate needs seconds >= 0 and a basis, not {self.seconds!r} and {self.basis!r}")
 
     def describe(self) -> str:
-        return f"about {self.seconds:.0f} s ({self.basis})"
+        return f"{f'about {self.seconds:.0f} s' if self.seconds >= 1 else 'under a second'} ({self.basis})"
 
 
 class Provider(Protocol):
