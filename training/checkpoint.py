@@ -111,9 +111,9 @@ def _save(trainer, next_epoch: int, consumed: int) -> replica.Copies | None:
     if trainer.world.rank == 0:
         blob = snapshot.encode(state_of(trainer, next_epoch, consumed))
         path = snapshot.write(trainer.t.snapshot_dir, blob, before_rename=trainer.faults.before_rename(next_epoch))
-        if trainer.uploader is not None:  # the checksum written beside it goes up with it
+        if trainer.uploader is not None:  # the file, streamed from disk, and the checksum written beside it
             digest = (path.parent / snapshot.SUM).read_text().split()[0]
-            trainer.uploader.submit(blob, next_epoch * snapshot.BATCH_SPAN + consumed, digest)
+            trainer.uploader.submit(path, next_epoch * snapshot.BATCH_SPAN + consumed, digest)
         log.info("snapshot saved: %s (next epoch %d%s)", path, next_epoch,
                  f" consumed {consumed} samples" if consumed else "")
     if trainer.world.backend is None:

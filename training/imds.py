@@ -122,11 +122,15 @@ def endpoint(env=None) -> str:
 
 
 class MetadataClient:
-    """IMDSv2 reads with a cached session token (renewed on 401 or when it is close to expiring)."""
+    """IMDSv2 reads with a cached session token, renewed before it expires (when less than a fifth of its
+    ``ttl`` is left, at most 30 s: a read never carries a token about to lapse) and once more on a 401 (a token the
+    service no longer takes). AWS's IMDSv2 page (link in the module doc): a token lives the TTL asked for (1 s to
+    6 h) and a read with an expired one is answered 401 -- so waiting for the 401 costs a failed read each time."""
 
-    def __init__(self, base: str | None = None, timeout: float = 1.0, ttl: int = 300):
-        self.base, self.timeout, self.ttl = base or endpoint(), timeout, ttl
+    def __init__(self, base: str | None = None, timeout: float = 1.0, ttl: int = 300, clock=time.monotonic):
+        self.base, self.timeout, self.ttl, self.clock = base or endpoint(), timeout, ttl, clock
         self._token: str | None = None
+        self._renew_at = 0.0
 
     def _request(self, req: urllib.request.Request) -> tuple[int, str]:
         try:
@@ -136,13 +140,14 @@ class MetadataClient:
             return err.code, ""
 
     def token(self) -> str:
-        if self._token is None:
+        if self._token is None or self.clock() >= self._renew_at:
+            asked = self.clock()
             req = urllib.request.Request(self.base + TOKEN_PATH, method="PUT",
                                          headers={TOKEN_TTL_HEADER: str(self.ttl)})
             status, body = self._request(req)
             if status != 200 or not body:
                 raise OSError(f"IMDS token: HTTP {status}")
-            self._token = body.strip()
+            self._token, self._renew_at = body.strip(), asked + self.ttl - min(30.0, self.ttl / 5)
         return self._token
 
     def get(self, path: str) -> str | None:

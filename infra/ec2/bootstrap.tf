@@ -32,8 +32,6 @@ locals {
     cluster_type         = var.cluster_type
     image                = var.image == null ? "" : var.image
     ssh_user             = local.ssh_user
-    expires_at           = var.expires_at
-    expiry_calendar      = "${formatdate("YYYY-MM-DD hh:mm:ss", var.expires_at)} UTC" # systemd OnCalendar= form
     amdgpu_installer_url = var.amdgpu_installer_url == null ? "" : var.amdgpu_installer_url
     torch_index          = local.host_torch.index
     torch_requirement    = local.host_torch.requirement
@@ -41,5 +39,9 @@ locals {
     gpu_smoke_script     = var.gpu_smoke_script
     container_gpu_args   = local.container_gpu_args
   }
-  bootstrap_script = templatefile("${path.module}/user_data.sh.tftpl", local.bootstrap_vars)
+  # One script per node: each carries its own expiry (compute.tf node_expires_at).
+  bootstrap_script = [for expires in local.node_expires_at : templatefile("${path.module}/user_data.sh.tftpl", merge(local.bootstrap_vars, {
+    expires_at      = expires
+    expiry_calendar = "${formatdate("YYYY-MM-DD hh:mm:ss", expires)} UTC" # systemd OnCalendar= form
+  }))]
 }

@@ -14,8 +14,12 @@ resource "aws_placement_group" "cluster" {
 
 locals {
   # Each node's group: none for a node EC2 had no capacity for inside it (outside_placement_group; AWS's placement
-  # group guide: a later launch into a cluster group is more likely to get an insufficient capacity error).
-  node_placement_group = [for i in range(var.nodes) : var.placement_group && !contains(var.outside_placement_group, i) ? aws_placement_group.cluster[0].id : null]
+  # group guide: a later launch into a cluster group is more likely to get an insufficient capacity error), nor for
+  # a node in another zone (a cluster placement group lives in one zone).
+  node_placement_group = [for i in range(var.nodes) : var.placement_group && !contains(var.outside_placement_group, i) && local.node_zone[i] == local.zone ? aws_placement_group.cluster[0].id : null]
+
+  # Each node's expiry: the cluster's, or its own when it is a replacement (node_expires_at: TTL_HOURS from its launch).
+  node_expires_at = [for i in range(var.nodes) : lookup(var.node_expires_at, tostring(i), var.expires_at)]
 }
 
 resource "aws_instance" "node" {
@@ -23,7 +27,7 @@ resource "aws_instance" "node" {
 
   ami                    = local.ami_id
   instance_type          = local.instance_type
-  subnet_id              = local.subnet_id
+  subnet_id              = local.node_subnet[count.index]
   vpc_security_group_ids = [aws_security_group.cluster.id]
   key_name               = aws_key_pair.client.key_name
   iam_instance_profile   = aws_iam_instance_profile.node.name # ECR read-only: pulls the image (registry.tf)
@@ -76,16 +80,25 @@ resource "aws_instance" "node" {
     write_files = [{
       path        = "/var/lib/multinode/bootstrap.sh"
       permissions = "0700"
-      content     = local.bootstrap_script
+      content     = local.bootstrap_script[count.index]
     }]
     runcmd = [["/var/lib/multinode/bootstrap.sh"]]
   })])
 
-  tags = {
+  # A replacement's own expiry overrides the default tags' (resource tags win over default_tags on the same key:
+  # the AWS provider's default_tags documentation); the other nodes carry no resource-level expiry.
+  tags = merge({
     Name = "${var.cluster_name}-node-${count.index}"
     node = "node-${count.index}"
+  }, contains(keys(var.node_expires_at), tostring(count.index)) ? { expiry = local.node_expires_at[count.index] } : {})
+  volume_tags = merge(local.tags, { Name = "${var.cluster_name}-node-${count.index}", expiry = local.node_expires_at[count.index] })
+
+  lifecycle {
+    precondition {
+      condition     = local.node_subnet[count.index] != null
+      error_message = "node_zones moves a node to a zone the cluster has no subnet in (zones: the ones that offer the instance type; none besides its own with an existing subnet_id)."
+    }
   }
-  volume_tags = merge(local.tags, { Name = "${var.cluster_name}-node-${count.index}" })
 
   #checkov:skip=CKV_AWS_88:The control machine SSHes to the nodes directly; inbound is limited to ssh_cidr.
   #checkov:skip=CKV_AWS_126:Detailed monitoring costs per instance and a cluster lives hours; status checks do not need it.

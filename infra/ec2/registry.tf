@@ -59,7 +59,8 @@ resource "aws_iam_role_policy_attachment" "ecr_read" {
 # DATA and CHECKPOINT_URL from the nodes' instance profile: only the buckets named at `make up BUCKETS="a b"`.
 # The actions are the ones the node code calls (training/bucket.py, training/upload.py): HeadBucket and
 # ListObjectsV2 need s3:ListBucket on the bucket; GetObject, PutObject and DeleteObject (two newest copies kept)
-# act on its objects (docs.aws.amazon.com/AmazonS3/latest/userguide/using-with-s3-policy-actions.html).
+# act on its objects (docs.aws.amazon.com/AmazonS3/latest/userguide/using-with-s3-policy-actions.html), multipart
+# uploads included; kms:GenerateDataKey and kms:Decrypt for a bucket encrypted with a KMS key.
 data "aws_iam_policy_document" "buckets" {
   count = length(var.bucket_names) > 0 ? 1 : 0
 
@@ -72,6 +73,30 @@ data "aws_iam_policy_document" "buckets" {
     sid       = "ReadWriteTheirObjects"
     actions   = ["s3:GetObject", "s3:PutObject", "s3:DeleteObject"]
     resources = [for b in var.bucket_names : "arn:${data.aws_partition.current.partition}:s3:::${b}/*"]
+  }
+  # SSE-KMS buckets: "To upload or download an object encrypted with an AWS KMS key ... you need kms:GenerateDataKey
+  # and kms:Decrypt permissions on the key" (S3 user guide, "Using server-side encryption with AWS KMS keys"; a
+  # multipart upload needs both). Which key a bucket uses is the bucket's (its default encryption), so the grant
+  # names no key but holds only for S3's own requests in this region (kms:ViaService, AWS KMS developer guide,
+  # "kms:ViaService") on these buckets' objects: the encryption context S3 sends is the object's ARN, or the
+  # bucket's ARN with S3 Bucket Keys (S3 user guide, "Reducing the cost of SSE-KMS with Amazon S3 Bucket Keys").
+  # The key's own policy must allow the account's IAM policies (a customer managed key's default policy does).
+  statement {
+    sid       = "UseTheirKmsKeysThroughS3"
+    actions   = ["kms:GenerateDataKey", "kms:Decrypt"]
+    resources = ["*"]
+    condition {
+      test     = "StringEquals"
+      variable = "kms:ViaService"
+      values   = ["s3.${var.region}.amazonaws.com"]
+    }
+    condition {
+      test     = "StringLike"
+      variable = "kms:EncryptionContext:aws:s3:arn"
+      values = flatten([for b in var.bucket_names : [
+        "arn:${data.aws_partition.current.partition}:s3:::${b}", "arn:${data.aws_partition.current.partition}:s3:::${b}/*"
+      ]])
+    }
   }
 }
 

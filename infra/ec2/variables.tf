@@ -155,7 +155,7 @@ variable "image" {
 variable "host_requirements" {
   type        = list(string)
   description = "Pinned Python packages the host runtime (image = null) installs next to torch; make up passes docker/requirements.txt, the images' own list."
-  default     = ["numpy==2.4.6", "mpi4py==4.1.2", "scikit-learn==1.9.1", "PyYAML==6.0.3", "tqdm==4.70.1"]
+  default     = ["numpy==2.4.6", "mpi4py==4.1.2", "scikit-learn==1.9.1", "PyYAML==6.0.3", "tqdm==4.70.1", "boto3==1.44.5"]
 
   validation {
     condition     = alltrue([for r in var.host_requirements : can(regex("^[A-Za-z0-9_.-]+==[0-9][0-9A-Za-z.+!-]*$", r))])
@@ -221,12 +221,45 @@ variable "vpc_cidr" {
 
 variable "availability_zone" {
   type        = string
-  description = "Availability zone of the created subnet; null takes the first zone (by name) that offers the instance type (aws_ec2_instance_type_offerings)."
+  description = "The cluster's availability zone (its subnet, its placement group); null takes the first zone (by name) of `zones`."
   default     = null
 
   validation {
     condition     = var.availability_zone == null || can(regex("^[a-z]{2}(-[a-z]+)+-[0-9][a-z]$", coalesce(var.availability_zone, "-")))
     error_message = "availability_zone must be a zone name such as us-east-1b, or null to pick one that offers the instance type."
+  }
+}
+
+variable "zones" {
+  type        = list(string)
+  description = "The zones of the region that offer the instance type: the cluster gets a subnet in each (node_zones moves a node there). null reads them (aws_ec2_instance_type_offerings); make up writes them, so later plans never see the list change."
+  default     = null
+
+  validation {
+    condition     = var.zones == null || alltrue([for z in coalesce(var.zones, []) : can(regex("^[a-z]{2}(-[a-z]+)+-[0-9][a-z]$", z))])
+    error_message = "zones must be zone names such as us-east-1b, or null to read the zones that offer the instance type."
+  }
+}
+
+variable "node_zones" {
+  type        = map(string)
+  description = "Node index -> zone, for a node launched outside the cluster's zone: 'make up' and a replacement add a node here when EC2 has no capacity for it in its zone, and launch it again. The zone must be one of `zones`."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for i, z in var.node_zones : can(regex("^[0-9]+$", i)) && can(regex("^[a-z]{2}(-[a-z]+)+-[0-9][a-z]$", z))])
+    error_message = "node_zones must map node indexes (\"1\") to zone names (\"us-east-1b\")."
+  }
+}
+
+variable "node_expires_at" {
+  type        = map(string)
+  description = "Node index -> RFC 3339 expiry, for a replacement: its own TTL from its launch (a replacement near the cluster's expiry would otherwise end soon after it is ready). Other nodes keep expires_at."
+  default     = {}
+
+  validation {
+    condition     = alltrue([for i, t in var.node_expires_at : can(regex("^[0-9]+$", i)) && can(formatdate("YYYY", t))])
+    error_message = "node_expires_at must map node indexes (\"1\") to RFC 3339 timestamps such as 2026-11-22T18:00:00Z."
   }
 }
 

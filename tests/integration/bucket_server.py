@@ -28,12 +28,14 @@ def moto_s3(recording: Path):
         yield url
 
 
-def requests(recording: Path) -> list[tuple[str, str]]:
-    """(method, path and query) of every request moto recorded."""
+def requests(recording: Path, probes: bool = False) -> list[tuple[str, str]]:
+    """(method, path and query) of every request moto recorded; ``probes``: with pre-flight's one-byte reads of an
+    object under DATA (``Range: bytes=0-0``, training/bucket.py ``missing``), which fetch nothing."""
     if not recording.exists():
         return []
     rows = [json.loads(line) for line in recording.read_text().splitlines() if line.strip()]
-    return [(row["method"], row["url"].split("://", 1)[-1].partition("/")[2]) for row in rows]
+    return [(row["method"], row["url"].split("://", 1)[-1].partition("/")[2]) for row in rows
+            if probes or (row.get("headers") or {}).get("Range") != "bytes=0-0"]
 
 
 def bridge_address(inventory) -> str:

@@ -10,6 +10,7 @@ client errors such as DependencyViolation come with HTTP 400, InsufficientInstan
 
 from __future__ import annotations
 
+import json
 import threading
 import urllib.error
 import urllib.parse
@@ -25,9 +26,22 @@ def error_document(code: str, message: str) -> bytes:
 
 
 # A rule: (form fields of the request) -> None to pass it to moto, or (HTTP status, code, message) to refuse it.
+# The fields of a JSON-protocol request (Service Quotas) are its JSON body, with "Action" from its X-Amz-Target;
+# every request also carries ":method", ":path" and ":range" (its Range header, or "").
 Rule = Callable[[dict[str, str]], "tuple[int, str, str] | None"]
-# An answer for an action moto does not implement: (form fields) -> None, or (HTTP status, EC2's XML document).
-Answer = Callable[[dict[str, str]], "tuple[int, bytes] | None"]
+# An answer for an action moto does not implement: (form fields) -> None, or (HTTP status, body) -- EC2's XML
+# document -- or (HTTP status, body, content type).
+Answer = Callable[[dict[str, str]], "tuple[int, bytes] | tuple[int, bytes, str] | None"]
+
+
+def request_fields(method: str, path: str, headers, body: bytes) -> dict:
+    """The fields a rule sees (see Rule)."""
+    target = headers.get("X-Amz-Target") or ""
+    if target:
+        fields = {**json.loads(body or b"{}"), "Action": target.rsplit(".", 1)[-1]}
+    else:
+        fields = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode(errors="replace")).items()}
+    return {**fields, ":method": method, ":path": path, ":range": headers.get("Range") or ""}
 
 
 class RefusingProxy:
@@ -39,6 +53,7 @@ class RefusingProxy:
         self.answer = answer  # an action moto lacks: (form fields) -> EC2's XML answer (HTTP 200), or None
         self.calls: dict[str, int] = {}
         self.refused: list[tuple[str, str]] = []  # (action, code)
+        self.requests: list[tuple[str, str, str]] = []  # (method, path, Range header) of every request
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -47,17 +62,19 @@ class RefusingProxy:
 
             def _forward(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                fields = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode(errors="replace")).items()}
+                fields = request_fields(self.command, self.path, self.headers, body)
                 action = fields.get("Action", "")
                 proxy.calls[action] = proxy.calls.get(action, 0) + 1
-                refusal = proxy.rule(fields) if action else None
+                proxy.requests.append((self.command, self.path, fields[":range"]))
+                refusal = proxy.rule(fields)
                 if refusal:
                     status, code, message = refusal
                     proxy.refused.append((action, code))
                     return self._answer(status, error_document(code, message), {"Content-Type": "text/xml"})
-                answered = proxy.answer(fields) if proxy.answer and action else None
+                answered = proxy.answer(fields) if proxy.answer else None
                 if answered is not None:
-                    return self._answer(answered[0], answered[1], {"Content-Type": "text/xml"})
+                    kind = answered[2] if len(answered) > 2 else "text/xml"
+                    return self._answer(answered[0], answered[1], {"Content-Type": kind})
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 req = urllib.request.Request(target + self.path, data=body or None, headers=headers, method=self.command)
                 try:
@@ -68,12 +85,16 @@ class RefusingProxy:
 
             def _answer(self, status, data, headers):
                 self.send_response(status)
+                length = str(len(data))
                 for key, value in headers.items():
-                    if key.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
+                    if key.lower() == "content-length" and self.command == "HEAD":
+                        length = value  # a HEAD answer has no body but says the object's size
+                    elif key.lower() not in ("content-length", "transfer-encoding", "connection", "server", "date"):
                         self.send_header(key, value)
-                self.send_header("Content-Length", str(len(data)))
+                self.send_header("Content-Length", length)
                 self.end_headers()
-                self.wfile.write(data)
+                if self.command != "HEAD":
+                    self.wfile.write(data)
 
             do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _forward
 

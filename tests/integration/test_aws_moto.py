@@ -63,7 +63,9 @@ def ec2(moto_url, monkeypatch):
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("AWS_ENDPOINT_URL", moto_url)  # any client made by the code under test goes to moto too
     urllib.request.urlopen(urllib.request.Request(f"{moto_url}/moto-api/reset", method="POST"), timeout=60).close()
-    return boto3.client("ec2", region_name=REGION, endpoint_url=moto_url)
+    mark = moto_url.mark()
+    yield boto3.client("ec2", region_name=REGION, endpoint_url=moto_url)
+    moto_url.show_since(mark)  # on stderr at teardown: pytest shows it when the test failed (motoserver.py)
 
 
 def moto_clients(region: str) -> aws_sweep.Clients:
@@ -267,7 +269,8 @@ def test_up_and_down_run_the_real_terraform_against_moto(ec2, offline_terraform,
     tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
 
     # The inventory came from the real `terraform output -json` and says what EC2 says.
-    assert Inventory.load(state.inventory_path) == inv and inv.cluster == "tfreal" and inv.subnet == "10.42.1.0/24"
+    # The inventory's subnet is the VPC's block: it holds the subnet of every zone a node may be moved to.
+    assert Inventory.load(state.inventory_path) == inv and inv.cluster == "tfreal" and inv.subnet == "10.42.0.0/16"
     outputs = json.loads(subprocess.run([offline_terraform, f"-chdir={tf_dir}", "output", "-json"],
                                         capture_output=True, text=True, check=True).stdout)
     keys = {f"node-{i}": k["public_key"] for i, k in enumerate(tfvars["host_keys"])}
@@ -379,13 +382,25 @@ def test_plan_of_the_g4dn_example_with_the_production_defaults(ec2, offline_terr
               sorted([s["Resource"]] if isinstance(s["Resource"], str) else s["Resource"]) for s in policy["Statement"]}
     assert grants == {("s3:GetBucketLocation", "s3:ListBucket"): ["arn:aws:s3:::demo-ckpt", "arn:aws:s3:::demo-data"],
                       ("s3:DeleteObject", "s3:GetObject", "s3:PutObject"): ["arn:aws:s3:::demo-ckpt/*",
-                                                                            "arn:aws:s3:::demo-data/*"]}, policy
+                                                                            "arn:aws:s3:::demo-data/*"],
+                      ("kms:Decrypt", "kms:GenerateDataKey"): ["*"]}, policy
+    # SSE-KMS buckets: any key, but only through S3 in this region and only for these buckets' objects (issue 47
+    # item 6; before, the role had no KMS action and a KMS-encrypted bucket was refused).
+    (kms,) = [s for s in policy["Statement"] if s["Sid"] == "UseTheirKmsKeysThroughS3"]
+    assert kms["Condition"]["StringEquals"] == {"kms:ViaService": "s3.us-east-1.amazonaws.com"}
+    assert sorted(kms["Condition"]["StringLike"]["kms:EncryptionContext:aws:s3:arn"]) == [
+        "arn:aws:s3:::demo-ckpt", "arn:aws:s3:::demo-ckpt/*", "arn:aws:s3:::demo-data", "arn:aws:s3:::demo-data/*"]
     # The subnet goes to the first zone (by name) that offers g4dn.xlarge, as moto's offerings say.
     offerings = ec2.describe_instance_type_offerings(
         LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": ["g4dn.xlarge"]}])
     offered = sorted(o["Location"] for o in offerings["InstanceTypeOfferings"])
     assert sorted(read["data.aws_ec2_instance_type_offerings.zones[0]"]["locations"]) == offered
     assert planned["aws_subnet.this[0]"]["availability_zone"] == offered[0]
+    # ...and every other zone that offers it gets a subnet too, for a node EC2 has no capacity for there (item 4).
+    spare = {r["values"]["availability_zone"]: r["values"]["cidr_block"] for a, r in
+             ((r["address"], r) for r in plan["planned_values"]["root_module"]["resources"]) if a.startswith("aws_subnet.spare")}
+    assert sorted(spare) == offered[1:] and len(set(spare.values())) == len(spare)
+    assert planned["aws_subnet.this[0]"]["cidr_block"] not in spare.values()
     assert planned["aws_key_pair.client"]["key_name"] == planned["aws_placement_group.cluster[0]"]["name"] == (
         "multinode-g4dn-demo-0a1b2c")
     assert planned["aws_ecr_repository.cluster[0]"]["name"] == "multinode-g4dn-demo-0a1b2c"

@@ -44,3 +44,17 @@ def test_bootstrap_tfvars_per_kind_and_runtime(monkeypatch, kind, image, keys):
     tfvars = bootstrap_tfvars(spec, AwsSettings.from_spec(spec))
     assert set(tfvars) == keys
     assert tfvars.get("image") == image
+
+
+def test_the_modules_own_default_host_requirements_are_the_same_pins():
+    """A hand-run `terraform apply` (no make up) gets infra/ec2's default list: boto3 included, which DATA and
+    CHECKPOINT_URL need on the nodes (issue 47 item 7; before, the default lacked it)."""
+    import hcl2
+    from hcl2 import SerializationOptions
+
+    from multinode.providers.aws.terraform import module_dir
+
+    parsed = hcl2.loads((module_dir() / "variables.tf").read_text(),
+                        serialization_options=SerializationOptions(strip_string_quotes=True, explicit_blocks=False))
+    variables = {name: spec for block in parsed["variable"] for name, spec in block.items()}
+    assert variables["host_requirements"]["default"] == host_requirements()

@@ -33,7 +33,7 @@ class Provider:
             raise CapacityRefused(f"{name}: no capacity")
         return inventory
 
-    def replacement_seconds(self, state):
+    def replacement_estimate(self, state, inventory):
         return None  # cannot say: recovery waits up to RECOVER_WAIT
 
     def gone(self, state, inventory, names):

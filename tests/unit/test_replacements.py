@@ -16,6 +16,7 @@ from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, UserError
 from multinode.core.events import Events, ReplacementReady
 from multinode.core.state import ClusterState
+from multinode.providers.base import Estimate
 from multinode.providers.local.faults import replace_delay
 
 
@@ -40,8 +41,8 @@ class Slow:
     def __init__(self, estimate):
         self.estimate, self.asked, self.release = estimate, [], threading.Event()
 
-    def replacement_seconds(self, state):
-        return self.estimate
+    def replacement_estimate(self, state, inventory):
+        return Estimate(self.estimate, "told by the test")
 
     def replace(self, state, inventory, name):
         self.asked.append(name)
@@ -103,7 +104,8 @@ def test_a_slow_replacement_goes_on_without_the_node_at_once_then_grows_back(tmp
     active = rec._replace_or_shrink(rec.cluster, Loss(["node-2"], "notice", 7), 0.0)  # no 300 s wait
     assert [n.name for n in active.nodes] == ["node-0", "node-1"]
     assert [e["event"] for e in rec.timeline.events] == ["replacement asked", "going on without it"]
-    assert "longer than a restart of the job, about 8 s: going on without it at once" in "\n".join(said)
+    assert ("it takes about 120 s (told by the test), longer than a restart of the job, about 8 s: going on without "
+            "it at once") in "\n".join(said)
     grow = rec.grow_back(SimpleNamespace(inv=active))  # the next attempt's loop
     events = Events()
     grow.begin(events)

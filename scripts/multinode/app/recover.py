@@ -81,7 +81,7 @@ class Recovery:
         self.growing = GrowBack.idle()  # the attempt under way's grow-back
         self.label = ""  # where the ended attempt's files are kept
         self.started = time.time()  # the run's start: a notice older than it is not this run's
-        self.estimate = self.provider.replacement_seconds(state)  # a bad MULTINODE_REPLACE_DELAY: one line, here
+        self.estimate = self.provider.replacement_estimate(state, cluster)  # a bad MULTINODE_REPLACE_DELAY: one line
         self.restart_seconds: float | None = None  # measured: the run's start to its first job's launch
         self.replacements = Replacements(self._provider_replace)
         self._replacing = threading.Lock()
@@ -157,7 +157,7 @@ class Recovery:
         grew, self.growing = self.growing.notified, GrowBack.idle()
         report = summary.preempted or {}
         noticed = tuple(n.name for n in ctx.inv.nodes if report.get("noticed_on") in (n.hostname, n.name))
-        wait = wait_seconds(self.estimate, self.restart_seconds, self.spec.recover_wait)
+        wait = wait_seconds(self.estimate and self.estimate.seconds, self.restart_seconds, self.spec.recover_wait)
         decision = decide(Ended(outcome.kind, outcome.stopped_by, outcome.lost, noticed, grew),
                           History(self.attempt, self.spec.recover, len(ctx.inv.nodes), wait))
         if decision.action == "end":
@@ -245,7 +245,7 @@ class Recovery:
         left."""
         keep = [n.name for n in active.nodes]
         for name in loss.nodes:
-            self.timeline.add("replacement asked", name)
+            self.timeline.add("replacement asked", f"{name} ({self._waiting(wait)})")
             self.say(f"{name} {'got a notice' if loss.cause == 'notice' else 'is lost'}: asking "
                      f"{self.cluster.provider} for a replacement ({self._waiting(wait)})")
             self.replacements.ask(name)
@@ -264,10 +264,11 @@ class Recovery:
 
     def _waiting(self, wait: float) -> str:
         """The wait-or-shrink decision in words (:func:`multinode.app.replacements.wait_seconds`)."""
+        takes = f"it takes {self.estimate.describe()}" if self.estimate else "the provider cannot say how long it takes"
         if wait or self.estimate is None or self.restart_seconds is None:
-            return f"waiting at most {wait:.0f} s"
-        return (f"it takes about {self.estimate:.0f} s, longer than a restart of the job, about "
-                f"{self.restart_seconds:.0f} s: going on without it at once")
+            return f"waiting at most {wait:.0f} s; {takes}"
+        return (f"{takes}, longer than a restart of the job, about {self.restart_seconds:.0f} s: going on without it "
+                "at once")
 
     def _resumed(self, started_at: float | None, resumed: dict | None) -> None:
         """The attempt that recovered from ``pending`` on the timeline; steps lost = the last step reached - the

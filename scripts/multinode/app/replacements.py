@@ -11,11 +11,11 @@ refusal in one line: the run goes on with the nodes it has.
 **Wait or shrink.** Going on without the node costs one more coordinated checkpoint and one more restart of the job
 when the node is back (growing back); waiting costs the replacement's own time, with every node idle. So recovery
 waits only when the provider says the replacement comes sooner than that restart: the provider's estimate
-(:meth:`~multinode.providers.base.Provider.replacement_seconds`: locally about a second, plus
-``MULTINODE_REPLACE_DELAY``) against the run's own measured restart, the seconds from the run's start to its first
-job's launch (pre-flight, code sync and setup, launch: what a grow-back's attempt repeats, the sync then incremental;
-not counted: the job's own start to its first step). A provider that cannot say (EC2: None) is waited for up to
-RECOVER_WAIT, as before.
+(:meth:`~multinode.providers.base.Provider.replacement_estimate`: locally about a second, plus
+``MULTINODE_REPLACE_DELAY``; on EC2 the median of the cluster's own launches) against the run's own measured
+restart, the seconds from the run's start to its first job's launch (pre-flight, code sync and setup, launch: what a
+grow-back's attempt repeats, the sync then incremental; not counted: the job's own start to its first step). A
+provider that cannot say (hosts: None) is waited for up to RECOVER_WAIT, as before.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from multinode.core.errors import CapacityRefused
+from multinode.core.errors import CapacityRefused, MultinodeError
 from multinode.core.events import Events, ReplacementReady, ReplacementRefused
 from multinode.core.inventory import Inventory
 
@@ -78,8 +78,11 @@ class Replacements:
             done = Replaced(name, self.replace(name), time.time())
         except CapacityRefused as err:
             done = Replaced(name, None, time.time(), str(err))
-        except Exception as err:  # noqa: BLE001 -- any error of a replacement is a refusal, never a dead thread
-            done = Replaced(name, None, time.time(), f"the replacement failed: {type(err).__name__}: {err}")
+        except MultinodeError as err:
+            done = Replaced(name, None, time.time(), f"the replacement failed: {err}")
+        except Exception as err:  # noqa: BLE001 -- boto3's own errors too: a refusal in one line, never a dead thread
+            done = Replaced(name, None, time.time(),
+                            f"the replacement failed: {type(err).__name__}: {' '.join(str(err).split())}")
         with self._lock:
             del self._under_way[name]
             listener = self._listener

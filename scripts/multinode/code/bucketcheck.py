@@ -3,7 +3,8 @@ A step of the run's pre-flight phase, after the round of checks (it needs the ru
 
 Each node runs our bucket module's ``check`` (``training/bucket.py``, with the node's own credentials: the run's ENV
 file sourced when ENV is set, else the instance profile) for each URL: boto3 importable, credentials found, S3
-reachable, the bucket there and readable, and for DATA at least one object under the prefix. The first node that
+reachable, the bucket there and readable, and for DATA at least one object under the prefix and its first byte
+(SSE-KMS: the node's kms:Decrypt). The first node that
 cannot is one line naming the node, the setting, its value and what is missing (:class:`PreflightFailed`);
 nothing else has run. (Whether a node may also write under CHECKPOINT_URL shows at its first upload, in a
 ``CHECKPOINT_UPLOAD_FAILED`` line: checking it here would leave an object behind.)

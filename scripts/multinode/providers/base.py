@@ -5,11 +5,29 @@ A provider never imports launchers or runtimes; it only produces and destroys cl
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Protocol
 
 from multinode.core.config import ClusterSpec
 from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """About how many seconds a ``replace`` takes here, and where the figure comes from (``basis``: the words the
+    recovery's timeline prints, e.g. "measured: median of 3 launches of g4dn.xlarge in this cluster")."""
+
+    seconds: float
+    basis: str
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.seconds) and self.seconds >= 0) or not self.basis.strip():
+            raise ValueError(f"an estimate needs seconds >= 0 and a basis, not {self.seconds!r} and {self.basis!r}")
+
+    def describe(self) -> str:
+        return f"{f'about {self.seconds:.0f} s' if self.seconds >= 1 else 'under a second'} ({self.basis})"
 
 
 class Provider(Protocol):
@@ -31,10 +49,11 @@ class Provider(Protocol):
         local provider told to refuse), UserError when ``name`` is not a node of the cluster.
         """
 
-    def replacement_seconds(self, state: ClusterState) -> float | None:
-        """About how many seconds a ``replace`` takes here, when the provider knows (None: it cannot say -- EC2's
-        launch and bootstrap vary). Recovery waits for a replacement only when it comes sooner than a restart of the
-        job costs (:mod:`multinode.app.replacements`); UserError in one line for a bad setting behind it."""
+    def replacement_estimate(self, state: ClusterState, inventory: Inventory) -> Estimate | None:
+        """About how long a ``replace`` of a node of ``inventory`` takes here, and on what that rests (None: the
+        provider cannot say). Recovery waits for a replacement only when it comes sooner than a restart of the job
+        costs (:mod:`multinode.app.replacements`) and prints the basis; UserError in one line for a bad setting
+        behind it."""
 
     def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
         """{node: why} for those of ``names`` whose machine the provider knows is gone (a deleted namespace, an

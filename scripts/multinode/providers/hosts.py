@@ -103,7 +103,7 @@ class HostsProvider:
         inventory.save(state.inventory_path)
         return inventory
 
-    def replacement_seconds(self, state: ClusterState) -> float | None:
+    def replacement_estimate(self, state: ClusterState, inventory: Inventory) -> None:
         """Not known: hosts are not made by us."""
         return None
 

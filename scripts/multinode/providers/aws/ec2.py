@@ -15,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from multinode.core.errors import NodeError
+from multinode.providers.aws import session as aws_session
 
 log = logging.getLogger(__name__)
 
@@ -40,10 +41,16 @@ class TaggedInstance:
 
 
 def client(region: str):
-    """An EC2 client for ``region`` (boto3 honours AWS_ENDPOINT_URL_EC2 for other endpoints)."""
-    import boto3
+    """An EC2 client for ``region``, from this thread's own session (:mod:`multinode.providers.aws.session`: the
+    gone-poll and a replacement ask EC2 from two threads at once); boto3 honours AWS_ENDPOINT_URL(_EC2)."""
+    return aws_session.client("ec2", region)
 
-    return boto3.client("ec2", region_name=region)
+
+def offered_zones(ec2, instance_type: str) -> list[str]:
+    """The zones of the client's region that offer ``instance_type`` (DescribeInstanceTypeOfferings), by name."""
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone", Filters=[{"Name": "instance-type", "Values": [instance_type]}])
+    return sorted({o["Location"] for page in pages for o in page["InstanceTypeOfferings"]})
 
 
 def tagged_instances(ec2, cluster: str | None = None, states: Sequence[str] = BILLING_STATES) -> list[TaggedInstance]:

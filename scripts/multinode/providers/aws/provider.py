@@ -15,15 +15,19 @@ everything when the local state is gone), then boto3 verifies that no instance t
 is left in a billing state (stopped counts: its EBS bills). ``reap`` (multinode.providers.aws.reap):
 expired instances and the resources of clusters whose instances are gone, listed or deleted.
 
-``replace`` (recovery of a lost node; multinode.providers.aws.replace): the lost instance terminated if it still
+Before anything is made, ``up`` checks the account's vCPU quota for the instance family (multinode.providers.aws.quotas)
+and finds the zones that offer the type: the cluster gets a subnet in each (infra/ec2/network.tf), its nodes start
+in the first. EC2's refusals at ``up`` and at a replacement move the refused nodes out of the cluster placement group,
+then to another zone, one line each (multinode.providers.aws.capacity, .placement, .refusals); a quota refusal is
+named as one. The AWS provider's own retries are bounded (infra/ec2 ``max_retries`` = 3, not its 25), so a refusal
+surfaces after a few tries instead of minutes of back-off, for the recovery's RECOVER_WAIT.
+
+``replace`` (recovery of a lost node; multinode.providers.aws.replacing): the lost instance terminated if it still
 bills, then ``terraform plan -replace/-target aws_instance.node[i]`` checked to touch that instance only, applied:
-one new instance from the same configuration (subnet, placement group, profile, tags and expiry, the cluster's
-image, the node's pinned host key), new addresses in known_hosts and the inventory. EC2's capacity errors
-(InsufficientInstanceCapacity, the spot ones) become CapacityRefused -- after one more try outside the cluster
-placement group, said in one line, when the refused node was in it (``outside_placement_group``); ``up`` does the
-same for the nodes EC2 refused. The AWS provider's own retries are bounded (infra/ec2 ``max_retries`` = 3, not its
-25), so a refusal surfaces after a few tries instead of minutes of back-off, for the recovery's RECOVER_WAIT. A node
-once moved out of the group stays out at its later replacements.
+one new instance from the same configuration, with an expiry of its own (TTL_HOURS from its launch). How long the
+cluster's nodes took from launch to ready (at ``up`` and at every replacement) is kept
+(multinode.providers.aws.launches): :meth:`AwsProvider.replacement_estimate` is its median, which recovery weighs
+against a restart of the job (wait, or go on with fewer nodes at once).
 
 ``AWS_ENDPOINT_URL`` sends both boto3 and Terraform's AWS provider to another endpoint (the tests:
 a moto_server on loopback). Variables of infra/ec2 that multinode does not write (``ami_id``,
@@ -33,9 +37,10 @@ a moto_server on loopback). Variables of infra/ec2 that multinode does not write
 
 from __future__ import annotations
 
-import dataclasses
+import functools
 import json
 import logging
+import os
 import secrets
 import shutil
 import sys
@@ -45,25 +50,26 @@ from pathlib import Path
 from typing import Any
 
 from multinode.core.config import ClusterSpec, env_default
-from multinode.core.errors import CapacityRefused, NodeError, UserError
-from multinode.core.inventory import Inventory, node_index
+from multinode.core.errors import UserError
+from multinode.core.inventory import Inventory
 from multinode.core.state import ClusterState
 from multinode.providers.aws import capacity as aws_capacity
 from multinode.providers.aws import ec2 as aws_ec2
+from multinode.providers.aws import launches, quotas
+from multinode.providers.aws import session as aws_session
 from multinode.providers.aws import sweep as aws_sweep
 from multinode.providers.aws.bootstrap_inputs import bootstrap_tfvars
 from multinode.providers.aws.keys import new_ed25519, write_secret
+from multinode.providers.aws.placement import first_layout
 from multinode.providers.aws.reap import verify_gone
-from multinode.providers.aws.replace import capacity_code, instance_address, planned_ami, unexpected_changes
-from multinode.providers.aws.settings import AwsSettings, cost_line, ecr_repository_of, prices_path
+from multinode.providers.aws.replacing import SSH_TIMEOUT, STATUS_TIMEOUT, replace_node
+from multinode.providers.aws.settings import AwsSettings, cost_line, ecr_repository_of, instance_type_for, prices_path
 from multinode.providers.aws.readiness import wait_bootstrap
-from multinode.providers.aws.terraform import (Terraform, TerraformFailed, inventory_from_outputs, known_hosts_lines,
-                                               module_dir, run_terraform, terraform_binary)
+from multinode.providers.aws.terraform import (Terraform, inventory_from_outputs, known_hosts_lines, module_dir,
+                                               run_terraform, terraform_binary)
+from multinode.providers.base import Estimate
 
 log = logging.getLogger(__name__)
-
-STATUS_TIMEOUT = 900.0  # seconds for every node to pass its status checks
-SSH_TIMEOUT = 300.0
 
 
 class AwsProvider:
@@ -72,7 +78,8 @@ class AwsProvider:
     def __init__(self, terraform: Terraform = run_terraform, ec2_client: Callable[[str], Any] = aws_ec2.client,
                  ssh_port: int = 22, wait_ssh: Callable[..., None] = aws_ec2.wait_tcp,
                  wait_ready: Callable[[Inventory, str | None], None] | None = None,
-                 clients: Callable[[str], aws_sweep.Clients] = aws_sweep.Clients.for_region) -> None:
+                 clients: Callable[[str], aws_sweep.Clients] = aws_sweep.Clients.for_region,
+                 quotas_client: Callable[[str], Any] = functools.partial(aws_session.client, "service-quotas")) -> None:
         self.terraform = terraform  # tests: the real binary against moto, or a stand-in for failure paths
         self.ec2_client = ec2_client
         # The readiness probe: (hosts, port, timeout). Tests aim it at a loopback listener, since
@@ -82,6 +89,7 @@ class AwsProvider:
         # The bootstrap wait (multinode.providers.aws.readiness) over SSH; tests run it against local nodes.
         self.wait_ready = wait_ready or wait_bootstrap
         self.clients = clients  # EC2, IAM and ECR of a region: the sweep by tags of down and reap
+        self.quotas_client = quotas_client  # Service Quotas of a region: the vCPU quota checked before up
 
     def confirm(self, spec: ClusterSpec, assume_yes: bool = False) -> None:
         """Print what the cluster costs per hour; ask unless ``assume_yes``."""
@@ -101,6 +109,10 @@ class AwsProvider:
         settings = AwsSettings.from_spec(spec)
         if self.terraform is run_terraform:
             terraform_binary()  # the install hint before anything is written
+        itype = instance_type_for(spec, settings)
+        ec2 = self.ec2_client(settings.region)
+        layout = first_layout(aws_ec2.offered_zones(ec2, itype), itype, settings.region, dict(os.environ))
+        quotas.check(ec2, self.quotas_client(settings.region), quotas.Need(itype, spec.nodes, settings.spot, settings.region))
         tf_dir = state.provider_dir / "terraform"
         # Written first: `down` finds region and Terraform state even if `up` dies half-way.
         tf_dir.mkdir(parents=True, exist_ok=True)
@@ -120,19 +132,28 @@ class AwsProvider:
             "host_keys": [{"private_key": private, "public_key": public} for private, public in host_keys],
         }
         tfvars.update(bootstrap_tfvars(spec, settings))
+        tfvars.update(layout)
         repository = settings.image and ecr_repository_of(settings.image, settings.region)
         if repository:
             tfvars["ecr_repository"] = repository  # the image's own repository, taken by name
         write_secret(tf_dir / "terraform.tfvars.json", json.dumps(tfvars, indent=2))  # holds private host keys
         try:
             return self._create(state, settings, host_keys)
-        except BaseException:
-            log.error("up failed; destroying what was created")
-            try:
-                self.down(state)
-            except Exception as err:  # the original failure is the one to report
-                print(f"cleanup after the failed up also failed: {err}", file=sys.stderr)
+        except aws_capacity.LaunchRefused as refused:
+            self._clean_up(state)
+            if refused.refusal.quota:
+                raise UserError(f"{refused}; nothing is left of the cluster") from None
             raise
+        except BaseException:
+            self._clean_up(state)
+            raise
+
+    def _clean_up(self, state: ClusterState) -> None:
+        log.error("up failed; destroying what was created")
+        try:
+            self.down(state)
+        except Exception as err:  # the original failure is the one to report
+            print(f"cleanup after the failed up also failed: {err}", file=sys.stderr)
 
     def _make_keys(self, spec: ClusterSpec, state: ClusterState) -> list[tuple[str, str]]:
         if not state.ssh_key.exists():
@@ -153,14 +174,16 @@ class AwsProvider:
         self.wait_ssh([n.ssh_host for n in inventory.nodes], self.ssh_port, timeout=SSH_TIMEOUT)
         state.known_hosts.write_text("".join(known_hosts_lines(inventory)))
         self.wait_ready(inventory, settings.image)
+        launches.record(state.provider_dir, ec2, inventory.nodes, "up", launches.now())
         inventory.save(state.inventory_path)
         return inventory
 
     # replace ----------------------------------------------------------------------------
 
-    def replacement_seconds(self, state: ClusterState) -> float | None:
-        """Not known: an instance's launch and bootstrap vary (recovery waits up to RECOVER_WAIT for it)."""
-        return None
+    def replacement_estimate(self, state: ClusterState, inventory: Inventory) -> Estimate:
+        """The median of how long this cluster's own nodes took from launch to ready (multinode.providers.aws.launches),
+        or a published lower bound before there is one."""
+        return launches.estimate(state.provider_dir, inventory.extra.get("instance_types") or ())
 
     def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
         """The nodes whose instance EC2 no longer runs (terminated, shutting down, stopped), by DescribeInstances."""
@@ -169,82 +192,9 @@ class AwsProvider:
         return {ids[i]: f"its instance is {st}" for i, st in aws_ec2.not_running(self.ec2_client(region), list(ids)).items()}
 
     def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
-        """One new instance for node ``name`` (multinode.providers.aws.replace): the lost one terminated if it still
-        runs, then Terraform recreates ``aws_instance.node[i]`` alone, from the same configuration and image, with
-        the node's pinned host key; status, SSH and bootstrap waited for as at `up`; known_hosts and the inventory
-        rewritten (new addresses). The other instances are not touched. CapacityRefused when EC2 has no capacity."""
-        names = [n.name for n in inventory.nodes]
-        if name not in names:
-            raise UserError(f"{name} is not a node of cluster {state.name!r}; its nodes are {', '.join(names)}")
-        region = json.loads((state.provider_dir / "aws.json").read_text())["region"]
-        ec2, tf_dir, address = self.ec2_client(region), state.provider_dir / "terraform", instance_address(name)
-        old = inventory.nodes[names.index(name)]
-        self._pin_image(tf_dir)
-        if old.instance_id and aws_ec2.billing(ec2, [old.instance_id]):
-            aws_ec2.terminate(ec2, [old.instance_id])
-        try:
-            self._apply_one(tf_dir, name, address)
-        except CapacityRefused as refused:
-            if not aws_capacity.launch_outside_group(self.terraform, tf_dir, [node_index(name)],
-                                                       capacity_code(str(refused))):
-                raise
-            self._apply_one(tf_dir, name, address)
-        outputs = json.loads(self.terraform(tf_dir, "output", "-json", "-no-color"))
-        fresh = inventory_from_outputs(outputs, state, {n.name: n.host_key for n in inventory.nodes}, inventory.image)
-        moved = [n.name for n, f in zip(inventory.nodes, fresh.nodes) if n.name != name and n.instance_id != f.instance_id]
-        if moved or len(fresh.nodes) != len(inventory.nodes):
-            raise UserError(f"replacing {name} changed other nodes too ({', '.join(moved) or 'the node count'}); "
-                            f"see {tf_dir}, then 'make down' and 'make up'")
-        new = fresh.nodes[names.index(name)]
-        try:
-            aws_ec2.wait_status_ok(ec2, [new.instance_id], timeout=STATUS_TIMEOUT)
-        except NodeError as err:
-            reason = aws_ec2.state_reason(ec2, new.instance_id)
-            if capacity_code(reason):
-                raise CapacityRefused(f"{name}: no capacity for a replacement ({reason}); go on with fewer nodes "
-                                      "or ask again later") from err
-            raise
-        self.wait_ssh([new.ssh_host], self.ssh_port, timeout=SSH_TIMEOUT)
-        state.known_hosts.write_text("".join(known_hosts_lines(fresh)))
-        self.wait_ready(dataclasses.replace(fresh, nodes=(new,)), inventory.image)
-        fresh.save(state.inventory_path)
-        return fresh
-
-    def _pin_image(self, tf_dir: Path) -> None:
-        """terraform.tfvars.json names the image the cluster runs (``ami_id``), so the replacement gets that
-        image and not a newer one from the SSM parameter."""
-        tfvars = json.loads((tf_dir / "terraform.tfvars.json").read_text())
-        if tfvars.get("ami_id"):
-            return
-        ami = planned_ami(json.loads(self.terraform(tf_dir, "show", "-json", "-no-color")))
-        if ami:
-            tfvars["ami_id"] = ami
-            write_secret(tf_dir / "terraform.tfvars.json", json.dumps(tfvars, indent=2))
-
-    def _apply_one(self, tf_dir: Path, name: str, address: str) -> None:
-        """Plan the replacement of ``address`` alone, check the plan does nothing else, apply it; EC2's capacity
-        errors become CapacityRefused."""
-        self.terraform(tf_dir, "plan", "-input=false", "-no-color", f"-replace={address}", f"-target={address}",
-                       "-out=replace.tfplan")
-        unexpected = unexpected_changes(json.loads(self.terraform(tf_dir, "show", "-json", "-no-color",
-                                                                  "replace.tfplan")), address)
-        if unexpected:
-            raise UserError(f"replacing {name} would also change: {'; '.join(unexpected)}; nothing was applied "
-                            f"(plan in {tf_dir}/replace.tfplan)")
-        try:
-            self.terraform(tf_dir, "apply", "-input=false", "-no-color", "replace.tfplan")
-        except TerraformFailed as err:
-            code = capacity_code(err.output)
-            if code:
-                raise CapacityRefused(f"{name}: no capacity for a replacement (EC2 said {code}); go on with fewer "
-                                      "nodes or ask again later") from None
-            raise
-        finally:
-            (tf_dir / "replace.tfplan").unlink(missing_ok=True)
-        # A targeted apply leaves the `inventory` output as it was: it also reads instances that were not targeted
-        # (hashicorp/terraform issue 35306). A refresh-only apply re-reads every object and updates the outputs;
-        # it changes no infrastructure.
-        self.terraform(tf_dir, "apply", "-refresh-only", "-input=false", "-auto-approve", "-no-color")
+        """One new instance for node ``name`` (multinode.providers.aws.replacing); the other instances are not
+        touched. CapacityRefused when EC2 refuses it wherever it may go, or for a quota."""
+        return replace_node(self, state, inventory, name)
 
     # down -------------------------------------------------------------------------------
 

@@ -113,8 +113,11 @@ def ecr_repository_of(image: str, region: str) -> str | None:
 # --- prices ------------------------------------------------------------------------------
 
 
+DEFAULT_INSTANCE_TYPES = {"cpu": "c6i.xlarge", "g4dn": "g4dn.xlarge", "g4ad": "g4ad.xlarge"}  # infra/ec2/main.tf
+
+
 def instance_type_for(spec: ClusterSpec, settings: AwsSettings) -> str:
-    return settings.instance_type or {"cpu": "c6i.xlarge", "g4dn": "g4dn.xlarge", "g4ad": "g4ad.xlarge"}[spec.cluster_type]
+    return settings.instance_type or DEFAULT_INSTANCE_TYPES[spec.cluster_type]
 
 
 def root_volume_gb() -> int:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from multinode.providers.aws import ec2 as aws_ec2
+from multinode.providers.aws import session as aws_session
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +96,8 @@ class Clients:
 
     @classmethod
     def for_region(cls, region: str, placement_groups: bool = True) -> "Clients":
-        import boto3
-
-        return cls(ec2=boto3.client("ec2", region_name=region), iam=boto3.client("iam", region_name=region),
-                   ecr=boto3.client("ecr", region_name=region), placement_groups=placement_groups)
+        return cls(ec2=aws_session.client("ec2", region), iam=aws_session.client("iam", region),
+                   ecr=aws_session.client("ecr", region), placement_groups=placement_groups)
 
 
 def _tags(items: list[dict] | None) -> dict[str, str]:

@@ -13,7 +13,7 @@ Root only (the nodes are network namespaces). :func:`multinode.providers.local.s
   what ``replace`` asks before it changes anything.
 * ``MULTINODE_REPLACE_DELAY=<seconds>`` in the orchestrator's environment (:func:`replace_delay`): every replacement
   takes that much longer, between removing what is left of the old node and making the new one -- an EC2 instance's
-  launch and bootstrap, drilled here. ``replace`` sleeps it; :meth:`LocalProvider.replacement_seconds` says it.
+  launch and bootstrap, drilled here. ``replace`` sleeps it; :meth:`LocalProvider.replacement_estimate` says it.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from multinode.core.config import ClusterSpec
 from multinode.core.errors import UserError
 from multinode.core.inventory import Inventory, node_index
 from multinode.core.state import ClusterState
+from multinode.providers.base import Estimate
 from multinode.providers.local import netns as localnet
 from multinode.providers.local import imds
 from multinode.providers.local import faults
@@ -142,9 +143,12 @@ class LocalProvider:
         the others untouched. CapacityRefused when told to refuse (:mod:`multinode.providers.local.faults`)."""
         return replace_node(state, inventory, name)
 
-    def replacement_seconds(self, state: ClusterState) -> float | None:
-        """A local node is made in about a second, plus ``MULTINODE_REPLACE_DELAY`` when a drill sets one."""
-        return faults.replace_delay()
+    def replacement_estimate(self, state: ClusterState, inventory: Inventory) -> Estimate:
+        """``MULTINODE_REPLACE_DELAY`` when a drill sets one (an EC2 launch, drilled); the local node itself is made
+        at once (about a second, within a restart's own seconds, so it is not counted)."""
+        delay = faults.replace_delay()
+        return Estimate(delay, f"{faults.DELAY_ENV}={delay:g}, a drilled launch" if delay else
+                        "a local node is made at once")
 
     def gone(self, state: ClusterState, inventory: Inventory, names: list[str]) -> dict[str, str]:
         """The nodes whose network namespace no longer exists (lost: faults.lose_node, or removed by hand)."""
