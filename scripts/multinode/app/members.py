@@ -33,8 +33,10 @@ from multinode.trainer import channel
 class Members:
     """The job's membership as the run changes it (see the module doc)."""
 
-    def __init__(self, ctx: RunContext, nproc: int, enabled: bool, say: Callable[[str], None]) -> None:
+    def __init__(self, ctx: RunContext, nproc: int, enabled: bool, say: Callable[[str], None],
+                 reason: str = "") -> None:
         self.ctx, self.nproc, self.enabled, self.say = ctx, nproc, enabled, say
+        self.reason = reason  # why not enabled, in words
         self.supported = False  # the job said it takes changes (its WORLD of generation 0)
         self.generation = 0
         self.names = [n.name for n in ctx.inv.nodes]  # the nodes in the job now, head first
@@ -46,7 +48,7 @@ class Members:
         commands = getattr(plan, "commands", ())
         enabled = bool(commands) and all(channel.MEMBERSHIP_ENV in cmd.env for cmd in commands)
         nproc = commands[0].nproc if commands else 1
-        return cls(ctx, nproc, enabled, say)
+        return cls(ctx, nproc, enabled, say, "" if enabled else restart_reason(ctx.spec, plan))
 
     def path(self, name: str) -> str:
         return f"{node_run_dir(self.ctx.inv, name, self.ctx.spec.run_id)}/{channel.MEMBERSHIP_FILE}"
@@ -59,8 +61,7 @@ class Members:
     def usable(self, name: str) -> str | None:
         """None when ``name`` can leave without a restart; else why not, in words."""
         if not self.enabled:
-            return "this job's membership cannot change in its processes (MODE=mpi, LAUNCHER=torchrun, or nodes " \
-                   "with different NPROC)"
+            return self.reason
         if not self.supported:
             return "the job did not say it takes membership changes (no WORLD record: a script without the helper)"
         if name == self.names[0]:
@@ -104,3 +105,18 @@ class Members:
         self._write(list(self.names), membership)
         self.names.append(name)
         return True
+
+
+def restart_reason(spec, plan) -> str:
+    """Why a run's membership changes restart every process, in words (the plan gives the ranks no membership)."""
+    if spec.uses_mpi:
+        return "MODE=mpi: an MPI rank's loss ends every rank (its runtime aborts the job)"
+    launcher = getattr(plan, "launcher", None)
+    if launcher == "torchrun":
+        return "LAUNCHER=torchrun: its agent restarts every worker of the node"
+    if launcher is None:
+        return "the scheduler (SCHEDULER=slurm) owns the job's processes"
+    if len(set(getattr(plan, "procs", ()) or (1,))) > 1:
+        return "the nodes run different numbers of ranks (NPROC): a membership gives every node the same"
+    return "the job was not planned to take membership changes"
+

@@ -98,6 +98,8 @@ class AttemptLoop:
         except NodeError as err:
             return Outcome("failed", {n.name: None for n in self.ctx.inv.nodes}, failure=err, failures=(err,))
         members = Members.of(self.ctx, self.plan, self.say)
+        if self.recovery is not None and not members.enabled:
+            self.recovery.say(f"a lost or noticed node restarts every process of this run: {members.reason}")
         if members.enabled and self.recovery is not None:
             self.changes = Changes(self.ctx, self.job, members, self.recovery, self.prepare, self.say,
                                    self.last_seen, self.capture)
