@@ -10,7 +10,9 @@ seconds) and the optimizer step it refers to; :mod:`multinode.diagnose.ledger` r
   accounted up to its last one);
 * ``{"mark": "last_step", "at", "step"}``: the job's last step (said at exit, or by :func:`done`);
 * ``{"mark": "checkpoint", "at", "seconds", "kind", "step"}``: a stall of ``seconds`` from ``at`` while a
-  checkpoint was written, ``kind`` "periodic" or "coordinated" (a notice's).
+  checkpoint was written, ``kind`` "periodic" or "coordinated" (a notice's);
+* ``{"mark": "pause", "at", "seconds", "kind", "step"}``: the ranks paused for a membership change (a lost or
+  noticed node left, or a new one joined: ``training/reform.py``), ``kind`` why.
 
 Our trainer marks its steps and snapshots itself. A user script gets the steps for free from
 :func:`training.preempt.guard` (``stop.now()`` after each step marks it), or calls these directly::
@@ -75,6 +77,11 @@ class Marks:
         finally:
             step = self.last[1] if self.last else None
             self._say("checkpoint", at=round(start, 3), seconds=round(self.clock() - start, 3), kind=kind, step=step)
+
+    def pause(self, at: float, seconds: float, why: str) -> None:
+        """The ranks paused ``seconds`` from ``at`` for a membership change (``why``: lost | leave | reform)."""
+        self._say("pause", at=round(at, 3), seconds=round(seconds, 3), kind=why,
+                  step=self.last[1] if self.last else None)
 
     def done(self) -> None:
         """The last step has been taken (said once; at exit if never called)."""

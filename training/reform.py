@@ -79,6 +79,7 @@ def change(trainer, what: Change) -> None:
     seconds = round(time.time() - what.began, 3)
     log.info("membership generation %d: %d -> %d ranks at step %d, %.2f s after the pause (%s)", place.generation,
              before, place.world_size, trainer.step, seconds, what.why)
+    trainer.marks.pause(what.began, seconds, what.why)  # the ledger's: the survivors' pause
     if trainer.world.rank == 0:
         channel.send(channel.WORLD, {"generation": place.generation, "step": trainer.step,
                                      "world_size": place.world_size, "before": before, "seconds": seconds,

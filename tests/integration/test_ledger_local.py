@@ -86,7 +86,8 @@ def recovered(cluster2):
     trained in 4 s and the run ended before a 5 s poll saw the notice (2026-11-26 00:34 UTC)."""
     from multinode.providers.local.imds import stop_endpoint
 
-    proc = cluster2.popen("train", "--nodes", "2", f"--run-id={RECOVERED}", "--recover=1", "--recover-wait=60",
+    proc = cluster2.popen("train", "--nodes", "2", f"--run-id={RECOVERED}", "--recover=1",
+                          "--recover-in-place=0", "--recover-wait=60",
                           f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV} MULTINODE_NOTICE_POLL=1",
                           "--args=--workload digits 40 2")
     try:

@@ -12,7 +12,9 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
 * **start**: launching the job, then its processes up to the end of the first step (imports, rendezvous, data);
 * **training**: the first step to the last one, less the checkpoint stalls and the steps trained twice;
 * **checkpoint**: the stalls of periodic and coordinated (a notice's) checkpoints;
-* **recovery**, per recovery: *detect* (after the ended attempt's last step and checkpoint, to its end),
+* **recovery**, per recovery: *pause* (a membership change inside an attempt: the surviving ranks' pause, from
+  the failed collective or the agreed step to their first step in the new world -- no process restarted), or
+  *detect* (after the ended attempt's last step and checkpoint, to its end),
   *replace* (its sweep, summary and the replacement) and *restart* (the next attempt's pre-flight, sync and
   start to its first step);
 * **trained twice**: the steps after the snapshot an attempt resumed from that the ended attempt had trained
@@ -55,7 +57,7 @@ class _Book:
     steps_twice: int = 0
 
     def recovery(self, number: int, part: str, seconds: float) -> None:
-        row = self.recoveries.setdefault(number, {"detect": 0.0, "replace": 0.0, "restart": 0.0})
+        row = self.recoveries.setdefault(number, {"detect": 0.0, "replace": 0.0, "restart": 0.0, "pause": 0.0})
         row[part] += seconds
         self.buckets["recovery"] += seconds
 
@@ -141,6 +143,7 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
     train = max(0.0, t_last - t_first - stalled_in)
     tail = max(0.0, end - t_last - stalled_after)
     book.buckets["checkpoint"] += stalled_in + stalled_after
+    train -= _paused(book, marks, t_first, t_last)
     if number == 0:
         book.buckets["start"] += t_first - start
     else:
@@ -152,6 +155,17 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
         book.buckets["teardown"] += tail - kept_tail - twice_tail
     else:
         book.recovery(number + 1, "detect", tail - kept_tail - twice_tail)
+
+
+def _paused(book: _Book, marks: list[dict], t_first: float, t_last: float) -> float:
+    """The survivors' pauses of the attempt's membership changes (``pause`` marks: ``training/reform.py``), each a
+    recovery of its own, its *pause* part; the seconds of them inside the training span."""
+    inside = 0.0
+    for m in (m for m in marks if m.get("mark") == "pause"):
+        seconds = max(0.0, min(m["t"] + max(float(m.get("seconds", 0)), 0.0), t_last) - max(m["t"], t_first))
+        book.recovery(len(book.recoveries) + 1, "pause", seconds)
+        inside += seconds
+    return inside
 
 
 def _past_marks(book: _Book, job: JobMarks, following: JobMarks | None, n_first: int, n_last: int, train: float,
