@@ -44,15 +44,23 @@ class Watcher:
 
     def wait_for(self, pattern: str, timeout: float = 120, also: "Watcher | None" = None) -> None:
         """Until a line matches ``pattern``; TimeoutError with the last lines (and those of ``also``, by default the
-        process's other stream, where a refusal or a wait says why) when none did within ``timeout``."""
+        process's other stream, where a refusal or a wait says why) when none did within ``timeout`` -- at once
+        when the stream has ended without one (the process exited: a refusal at pre-flight waits out nothing)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
+            ended = not self.thread.is_alive()  # read before the lines: every line came before the end
             if any(re.search(pattern, line) for line in list(self.lines)):
                 return
+            if ended:
+                raise TimeoutError(f"no {pattern!r}: the output ended without it\n{self.tail(also)}")
             time.sleep(0.1)
+        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{self.tail(also)}")
+
+    def tail(self, also: "Watcher | None" = None, lines: int = 30) -> str:
+        """The last ``lines`` lines, and those of ``also`` (by default the process's other stream)."""
         also = also or self.partner
-        other = f"\nand on the other stream:\n{''.join(also.lines[-30:])}" if also is not None else ""
-        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}{other}")
+        other = f"\nand on the other stream:\n{''.join(also.lines[-lines:])}" if also is not None else ""
+        return f"{''.join(self.lines[-lines:])}{other}"
 
 
 @contextlib.contextmanager
