@@ -12,6 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PG_TIMEOUT = 10
+# A hang guard on a whole CLI run: past the run's own STALL_TIMEOUT (300 s by default: multinode.core.config), its
+# capture and its stop, so a run that stalls is ended -- and says so -- by its own watchdog, not by the test's wait.
+RUN_BOUND = 600
 
 
 class Watcher:
@@ -66,16 +69,26 @@ class Watcher:
 @contextlib.contextmanager
 def watched(proc: subprocess.Popen):
     """(out, err): Watchers of a CLI process's stdout and stderr. Leaving the block kills the process if it still
-    runs; leaving it normally also waits until both streams have been read to their end."""
+    runs; leaving it normally also waits until both streams have been read to their end. A ``proc.wait(timeout=...)``
+    in the block that expires raises TimeoutError with the last lines of both streams (what the run was doing)."""
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     out.partner, err.partner = err, out
     try:
         yield out, err
+    except subprocess.TimeoutExpired as expired:
+        _stop(proc)
+        with contextlib.suppress(TimeoutError):
+            out.join(10), err.join(10)
+        raise TimeoutError(f"the process did not exit within {expired.timeout:g} s; its stdout:\n{out.tail()}") from None
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     out.join(), err.join()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def cmdline(pid: int) -> list[bytes]:

@@ -11,7 +11,7 @@ import subprocess
 import pytest
 from localcluster import Cluster, bring_up, tear_down
 
-from bench.drills.common import watched
+from bench.drills.common import RUN_BOUND, watched
 
 pytestmark = pytest.mark.integration
 
@@ -78,7 +78,7 @@ def test_a_node_whose_cpu_is_starved_is_not_refused_and_the_warning_names_its_cp
         assert quota.enter_context(starved(cluster4.state, "node-1", 0.03, whole_node=True)), "node-1 has no process"
         proc = cluster4.popen("train", "--nodes", "3", SHORT)
         with watched(proc) as (out, err):
-            out.wait_for(r"link check: ", timeout=300)
+            out.wait_for(r"link check: ", timeout=RUN_BOUND)
             quota.close()  # the check has spoken: node-1 has its CPU back and the job trains at full speed
             proc.wait(timeout=600)
     text, stderr = "".join(out.lines), "".join(err.lines)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from localcluster import Cluster
 
-from bench.drills.common import watched
+from bench.drills.common import RUN_BOUND, watched
 from multinode.diagnose.slowranks import RATIO
 from multinode.providers.local.cpuquota import throttled
 
@@ -65,7 +65,7 @@ def test_a_node_throttled_mid_run_is_named_during_the_run_and_in_the_summary(sha
         with throttled(shared_cluster3.state, "node-2", 0.03) as moved:
             assert moved, "node-2 runs the job's processes"
             out.wait_for(r"slow rank: node-2 rank 2 ", timeout=120, also=err)
-        proc.wait(timeout=300)
+        proc.wait(timeout=RUN_BOUND)
     text = "".join(out.lines)
     assert proc.returncode == 0, text[-3000:] + "".join(err.lines)
     named = [line for line in out.lines if "slow rank:" in line]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from localcluster import bring_up, tear_down
 
-from bench.drills.common import watched
+from bench.drills.common import RUN_BOUND, watched
 
 pytestmark = pytest.mark.integration
 
@@ -88,11 +88,11 @@ def assert_preempted(cluster, run_id: str, code: int, text: str, out: Path) -> N
 def test_a_scheduler_sigterm_to_the_job_ends_preempted_after_every_rank_saved(slurm, tmp_path):
     proc, out = start(slurm, tmp_path, "sgterm")
     with watched(proc) as (lines, err):
-        lines.wait_for(r"\[node-1\] \[rank1\]: step 20 ", timeout=300)
+        lines.wait_for(r"\[node-1\] \[rank1\]: step 20 ", timeout=RUN_BOUND)
         job = re.search(r"submitted batch job (\d+)", "".join(lines.lines))[1]
         sent = on_login(slurm, "scancel", "--signal=TERM", job)
         assert sent.returncode == 0, sent.stderr
-        code = proc.wait(timeout=300)
+        code = proc.wait(timeout=RUN_BOUND)
     assert_preempted(slurm, "sgterm", code, "".join(lines.lines) + "".join(err.lines), out)
     assert_nothing_left(slurm)
 
@@ -100,9 +100,9 @@ def test_a_scheduler_sigterm_to_the_job_ends_preempted_after_every_rank_saved(sl
 def test_ctrl_c_to_the_orchestrator_with_grace_is_a_notice_through_the_scheduler(slurm, tmp_path):
     proc, out = start(slurm, tmp_path, "sgint")
     with watched(proc) as (lines, err):
-        lines.wait_for(r"\[node-1\] \[rank1\]: step 20 ", timeout=300)
+        lines.wait_for(r"\[node-1\] \[rank1\]: step 20 ", timeout=RUN_BOUND)
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=300)
+        code = proc.wait(timeout=RUN_BOUND)
     text = "".join(lines.lines) + "".join(err.lines)
     assert "SIGINT: a notice to every rank (scancel --signal=TERM; GRACE=30 s" in text, text[-4000:]
     assert_preempted(slurm, "sgint", code, text, out)
@@ -114,11 +114,11 @@ def test_scancel_itself_gives_killwait_and_the_ranks_save_within_it(slurm, tmp_p
     KillWait (30 s here, the run's GRACE: a site must give a checkpoint that long); the ranks save at once, and the run ends preempted though the scheduler says CANCELLED."""
     proc, out = start(slurm, tmp_path, "scancel")
     with watched(proc) as (lines, err):
-        lines.wait_for(r"\[node-1\] \[rank1\]: step 20 ", timeout=300)
+        lines.wait_for(r"\[node-1\] \[rank1\]: step 20 ", timeout=RUN_BOUND)
         job = re.search(r"submitted batch job (\d+)", "".join(lines.lines))[1]
         sent = on_login(slurm, "scancel", job)
         assert sent.returncode == 0, sent.stderr
-        code = proc.wait(timeout=300)
+        code = proc.wait(timeout=RUN_BOUND)
     text = "".join(lines.lines) + "".join(err.lines)
     assert f"batch job {job}: CANCELLED" in text, text[-4000:]
     assert_preempted(slurm, "scancel", code, text, out)
