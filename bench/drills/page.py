@@ -130,9 +130,11 @@ def stragglers_markdown(results: list[StragglerResult]) -> str:
                      f"{to_name} | {top} |")
     quiet = spread(results)
     if quiet:
+        held = quiet["in_a_row"]
         lines += ["", f"Unthrottled, {quiet['windows']} windows: a rank's compute against the others' median "
-                  f"{quiet['median']:g} (median), {quiet['p95']:g} (95th percentile), {quiet['max']:g} (highest): the "
-                  f"threshold {RATIO:g} is "
-                  + (f"{RATIO / quiet['max']:.2f} times the highest, so no unthrottled window came near it."
-                     if RATIO > quiet["max"] else "**not above the highest: a healthy rank could be named**.")]
+                  f"{quiet['median']:g} (median), {quiet['p95']:g} (95th percentile), {quiet['max']:g} (highest); "
+                  + (f"fewer than {WINDOWS} windows a rank: the threshold is not judged." if held is None else
+                     f"the highest a rank held for {WINDOWS} windows in a row, what naming it takes, {held:g}: the "
+                     f"threshold {RATIO:g} is " + (f"{RATIO / held:.2f} times that." if RATIO > held
+                                                    else "**not above it: a healthy rank could be named**."))]
     return "\n".join(lines) + "\n"
