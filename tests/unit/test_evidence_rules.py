@@ -20,6 +20,8 @@ import ast
 import re
 from pathlib import Path
 
+from multinode.core.config import DEFAULT_STALL_TIMEOUT
+
 TESTS = Path(__file__).resolve().parents[1]
 # A process or a socket in a unit test: subprocess/Popen/os.system calls, socket objects.
 IMPURE = re.compile(r"\bsubprocess\.(run|Popen|call|check_call|check_output)\b|\bsocket\.socket\(|\bos\.system\(")
@@ -37,6 +39,7 @@ BOUNDED_JOIN = re.compile(r"\b([\w.]+)\.join\(\s*(timeout\s*=\s*)?[\d.]+\s*\)")
 # failing exit after it is a hang guard's; one that only keeps a process alive is neither).
 SHELL_DEADLINE = re.compile(r"(\bseq\s+\d+|\[\s*\$\w+\s+-lt\s+\d+\s*\]).*\bsleep\s+[\d.]+.*\bdone\b.*\bexit\s+[1-9]")
 WAITS = {"wait", "wait_for", "join", "communicate", "cli", "run", "popen"}
+RUN_WAITS = {"wait", "wait_for", "communicate", "cli"}  # waits on a run of ours (a Popen of it, its output, the CLI)
 
 
 def _segment(lines: list[str], node: ast.AST) -> str:
@@ -64,12 +67,19 @@ def duration_asserts(text: str, tree: ast.AST | None = None) -> list[tuple[int, 
 
 def bounds(text: str, tree: ast.AST | None = None) -> list[tuple[int, str]]:
     """(line, call) of each wait used as a bound: a timeout computed from a workload figure (arithmetic on a name),
-    or an assert that a wait does not end (``assert not x.wait(5)``)."""
+    a wait on a run whose bound is the run's own STALL_TIMEOUT (the test's wait and the run's watchdog end together:
+    the test cannot see the run's own verdict; unless the call turns the watchdog off), or an assert that a wait does
+    not end (``assert not x.wait(5)``)."""
     found, lines = [], text.splitlines()
     for node in ast.walk(tree or ast.parse(text)):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None)) in WAITS:
             timeouts = [k.value for k in node.keywords if k.arg == "timeout"]
-            if any(isinstance(t, ast.BinOp) and any(isinstance(n, ast.Name) for n in ast.walk(t)) for t in timeouts):
+            computed = any(isinstance(t, ast.BinOp) and any(isinstance(n, ast.Name) for n in ast.walk(t))
+                           for t in timeouts)
+            stall = (getattr(node.func, "attr", None) in RUN_WAITS
+                     and any(isinstance(t, ast.Constant) and t.value == DEFAULT_STALL_TIMEOUT for t in timeouts)
+                     and "--stall-timeout" not in _segment(lines, node))
+            if computed or stall:
                 found.append((node.lineno, _segment(lines, node)))
         if (isinstance(node, ast.Assert) and isinstance(node.test, ast.UnaryOp) and isinstance(node.test.op, ast.Not)
                 and isinstance(node.test.operand, ast.Call)
@@ -169,6 +179,8 @@ def test_the_issue_48_patterns_catch_what_they_are_for():
     assert bounds("assert not done.wait(5)\n") and bounds("assert not out.wait_for('x', timeout=3)\n")
     assert not bounds("assert done.wait(60), 'hung'\n") and not bounds("proc.wait(timeout=RUN_BOUND)\n")
     assert not bounds("res = cluster.cli('train', timeout=600)\n")
+    assert bounds("code = proc.wait(timeout=300)\n")  # the run's own STALL_TIMEOUT: its watchdog and the wait race
+    assert not bounds("res = cluster.cli('train', '--stall-timeout=0', timeout=300)\n")  # no watchdog to race
     polls = 'cmd = (f"for i in $(seq 50); do [ $(cat {p}) -ge 3 ] && exit 0; sleep 0.09; done; "\n       "exit 1")\n'
     assert shell_deadlines(polls)  # test_guard_switches's: three polls within 4.5 s, or the command fails
     assert shell_deadlines('c = "i=0; while [ $i -lt 40 ]; do sleep 0.2; i=$((i+1)); done; exit 3"\n')
