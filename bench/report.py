@@ -71,10 +71,24 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def under_load(result: dict, where: dict) -> dict:
+    """The section's verdicts as the load it began at allows: above the limit (``load_flag``) each is
+    'inconclusive (load)', never met (bench.verdicts.loaded). Returns ``result``."""
+    from bench.verdicts import loaded
+
+    why = load_flag(where)
+    if why and "verdicts" in result:
+        result["verdicts"] = [loaded(v, why) for v in result["verdicts"]]
+        result["met"] = False
+    return result
+
+
 def save_section(path: Path, name: str, result: dict, quick: bool, start: dict | None = None) -> dict:
-    """Store one section's result (with the machine, the date of this run and ``start``, from :func:`began`)."""
+    """Store one section's result (with the machine, the date of this run and ``start``, from :func:`began`); its
+    verdicts as its starting load allows (:func:`under_load`)."""
     data = load(path)
-    data[name] = {"quick": quick, "machine": {**machine(), **(start or {})}, "result": result}
+    where = {**machine(), **(start or {})}
+    data[name] = {"quick": quick, "machine": where, "result": under_load(result, where)}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
     return data
@@ -96,7 +110,7 @@ def judge_all(data: dict) -> dict:
 
     for name, entry in data.items():
         module = _module(name)
-        attach(entry["result"], module.judge(entry["result"]), module.TARGET)
+        under_load(attach(entry["result"], module.judge(entry["result"]), module.TARGET), entry["machine"])
     return data
 
 

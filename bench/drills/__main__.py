@@ -15,6 +15,8 @@ from bench.drills.crashes import DRILLS, PRESTART_DRILLS, run_drill, run_prestar
 from bench.drills.elastic import ELASTIC_DRILLS, run_elastic_drill
 from bench.drills.hangs import HANG_DRILLS, run_hang_drill
 from bench.drills.preempt import PREEMPT_DRILLS, preempt_markdown, run_preempt_drill
+from bench.drills.stragglers import STRAGGLER_DRILLS, run_straggler_drill
+from bench.provenance import began, machine
 
 
 def main() -> None:
@@ -24,6 +26,8 @@ def main() -> None:
     args = parser.parse_args()
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from localcluster import bring_up, tear_down
+
+    where = {**began(), **machine()}  # the checkout and the load as the drills begin
 
     with tempfile.TemporaryDirectory() as home:
         cluster = bring_up(Path(home), 3, prefix="drill")
@@ -40,10 +44,12 @@ def main() -> None:
             elastic = run_each(ELASTIC_DRILLS, run_elastic_drill)
             hangs = run_each(HANG_DRILLS, run_hang_drill)
             preempted = run_each(PREEMPT_DRILLS, run_preempt_drill)
+            stragglers = run_each(STRAGGLER_DRILLS, lambda c, name: run_straggler_drill(c, STRAGGLER_DRILLS[name]))
         finally:
             tear_down(cluster)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(page.markdown(results, elastic) + page.hangs_markdown(hangs) + preempt_markdown(preempted))
+    args.out.write_text(page.markdown(results, elastic, where) + page.hangs_markdown(hangs, where)
+                        + preempt_markdown(preempted) + page.stragglers_markdown(stragglers))
     print(f"wrote {args.out}")
 
 

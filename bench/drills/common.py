@@ -12,6 +12,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 PG_TIMEOUT = 10
+# A hang guard on a whole CLI run: past the run's own STALL_TIMEOUT (300 s by default: multinode.core.config), its
+# capture and its stop, so a run that stalls is ended -- and says so -- by its own watchdog, not by the test's wait.
+RUN_BOUND = 600
 
 
 class Watcher:
@@ -44,30 +47,48 @@ class Watcher:
 
     def wait_for(self, pattern: str, timeout: float = 120, also: "Watcher | None" = None) -> None:
         """Until a line matches ``pattern``; TimeoutError with the last lines (and those of ``also``, by default the
-        process's other stream, where a refusal or a wait says why) when none did within ``timeout``."""
+        process's other stream, where a refusal or a wait says why) when none did within ``timeout`` -- at once
+        when the stream has ended without one (the process exited: a refusal at pre-flight waits out nothing)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
+            ended = not self.thread.is_alive()  # read before the lines: every line came before the end
             if any(re.search(pattern, line) for line in list(self.lines)):
                 return
+            if ended:
+                raise TimeoutError(f"no {pattern!r}: the output ended without it\n{self.tail(also)}")
             time.sleep(0.1)
+        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{self.tail(also)}")
+
+    def tail(self, also: "Watcher | None" = None, lines: int = 30) -> str:
+        """The last ``lines`` lines, and those of ``also`` (by default the process's other stream)."""
         also = also or self.partner
-        other = f"\nand on the other stream:\n{''.join(also.lines[-30:])}" if also is not None else ""
-        raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{''.join(self.lines[-30:])}{other}")
+        other = f"\nand on the other stream:\n{''.join(also.lines[-lines:])}" if also is not None else ""
+        return f"{''.join(self.lines[-lines:])}{other}"
 
 
 @contextlib.contextmanager
 def watched(proc: subprocess.Popen):
     """(out, err): Watchers of a CLI process's stdout and stderr. Leaving the block kills the process if it still
-    runs; leaving it normally also waits until both streams have been read to their end."""
+    runs; leaving it normally also waits until both streams have been read to their end. A ``proc.wait(timeout=...)``
+    in the block that expires raises TimeoutError with the last lines of both streams (what the run was doing)."""
     out, err = Watcher(proc.stdout), Watcher(proc.stderr)
     out.partner, err.partner = err, out
     try:
         yield out, err
+    except subprocess.TimeoutExpired as expired:
+        _stop(proc)
+        with contextlib.suppress(TimeoutError):
+            out.join(10), err.join(10)
+        raise TimeoutError(f"the process did not exit within {expired.timeout:g} s; its stdout:\n{out.tail()}") from None
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        _stop(proc)
     out.join(), err.join()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def cmdline(pid: int) -> list[bytes]:

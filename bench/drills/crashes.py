@@ -29,6 +29,7 @@ class DrillResult:
     left_at_exit: dict[str, list[int]]
     left_after_recovery: dict[str, list[int]]
     message: str
+    seconds_left: float | None = None  # from the orchestrator's exit until nothing of the job was left (None: nothing was)
 
     @property
     def clean(self) -> bool:
@@ -116,17 +117,19 @@ def run_drill(cluster, name: str) -> DrillResult:
             raise RuntimeError(f"{name}: the orchestrator did not exit within 180 s; its stderr and threads:\n"
                                + "".join(err.lines)[-10000:]) from None
         seconds = time.monotonic() - start
+    exited = time.monotonic()
     left_at_exit = cluster.job_processes()
     if recover:
         recover()
         end = time.monotonic() + SELF_EXIT_WAIT
         while any(cluster.job_processes().values()) and time.monotonic() < end:
             time.sleep(0.5)
+    gone = round(time.monotonic() - exited, 1) if recover and any(left_at_exit.values()) else None
     stderr = "".join(err.lines)
     named = re.search(r"job failed first on (node-\d+)", stderr)
     first_line = next((line.strip() for line in err.lines if line.strip()), "")
     return DrillResult(name, proc.returncode, round(seconds, 1), named[1] if named else None,
-                       left_at_exit, cluster.job_processes(), first_line)
+                       left_at_exit, cluster.job_processes(), first_line, gone)
 
 
 # --- drills before the job starts: (state) -> undo; the job must be refused or fail, naming node-1 ----

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bench.drills.common import find_pid, watched
+from bench.drills.common import RUN_BOUND, find_pid, watched
 from bench.drills.crashes import stop_node
 
 ELASTIC_EPOCHS, SAVE_EVERY = 40, 4
@@ -73,7 +73,7 @@ def run_elastic_drill(cluster, name: str, epochs: int = ELASTIC_EPOCHS) -> Elast
             hit = rf"\[rank0\]: epoch {SNAPSHOT_CRASH_EPOCH + 1}/{epochs} "
             out.wait_for(hit, timeout=180)
             fault = out.first(hit)[0]
-        proc.wait(timeout=240)
+        proc.wait(timeout=RUN_BOUND)
     done = max(int(m[1]) for when, line in zip(out.times, out.lines) if when <= fault
                for m in [re.search(r"\[rank0\]: epoch (\d+)/", line)] if m)
     resumed = out.first(r"resumed from snapshot: next epoch (\d+)", after=fault)

@@ -1,41 +1,55 @@
-"""docs/reliability.md: the drills' results as tables."""
+"""docs/reliability.md: the drills' results as tables, under where and on what they were measured (the machine, the
+commit, the load as the drills began and ended: ``bench.provenance``); a judged drill begun above the load limit is
+"inconclusive (load)" (``bench.verdicts.loaded``), as a benchmark section is."""
 
 from __future__ import annotations
 
 import os
-from datetime import datetime, timezone
 
 from bench.drills.common import PG_TIMEOUT
 from bench.drills.crashes import DrillResult
 from bench.drills.elastic import ELASTIC_EPOCHS, FAULT_AFTER_EPOCH, SAVE_EVERY, ElasticResult
 from bench.drills.hangs import HANG_AFTER, HangResult, judge as hang_judge
-from bench.verdicts import word
+from bench.drills.stragglers import FAIR_SHARE, StragglerResult, spread
+from bench.provenance import load_flag
+from bench.verdicts import loaded, word
 
 
-def markdown(results: list[DrillResult], elastic: list[ElasticResult] = ()) -> str:
+def provenance(where: dict) -> str:
+    """The page's 'measured on' line from ``bench.provenance.machine()`` joined with ``began()``'s stamp."""
+    flag = load_flag(where)
+    return (f"Measured by `python -m bench.drills`, started {where.get('started', '?')}, on commit "
+            f"{where.get('commit', 'not recorded')}, on {where.get('cpu', '?')} ({where.get('cores', os.cpu_count())} "
+            f"cores), load average {where.get('load_avg_1m_at_start', '?')} as the drills began and "
+            f"{os.getloadavg()[0]:.1f} when the page was written" + (f". **Flagged: {flag}.**" if flag else "."))
+
+
+def markdown(results: list[DrillResult], elastic: list[ElasticResult] = (), where: dict | None = None) -> str:
     lines = [
         "# Reliability drills",
         "",
-        f"Measured by `python -m bench.drills` on {datetime.now(timezone.utc):%Y-%m-%d} on this machine "
-        f"({os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} when the page was written), local "
-        f"cluster of 3 nodes (network namespaces, sshd per node), torchrun c10d, gloo, process-group timeout "
+        f"{provenance(where or {})} Local cluster of 3 nodes (network namespaces, sshd per node), torchrun c10d, gloo, process-group timeout "
         f"{PG_TIMEOUT} s, rendezvous read timeout 10 s, no restarts. The fault hits node-1 (or the orchestrator) "
         "after every node has done a few all_reduce steps; for the faults present before the job starts "
         "(sshd down, rendezvous unreachable) the seconds run from the command to its exit.",
         "",
-        "| drill | exit | seconds to exit | first node named | processes left at exit | left after recovery |",
-        "|---|---:|---:|---|---:|---:|",
+        "| drill | exit | seconds to exit | first node named | processes left at exit | left after recovery "
+        "| seconds until none left |",
+        "|---|---:|---:|---|---:|---:|---:|",
     ]
     for r in results:
         at_exit = sum(len(v) for v in r.left_at_exit.values())
         after = sum(len(v) for v in r.left_after_recovery.values())
-        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.first_named or '-'} | {at_exit} | {after} |")
+        gone = "-" if getattr(r, "seconds_left", None) is None else f"{r.seconds_left:.1f}"
+        lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {r.first_named or '-'} | {at_exit} | "
+                     f"{after} | {gone} |")
     lines += [
         "",
         "Seconds to exit run from the fault to the orchestrator's exit: detection, stopping every node, and",
         "(for a node that stopped answering) the bounded wait for its SSH session before it is dropped.",
-        "A node cut off from the network cannot be reached to be stopped; its ranks end on their own when",
-        "their process-group timeout expires, which the 'left after recovery' column checks.",
+        "A node cut off from the network cannot be reached to be stopped: the processes left at exit are its own",
+        f"ranks, which end when their process-group timeout ({PG_TIMEOUT} s here) expires; 'seconds until none left'",
+        "runs from the orchestrator's exit (the link is restored at once) until none was left.",
     ]
     if elastic:
         lines += [
@@ -61,7 +75,7 @@ def markdown(results: list[DrillResult], elastic: list[ElasticResult] = ()) -> s
     return "\n".join(lines) + "\n"
 
 
-def hangs_markdown(results: list[HangResult]) -> str:
+def hangs_markdown(results: list[HangResult], where: dict | None = None) -> str:
     if not results:
         return ""
     lines = [
@@ -86,7 +100,41 @@ def hangs_markdown(results: list[HangResult]) -> str:
         left = sum(len(v) for v in r.left_at_exit.values())
         cause = r.root_cause.replace("|", "\\|")
         judged = hang_judge(r.name, r.seconds_to_exit)
+        if load_flag(where or {}):
+            judged = loaded(judged, load_flag(where or {}))
         lines.append(f"| {r.name} | {r.exit_code} | {r.seconds_to_exit:.1f} | {word(judged)} ({judged['target']}) | "
                      f"{r.named_node}, rank {r.named_rank} | "
                      f"{'-' if r.capture_seconds is None else r.capture_seconds} | {left} | {cause} |")
+    return "\n".join(lines) + "\n"
+
+
+def stragglers_markdown(results: list[StragglerResult]) -> str:
+    """The straggler drills (bench.drills.stragglers), and the unthrottled spread the 1.5 threshold stands on."""
+    if not results:
+        return ""
+    from multinode.diagnose.slowranks import RATIO, WINDOWS
+
+    lines = ["", "## Stragglers: naming the slow rank", "",
+             f"Our digits trainer on 3 nodes; from epoch 2 every rank's processes under a CPU quota of {FAIR_SHARE:g} "
+             "of a core and node-2's at that over the slowdown (none: nothing throttled), until node-2's rank is named "
+             f"or has printed its windows. A rank is named over {RATIO:g}x the others' compute in {WINDOWS} windows in "
+             "a row (`multinode.diagnose.slowranks`).", "",
+             "| slowdown | exit | windows per rank | named | rank 2's windows under the quota to its naming | "
+             "highest ratio of a rank's window to the others' |", "|---|---:|---|---|---:|---:|"]
+    for r in results:
+        named = ", ".join(f"{s['node']} rank {s['rank']} ({s['ratio']}x)" for s in r.named or ()) or "nobody"
+        counts = ", ".join(str(len(w)) for _, w in sorted(r.windows.items()))
+        to_name = "-" if r.windows_to_name is None else str(r.windows_to_name)
+        top = f"{max(r.ratios):.2f}" if r.ratios else "-"
+        lines.append(f"| {'none' if r.slowdown is None else f'{r.slowdown:g}x'} | {r.exit_code} | {counts} | {named} | "
+                     f"{to_name} | {top} |")
+    quiet = spread(results)
+    if quiet:
+        held = quiet["in_a_row"]
+        lines += ["", f"Unthrottled, {quiet['windows']} windows: a rank's compute against the others' median "
+                  f"{quiet['median']:g} (median), {quiet['p95']:g} (95th percentile), {quiet['max']:g} (highest); "
+                  + (f"fewer than {WINDOWS} windows a rank: the threshold is not judged." if held is None else
+                     f"the highest a rank held for {WINDOWS} windows in a row, what naming it takes, {held:g}: the "
+                     f"threshold {RATIO:g} is " + (f"{RATIO / held:.2f} times that." if RATIO > held
+                                                    else "**not above it: a healthy rank could be named**."))]
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.drills.common import PG_TIMEOUT, cmdline, watched
+from bench.drills.common import PG_TIMEOUT, RUN_BOUND, cmdline, watched
 from bench.verdicts import Target, paired, word
 
 EPOCHS, SAVE_EVERY = 40, 4  # long enough that a notice polled every 5 s always lands mid-run
@@ -72,9 +72,9 @@ def run_notice_drill(cluster, run_id: str, node: str = "node-1") -> PreemptResul
     try:
         proc = cluster.popen(*train_args(run_id))
         with watched(proc) as (out, err):
-            out.wait_for(rf"\[rank0\]: (\[rank 0\] )?epoch {NOTICE_AFTER_EPOCH}/{EPOCHS} ", timeout=300)
+            out.wait_for(rf"\[rank0\]: (\[rank 0\] )?epoch {NOTICE_AFTER_EPOCH}/{EPOCHS} ", timeout=RUN_BOUND)
             notice = arm_notice(cluster.state, node, random.uniform(0.0, 2.0))
-            proc.wait(timeout=300)
+            proc.wait(timeout=RUN_BOUND)
     finally:
         stop_endpoint(cluster.state, node)  # before the count of what is left: the endpoint is the drill's
     return _result(f"spot notice on {node}", proc, out, notice["visible_at"], notice["action_at"], cluster)
@@ -99,10 +99,10 @@ def run_sigterm_drill(cluster, run_id: str, node: str = "node-1", script: bytes 
     args = args or train_args(run_id, f"MULTINODE_GRACE={GRACE}")
     proc = cluster.popen(*args)
     with watched(proc) as (out, err):
-        out.wait_for(r"\[rank0\]: (\[rank 0\] )?(epoch 2/|step 20 )", timeout=300, also=err)
+        out.wait_for(r"\[rank0\]: (\[rank 0\] )?(epoch 2/|step 20 )", timeout=RUN_BOUND, also=err)
         sent = time.time()
         os.kill(rank_pid(cluster.state, node, script), signal.SIGTERM)
-        proc.wait(timeout=300)
+        proc.wait(timeout=RUN_BOUND)
     return _result(f"SIGTERM to {node}'s rank, GRACE={GRACE}", proc, out, sent, None, cluster)
 
 

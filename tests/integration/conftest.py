@@ -1,8 +1,9 @@
 """Integration fixtures: real local clusters (network namespaces + sshd per node), driven through
 the real CLI in a subprocess, exactly as `make` does (see localcluster.py).
 
-Every cluster is brought down at teardown and the teardown asserts that nothing of it is left
-(namespaces, links, sshd, python), so a leak fails the test that caused it.
+Every cluster is brought down at teardown, and the teardown fails when a test left a process running on it beyond
+its services (read before `down`, which would kill it unreported) or anything of the cluster is left after `down`
+(namespaces, links, sshd, python): a leak fails the cluster's teardown, on a module's cluster the module's last test.
 
 Which cluster fixture a test takes:
 

@@ -16,6 +16,10 @@ host as a whole, through /proc, /run/netns, /etc/netns and ``ip link``:
 * every namespace ``mn-<cluster>-<i>``, ``/etc/netns`` entry of it, and link ``mnb<hash>``,
   ``mnh<hash><i>`` or ``mnp<hash><i>``.
 
+Before `down`, :func:`running` finds what a test left running on the cluster beyond its services (sshd, the SLURM
+daemons): `down` would kill it without a word, so the teardown reads it first and fails on it
+(``localcluster.tear_down``).
+
 Namespaces need root: :func:`require_root` makes a cluster test fail (not pass) without it.
 """
 
@@ -210,6 +214,24 @@ def leaks(m: Marks) -> list[str]:
     left += [f"link {name}" for name in links(m.cluster)]
     left += processes(m)
     return left
+
+
+# What `up` starts on a node and `down` stops: the node's sshd, and with SCHEDULER=slurm the daemons of
+# multinode.providers.local.slurm (slurmd forks slurmscriptd). Anything else running on a node when a test is done with
+# its cluster is the test's: a leak, whatever `down` would do to it.
+SERVICES = {b"sshd", b"munged", b"slurmctld", b"slurmd", b"slurmscriptd"}
+
+
+def running(cluster: str, home: Path, timeout: float = 10.0) -> list[str]:
+    """The processes of the cluster that are not its services, on its nodes or anywhere carrying one of its run ids,
+    described; ``timeout`` for one just killed to be reaped. Read before `down`, which kills them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [pid for pids in job_processes(cluster, home).values() for pid in pids
+                 if _read(Path(f"/proc/{pid}/comm")).strip() not in SERVICES]
+        if not found or time.monotonic() >= deadline:
+            return [_describe(str(pid)) for pid in found if Path(f"/proc/{pid}").exists()]
+        time.sleep(0.2)
 
 
 def assert_nothing_left(m: Marks, timeout: float = 10.0) -> None:

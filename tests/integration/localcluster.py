@@ -16,6 +16,8 @@ from pathlib import Path
 
 import leakcheck
 
+from bench.drills.common import RUN_BOUND
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -40,11 +42,20 @@ class Cluster:
     def env(self, **extra: str) -> dict[str, str]:
         return clean_env(self.home, self.name, **extra)
 
-    def cli(self, *args: str, timeout: float = 300, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "multinode", *args],
-            cwd=REPO, env=self.env(**env), capture_output=True, text=True, timeout=timeout,
-        )
+    def cli(self, *args: str, timeout: float = RUN_BOUND, **env: str) -> subprocess.CompletedProcess:
+        """The CLI to its end; ``timeout`` a hang guard (by default past a run's own STALL_TIMEOUT: RUN_BOUND), whose
+        expiry fails with the last lines the command printed."""
+        try:
+            return subprocess.run(
+                [sys.executable, "-m", "multinode", *args],
+                cwd=REPO, env=self.env(**env), capture_output=True, text=True, timeout=timeout,
+            )
+        except subprocess.TimeoutExpired as expired:
+            def tail(data) -> str:
+                text = data.decode(errors="replace") if isinstance(data, bytes) else data or ""
+                return "".join(text.splitlines(keepends=True)[-30:])
+            raise TimeoutError(f"multinode {' '.join(args)[:200]}: no exit within {timeout:g} s; its stdout:\n"
+                               f"{tail(expired.stdout)}\nits stderr:\n{tail(expired.stderr)}") from None
 
     def popen(self, *args: str, **env: str) -> subprocess.Popen:
         return subprocess.Popen(
@@ -150,14 +161,18 @@ def bring_up(home: Path, nodes: int, prefix: str = "t", options: dict[str, str] 
 
 
 def tear_down(cluster: Cluster) -> None:
-    """`multinode down`, then nothing of the cluster anywhere on the host (see leakcheck.py)."""
+    """Nothing left running by the tests beyond the cluster's services (read before `down`, which would kill it
+    unreported), `multinode down`, then nothing of the cluster anywhere on the host (see leakcheck.py). The cluster
+    goes down whatever was left, then the leak fails the teardown."""
     nodes = len(cluster.inventory().nodes)
     now = leakcheck.namespace_inodes(cluster.name)
     assert len(now) == nodes, f"{cluster.name}: {len(now)} namespaces for {nodes} nodes"
     marks = leakcheck.marks(cluster.name, cluster.home)  # run ids, namespace inodes now and of replaced nodes
+    left = leakcheck.running(cluster.name, cluster.home)
     res = cluster.cli("down", timeout=120)
     assert res.returncode == 0, res.stdout + res.stderr
     leakcheck.assert_nothing_left(marks)
+    assert not left, f"cluster {cluster.name}: the tests left running (down killed them):\n" + "\n".join(left)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import signal
 
 import pytest
 
-from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.common import PG_TIMEOUT, RUN_BOUND, watched
 from bucket_server import CREDENTIALS, ENV_NAMES, bridge_address, moto_s3, relay, s3_client
 from localcluster import REPO, Cluster, bring_up, tear_down
 
@@ -123,9 +123,9 @@ def test_resume_on_a_new_cluster_from_the_bucket(moto, tmp_path):
         with relay(bridge_address(cluster.inventory()), port) as node_url:
             proc = _train(cluster, node_url, f"--run-id={RUN_ID}")
             with watched(proc) as (out, err):
-                out.wait_for(r"CHECKPOINT_UPLOADED .*ckpt-0*17179869184/", timeout=300)  # epoch 4's snapshot
+                out.wait_for(r"CHECKPOINT_UPLOADED .*ckpt-0*17179869184/", timeout=RUN_BOUND)  # epoch 4's snapshot
                 proc.send_signal(signal.SIGINT)
-                code = proc.wait(timeout=300)
+                code = proc.wait(timeout=RUN_BOUND)
             text = "".join(out.lines) + "".join(err.lines)
         assert code == 75, text[-4000:]
         uploads = _json_lines(UPLOADED, text)

@@ -17,6 +17,8 @@ import pytest
 
 from localcluster import Cluster, bring_up, tear_down
 
+from bench.drills.common import RUN_BOUND
+
 pytestmark = pytest.mark.integration
 
 
@@ -35,7 +37,7 @@ def test_of_two_trains_started_together_one_runs_and_the_other_is_refused_in_one
     before = cluster2.runs()
     runs = {name: f"20261124-000000-{name}" for name in ("aaaaaa", "bbbbbb")}
     procs = {name: cluster2.popen("train", "--nodes", "2", "--run-id", run_id) for name, run_id in runs.items()}
-    outs = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
+    outs = {name: proc.communicate(timeout=RUN_BOUND) for name, proc in procs.items()}
     codes = {name: proc.returncode for name, proc in procs.items()}
     assert sorted(codes.values()) == [0, 2], (codes, outs)
     winner = next(name for name, code in codes.items() if code == 0)

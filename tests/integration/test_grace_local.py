@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.common import PG_TIMEOUT, RUN_BOUND, watched
 from bench.drills.preempt import run_sigterm_drill, snapshot_copies
 from localcluster import preempt_project
 
@@ -72,9 +72,9 @@ def test_grace_puts_a_user_script_with_the_helper_behind_the_guard(shared_cluste
 def test_ctrl_c_to_the_orchestrator_with_grace_is_a_notice_to_every_rank(shared_cluster3):
     proc = shared_cluster3.popen(*grace_args("gint"))
     with watched(proc) as (out, err):
-        out.wait_for(EPOCH_2, timeout=300)
+        out.wait_for(EPOCH_2, timeout=RUN_BOUND)
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=300)
+        code = proc.wait(timeout=RUN_BOUND)
     text = "".join(out.lines) + "".join(err.lines)
     assert code == EXIT_PREEMPTED, text[-4000:]
     assert "SIGINT: a notice to every rank" in text and "run gint PREEMPTED" in text, text[-4000:]

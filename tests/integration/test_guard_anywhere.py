@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.drills.common import watched
+from bench.drills.common import RUN_BOUND, watched
 from bench.drills.preempt import run_sigterm_drill
 from localcluster import preempt_project
 
@@ -126,9 +126,9 @@ def test_a_script_that_knows_nothing_of_notices_gets_the_spot_notice_through_the
     try:
         proc = bare.popen(*args)
         with watched(proc) as (lines, err):
-            lines.wait_for(r"\[rank1\]: step 20 ", timeout=300)
+            lines.wait_for(r"\[rank1\]: step 20 ", timeout=RUN_BOUND)
             arm_notice(bare.state, "node-1", 0.0)
-            code = proc.wait(timeout=300)
+            code = proc.wait(timeout=RUN_BOUND)
     finally:
         stop_endpoint(bare.state, "node-1")
     text = "".join(lines.lines) + "".join(err.lines)

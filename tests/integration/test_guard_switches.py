@@ -63,38 +63,44 @@ class Endpoint:
         self.server.server_close()
 
 
-@pytest.fixture
-def endpoint(tmp_path):
-    with Endpoint(tmp_path) as served:
-        yield served
-
-
-def guard(endpoint: Endpoint, command: str, **env: str) -> subprocess.CompletedProcess:
+def start_guard(endpoint: Endpoint, command: str, **env: str) -> subprocess.Popen:
     """``python -m training.guard --grace 5 -- sh -c COMMAND`` with the endpoint's variable and ``env``."""
-    return subprocess.run([sys.executable, "-m", "training.guard", "--grace", "5", "--", "sh", "-c", command],
-                          cwd=REPO, capture_output=True, text=True, timeout=60,
-                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
-                               "AWS_EC2_METADATA_SERVICE_ENDPOINT": endpoint.url, **env})
+    return subprocess.Popen([sys.executable, "-m", "training.guard", "--grace", "5", "--", "sh", "-c", command],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": endpoint.url, **env})
 
 
-def test_notices_off_the_guard_never_asks_and_an_armed_notice_sends_no_sigterm(endpoint, tmp_path):
-    termed, started = tmp_path / "termed", tmp_path / "started"
-    # Short sleeps under a trap that notes a SIGTERM: with the notice armed before the guard starts, its first poll
-    # (as it starts) would act on it within the twenty of them (2 s).
-    command = (f"trap 'echo term > {termed}; exit 3' TERM; touch {started}; "
-               f"for i in $(seq {{n}}); do sleep 0.1; done")
-    endpoint.arm()
-    off = guard(endpoint, command.format(n=20), MULTINODE_NOTICES="off")
-    assert off.returncode == 0 and not termed.exists(), off.stderr
-    assert endpoint.count[0] == 0 and "spot interruption notice" not in off.stderr
-    # The same notice with the switch not set (the test can fail): armed again once the trap is set, so the SIGTERM
-    # cannot come before it; polled every 0.2 s, and the command waits up to 30 s for it.
-    endpoint.notice_file.unlink()
-    started.unlink()
-    threading.Thread(target=arm_when, args=(endpoint, started), daemon=True).start()
-    on = guard(endpoint, command.format(n=300), MULTINODE_NOTICE_POLL="0.2")
-    assert on.returncode == 3 and termed.read_text() == "term\n", on.stderr
-    assert endpoint.count[0] >= 1 and "spot interruption notice (terminate" in on.stderr
+def finished(proc: subprocess.Popen) -> tuple[int, str]:
+    """(exit code, stderr) once the guard has ended; 60 s is a hang guard (each command ends on an event)."""
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"the guard did not end: {err[-2000:]}") from None
+    return proc.returncode, err
+
+
+def test_notices_off_the_guard_never_asks_and_an_armed_notice_sends_no_sigterm(tmp_path):
+    """Two guards side by side, each with its own armed notice: one with ``MULTINODE_NOTICES=off``, one polling every
+    0.2 s. The first one's command ends only once the second one's has taken its SIGTERM (an event, not a time):
+    by then the switched-off guard would have acted on its notice at its first poll, as it starts."""
+    off_dir, on_dir = tmp_path / "off", tmp_path / "on"
+    off_dir.mkdir(), on_dir.mkdir()
+    with Endpoint(off_dir) as quiet, Endpoint(on_dir) as polled:
+        quiet.arm()  # before the guard starts: its first poll would see it
+        on = start_guard(polled, f"trap 'echo term > {on_dir}/termed; exit 3' TERM; touch {on_dir}/started; "
+                                 "while :; do sleep 0.1; done", MULTINODE_NOTICE_POLL="0.2")
+        # Armed once the command has set its trap, so the SIGTERM cannot come before it.
+        threading.Thread(target=arm_when, args=(polled, on_dir / "started"), daemon=True).start()
+        off = start_guard(quiet, f"trap 'echo term > {off_dir}/termed; exit 3' TERM; "
+                                 f"until [ -e {on_dir}/termed ]; do sleep 0.1; done", MULTINODE_NOTICES="off")
+        (on_code, on_err), (off_code, off_err) = finished(on), finished(off)
+    assert on_code == 3 and (on_dir / "termed").read_text() == "term\n", on_err  # the test can fail: a notice acts
+    assert polled.count[0] >= 1 and "spot interruption notice (terminate" in on_err
+    assert off_code == 0 and not (off_dir / "termed").exists(), off_err
+    assert quiet.count[0] == 0 and "spot interruption notice" not in off_err
 
 
 def arm_when(endpoint: Endpoint, started: Path) -> None:
@@ -106,14 +112,28 @@ def arm_when(endpoint: Endpoint, started: Path) -> None:
     endpoint.arm()
 
 
-def test_notice_poll_sets_the_guards_interval(endpoint, tmp_path):
-    """With ``MULTINODE_NOTICE_POLL=0.2`` the command sees a third poll and ends. It waits for it 50 x 0.09 s (at
-    least 4.5 s) at most, a window in which AWS's 5 s lets the guard poll once (the first poll comes at its start,
-    the second no sooner than 5 s later: ``Watcher._loop`` waits the interval between polls) -- a count, not a
-    duration: no notice is armed, so the polls go on until the command ends."""
-    command = (f"for i in $(seq 50); do [ $(cat {endpoint.polls}) -ge 3 ] && exit 0; sleep 0.09; done; "
-               f"echo \"only $(cat {endpoint.polls}) polls\" >&2; exit 1")
-    res = guard(endpoint, command, MULTINODE_NOTICE_POLL="0.2")
-    assert res.returncode == 0 and endpoint.count[0] >= 3, res.stderr
-    bad = guard(endpoint, "true", MULTINODE_NOTICE_POLL="soon")
-    assert bad.returncode == 2 and "MULTINODE_NOTICE_POLL='soon' is not a number of seconds" in bad.stderr
+def test_notice_poll_sets_the_guards_interval(tmp_path):
+    """Two guards side by side, neither notice armed: one with ``MULTINODE_NOTICE_POLL=0.2``, one with AWS's 5 s.
+    The first one's command waits for its guard's fourth poll, then reads how many the other guard has made: at most
+    two (its first as it starts, the next no sooner than 5 s later: ``Watcher._loop`` waits the interval between
+    polls). An order of events -- four polls before the other's third -- not a duration; the other command ends
+    once the first has read it. Were the setting ignored, both would poll every 5 s and the other, started first,
+    would have made three or four by then (tried: the test fails so)."""
+    fast_dir, slow_dir = tmp_path / "fast", tmp_path / "slow"
+    fast_dir.mkdir(), slow_dir.mkdir()
+    with Endpoint(fast_dir) as fast_end, Endpoint(slow_dir) as slow_end:
+        slow = start_guard(slow_end, f"until [ -e {fast_dir}/read ]; do sleep 0.05; done")
+        fast = start_guard(fast_end, f"until [ $(cat {fast_end.polls}) -ge 4 ]; do sleep 0.05; done; "
+                                     f"cat {slow_end.polls} > {fast_dir}/seen; touch {fast_dir}/read",
+                           MULTINODE_NOTICE_POLL="0.2")
+        (fast_code, fast_err), (slow_code, slow_err) = finished(fast), finished(slow)
+    assert fast_code == 0 and slow_code == 0, fast_err + slow_err
+    seen = int((fast_dir / "seen").read_text())
+    assert seen <= 2 and fast_end.count[0] >= 4, (seen, fast_end.count[0])
+
+
+def test_a_bad_notice_poll_is_refused_in_one_line(tmp_path):
+    with Endpoint(tmp_path) as endpoint:
+        bad = start_guard(endpoint, "true", MULTINODE_NOTICE_POLL="soon")
+        code, err = finished(bad)
+    assert code == 2 and "MULTINODE_NOTICE_POLL='soon' is not a number of seconds" in err

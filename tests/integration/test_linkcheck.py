@@ -11,6 +11,8 @@ import subprocess
 import pytest
 from localcluster import Cluster, bring_up, tear_down
 
+from bench.drills.common import RUN_BOUND, watched
+
 pytestmark = pytest.mark.integration
 
 SHORT = "--args=--workload digits 2 1"  # 2 epochs, a snapshot after each
@@ -62,6 +64,30 @@ def test_with_linkcheck_warn_the_job_runs_and_the_summary_carries_the_warning(cl
     assert "warning: link check: node-2: " in res.stdout
     links = summary_of(cluster4)["links"]
     assert links["culprits"] == ["node-2"] and links["verdict"].startswith("node-2: ")
+    assert cluster4.job_processes() == {f"node-{i}": [] for i in range(4)}
+
+
+def test_a_node_whose_cpu_is_starved_is_not_refused_and_the_warning_names_its_cpu(cluster4: Cluster):
+    """node-1 has 3 % of a CPU (a cgroup quota on every process of the node, its sshd included, so the link check's
+    probe runs under it) while the job passes pre-flight: its links move a few hundred Mbit/s against several
+    Gbit/s, which the check before issue 48 refused as a throttled link (a loaded head node would see the same).
+    The quota ends once the check has spoken, so the job trains at full speed."""
+    from multinode.providers.local.cpuquota import throttled as starved
+
+    with contextlib.ExitStack() as quota:
+        assert quota.enter_context(starved(cluster4.state, "node-1", 0.03, whole_node=True)), "node-1 has no process"
+        proc = cluster4.popen("train", "--nodes", "3", SHORT)
+        with watched(proc) as (out, err):
+            out.wait_for(r"link check: ", timeout=RUN_BOUND)
+            quota.close()  # the check has spoken: node-1 has its CPU back and the job trains at full speed
+            proc.wait(timeout=600)
+    text, stderr = "".join(out.lines), "".join(err.lines)
+    assert proc.returncode == 0, text[-3000:] + stderr[-3000:]
+    assert "warning: link check: node-1's CPU was busy (its probe waited " in text, text[-3000:]
+    assert "slow for the CPU its probe had, not for the link (not refused)" in text
+    links = summary_of(cluster4)["links"]
+    assert links["verdict"] == "ok" and links["starved"], links
+    assert all("node-1" in (x["src"], x["dst"]) for x in links["starved"]), links["starved"]
     assert cluster4.job_processes() == {f"node-{i}": [] for i in range(4)}
 
 

@@ -84,7 +84,7 @@ def test_a_ranks_traceback_in_the_log_is_the_one_python_printed(shared_cluster3,
     its traceback as Python formatted it, line by line -- not Open MPI's chunks with tags mid-line."""
     tmp_path.chmod(0o777)
     res = shared_cluster3.cli("train", "--mode", "mpi", "--nodes", "3", "--script", str(JOBS / "raises.py"),
-                              f"--args=--rank 1 --out {tmp_path}", timeout=300)
+                              f"--args=--rank 1 --out {tmp_path}")  # hang guard: Cluster.cli's RUN_BOUND
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr
     expected = (tmp_path / "traceback-rank1.txt").read_text().splitlines()
     assert expected[0] == "Traceback (most recent call last):" and "^" in "".join(expected), expected

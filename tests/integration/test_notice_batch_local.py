@@ -41,9 +41,16 @@ def test_notices_on_two_nodes_within_a_second_end_in_one_checkpoint_and_one_reco
     recovery = _summary(cluster3, "batch")["recovery"]
     events = [(e["event"], e["detail"]) for e in recovery["events"]]
     names = [name for name, _ in events]
-    assert names == ["notice", "checkpoint written", "notice", "replacement asked", "node ready",
-                     "replacement asked", "node ready", "job started again"], events
-    assert {detail for name, detail in events if name == "node ready"} == {"node-1", "node-2"}, events
+    # The order the run causes, not the one a loaded machine happens to give (issue 48): the first notice, its
+    # checkpoint, the batch's other notice (read once the attempt ended, so after the checkpoint whenever it came:
+    # the window starts at EC2's issue time, the same instant for both), then both replacements -- each asked before
+    # it is ready, the two in whatever order they finish -- and one restart.
+    assert names[:3] == ["notice", "checkpoint written", "notice"] and names[-1] == "job started again", events
+    middle = events[3:-1]
+    assert sorted(name for name, _ in middle) == ["node ready", "node ready", "replacement asked", "replacement asked"]
+    for node in ("node-1", "node-2"):
+        mine = [name for name, detail in middle if node in detail]
+        assert mine == ["replacement asked", "node ready"], (node, events)
     assert recovery["recoveries"] == 1 and recovery["steps_lost"] == [0], recovery  # one recovery, no step lost
     after = {n: _node_identity(cluster3, n) for n in NODES}
     assert after["node-0"] == before["node-0"], (before, after)

@@ -16,7 +16,7 @@ import leakcheck
 import pytest
 from localcluster import listening_sshd
 
-from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.common import PG_TIMEOUT, RUN_BOUND, watched
 from bench.drills.preempt import IMDS_ENV
 
 pytestmark = pytest.mark.integration
@@ -148,7 +148,7 @@ def test_lost_head_resumes_on_the_other_two_from_a_replica(cluster3):
     try:
         proc = _train(cluster3, "rec-head", 20)
         with watched(proc) as (out, err):
-            out.wait_for(r"\[rank0\]: .*epoch 5/20 ", timeout=300)  # epoch 4's snapshot is written and replicated
+            out.wait_for(r"\[rank0\]: .*epoch 5/20 ", timeout=RUN_BOUND)  # epoch 4's snapshot is written and replicated
             faults.lose_node(cluster3.state, "node-0")
             code = proc.wait(timeout=600)
     finally:

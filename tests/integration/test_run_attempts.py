@@ -2,7 +2,11 @@
 namespace deleted, no notice, no replacement to be had) and, while it probes the nodes and goes on with the other
 two, a QUEUE=1 run started at that moment waits -- it starts only after the recovering run has ended, and both
 finish. Before the attempts moved inside the run, the claim was given back between attempts: the queued run took
-the cluster and the recovering run's next attempt was refused."""
+the cluster and the recovering run's next attempt was refused.
+
+Every wait here is a hang guard past the runs' own STALL_TIMEOUT (RUN_BOUND), and one that expires fails with the
+last lines of the run it waited for (``watched``): a cold run once saw the queued run silent for 300 s -- its wait's
+bound then, equal to its STALL_TIMEOUT -- and could not tell why."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import json
 import leakcheck
 import pytest
 
-from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.common import PG_TIMEOUT, RUN_BOUND, watched
 
 pytestmark = pytest.mark.integration
 
@@ -33,15 +37,15 @@ def test_a_queued_run_waits_while_a_recovering_run_is_between_attempts(cluster3)
                                     "--recover-wait=5", f"--pg-timeout={PG_TIMEOUT}",
                                     "--args=--workload digits 16 2")
         with watched(recovering) as (out, err):
-            out.wait_for(r"\[rank0\]: .*epoch 2/16 ", timeout=300)
+            out.wait_for(r"\[rank0\]: .*epoch 2/16 ", timeout=RUN_BOUND)
             faults.lose_node(cluster3.state, "node-2")
             out.wait_for(r"node-2 failed \(.*\): stopping the job on every node", timeout=120)
             queued = cluster3.popen("train", "--nodes", "2", "--run-id=20261125-000000-queued", "--queue",
                                     "--args=--workload digits 2 1")
             with watched(queued) as (qout, qerr):
                 qout.wait_for(r"is busy with run 20261125-000000-recover; queued \(QUEUE=1\)", timeout=120)
-                code = recovering.wait(timeout=600)
-                queued_code = queued.wait(timeout=300)
+                code = recovering.wait(timeout=RUN_BOUND)
+                queued_code = queued.wait(timeout=RUN_BOUND)
     finally:
         faults.allow_replacements(cluster3.state)
         if _netns(cluster3, "node-2") not in leakcheck.namespace_inodes(cluster3.name):

@@ -1,78 +1,60 @@
-"""The slow rank named while it trains (issue 35): on 3 real local nodes, node-2's job processes are put under a
-CPU quota mid-run (a cgroup of their own: multinode.providers.local.cpuquota) and the orchestrator names node-2,
-rank 2, in one line during the run and in the summary; the same job unthrottled names nobody.
+"""The slow rank named while it trains (issues 35, 48): on 3 real local nodes, every rank's job processes under a CPU
+quota of a fair share (a cgroup each: multinode.providers.local.cpuquota), node-2's at half of it -- its compute
+twice the others' or more (measured: bench.drills.stragglers) -- and the orchestrator names node-2, rank 2, within
+a bounded number of its step-time windows, in one line during the run and in the summary; at 1/1.1 of the share --
+about 1.2 times the others' compute, measured and required below the threshold -- it names nobody, though it
+watched enough windows to; the same job unthrottled names nobody, and the spread of its ranks' windows is printed
+(the drill records it on docs/reliability.md: the reason for the 1.5 threshold).
 
-The comparison is multinode.diagnose.slowranks' (each rank's compute per step against the other ranks'), fed by
-the trainer's STEPTIMES windows (training/steptimes.py), which stay in the nodes' logs and off the console."""
+The drill is bench.drills.stragglers; the comparison multinode.diagnose.slowranks' (each rank's compute per step
+against the other ranks'), fed by the trainer's STEPTIMES windows (training/steptimes.py), which stay in the nodes'
+logs and off the console. Windows are counted, never seconds."""
 
 from __future__ import annotations
 
-import json
 import re
-import statistics
-from pathlib import Path
 
 import pytest
 from localcluster import Cluster
 
-from bench.drills.common import watched
-from multinode.diagnose.slowranks import RATIO
-from multinode.providers.local.cpuquota import throttled
+from bench.drills.stragglers import WATCH_WINDOWS, run_straggler_drill, spread
+from multinode.diagnose.slowranks import RATIO, WINDOWS
 
 pytestmark = pytest.mark.integration
 
-EPOCHS = 12  # the throttled run: it waits for the line, then the throttle ends
-QUIET_EPOCHS = 40  # the unthrottled run: over 500 steps of at least ~20 ms, so every rank prints 3 or more windows
-JOB = f"--args=--workload digits {EPOCHS} {EPOCHS}"
-
-
-def summary_of(cluster: Cluster) -> dict:
-    return json.loads((cluster.runs()[-1] / "summary.json").read_text())
-
-
-def windows(summary: dict) -> dict[int, list[float]]:
-    """{rank: its compute medians, in order} from the STEPTIMES lines the nodes' logs kept."""
-    found: dict[int, list[float]] = {}
-    for log in Path(summary["log_dir"]).glob("node-*.log"):
-        for line in log.read_text().splitlines():
-            if "STEPTIMES {" in line:
-                row = json.loads(line.split("STEPTIMES ", 1)[1])
-                found.setdefault(row["rank"], []).append(row["compute_ms"])
-    return found
+# Named at the latest in the WINDOWS-th window in a row over the ratio, counted from the first window under the quota,
+# which may hold steps from before it, and compared with the other ranks' latest windows, which straddle the quota's
+# start too (every rank's share drops then): two windows more. Seen: the 4th (2026-11-27).
+NAMED_WITHIN = WINDOWS + 2
 
 
 def test_an_unthrottled_run_names_no_rank(shared_cluster3: Cluster):
-    res = shared_cluster3.cli("train", "--nodes", "3", f"--args=--workload digits {QUIET_EPOCHS} {QUIET_EPOCHS}")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr
-    summary = summary_of(shared_cluster3)
-    seen = windows(summary)
+    result = run_straggler_drill(shared_cluster3, None)
+    assert result.exit_code == 0, result
     # Enough windows on every rank that a slow one would have been named: the assertion below can fail.
-    assert sorted(seen) == [0, 1, 2] and all(len(w) >= 3 for w in seen.values()), seen
-    assert "slow rank" not in res.stdout and summary["slow_ranks"] is None, res.stdout[-2000:]
-    assert "STEPTIMES" not in res.stdout  # the run reads them; the console does not show them
-    ratios = [own[i] / statistics.median(w[i] for r, w in seen.items() if r != rank)
-              for rank, own in seen.items() for i in range(min(map(len, seen.values())))]
-    print(f"unthrottled: {len(ratios)} windows, highest compute ratio of a rank to the others' median "
-          f"{max(ratios):.2f} (a rank is named over {RATIO:g} in 3 windows in a row)")
+    assert sorted(result.windows) == [0, 1, 2] and all(len(w) >= WINDOWS for w in result.windows.values()), result
+    assert result.named is None and result.named_lines == [], result.named_lines
+    print(f"unthrottled: {spread([result])} (a rank is named over {RATIO:g} in {WINDOWS} windows in a row)")
 
 
-def test_a_node_throttled_mid_run_is_named_during_the_run_and_in_the_summary(shared_cluster3: Cluster):
-    proc = shared_cluster3.popen("train", "--nodes", "3", JOB)
-    with watched(proc) as (out, err):
-        out.wait_for(r"^\[node-0\] \[rank0\]: .*epoch 2/", timeout=180, also=err)
-        # 3 % of a CPU: 3 ms in each 100 ms period, so every step of node-2 waits periods out (at 10 % a step's few ms
-        # often fit in one period, and under the suite's load its windows ranged 1.1 to 5 times the others').
-        with throttled(shared_cluster3.state, "node-2", 0.03) as moved:
-            assert moved, "node-2 runs the job's processes"
-            out.wait_for(r"slow rank: node-2 rank 2 ", timeout=120, also=err)
-        proc.wait(timeout=300)
-    text = "".join(out.lines)
-    assert proc.returncode == 0, text[-3000:] + "".join(err.lines)
-    named = [line for line in out.lines if "slow rank:" in line]
-    assert len(named) == 2, named  # once while it trains, once in the summary block
-    during = text.index(named[0])
-    assert during < text.index(f"run {summary_of(shared_cluster3)['run_id']} ok"), text[-3000:]
+def test_a_rank_at_half_its_fair_share_is_named_within_a_bounded_number_of_windows(shared_cluster3: Cluster):
+    result = run_straggler_drill(shared_cluster3, 2.0)
+    print(f"half the fair share: {result.achieved}x the others' compute, named after {result.windows_to_name} windows")
+    assert result.exit_code == 0, result
+    assert result.achieved is not None and result.achieved > RATIO, result  # its compute, measured: over the threshold
+    assert len(result.named_lines) == 2, result.named_lines  # once while it trains, once in the summary block
     assert re.search(r"slow rank: node-2 rank 2 computes [0-9.]+ ms per step against [0-9.]+ ms on the other "
-                     r"ranks \([0-9.]+x, over 1\.5x in 3 windows in a row\)", named[0]), named
-    slow = summary_of(shared_cluster3)["slow_ranks"]
-    assert [(s["node"], s["rank"]) for s in slow] == [("node-2", 2)] and slow[0]["ratio"] > RATIO, slow
+                     rf"ranks \([0-9.]+x, over {RATIO:g}x in {WINDOWS} windows in a row\)", result.named_lines[0])
+    assert [(s["node"], s["rank"]) for s in result.named] == [("node-2", 2)] and result.named[0]["ratio"] > RATIO
+    assert result.windows_to_name is not None and result.windows_to_name <= NAMED_WITHIN, \
+        (result.windows_to_name, result.before, result.windows.get(2))
+
+
+def test_a_rank_at_about_1_2_times_the_others_compute_is_not_named(shared_cluster3: Cluster):
+    result = run_straggler_drill(shared_cluster3, 1.1)
+    print(f"1/1.1 of the fair share: {result.achieved}x the others' compute, over {WATCH_WINDOWS} windows")
+    assert result.exit_code == 0, result
+    assert result.achieved is not None and 1.05 <= result.achieved < RATIO, result  # slower, and below the threshold
+    # It had the windows to be named in: WATCH_WINDOWS under the quota, more than NAMED_WITHIN.
+    assert len(result.windows.get(2, [])) - result.before >= WATCH_WINDOWS > NAMED_WITHIN, result
+    assert result.named is None and result.named_lines == [], result.named_lines

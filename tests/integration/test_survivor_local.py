@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.common import PG_TIMEOUT, RUN_BOUND, watched
 from bench.drills.preempt import run_files
 
 pytestmark = pytest.mark.integration
@@ -40,7 +40,7 @@ def test_a_node_lost_without_warning_costs_no_completed_step(cluster3):
 
     proc = cluster3.popen(*train_args("lost", "--recover=1", "--recover-in-place=0", "--recover-wait=60", pace=PACE))
     with watched(proc) as (out, err):
-        out.wait_for(rf"\[rank0\]: .*epoch 5/{EPOCHS} ", timeout=300, also=err)
+        out.wait_for(rf"\[rank0\]: .*epoch 5/{EPOCHS} ", timeout=RUN_BOUND, also=err)
         time.sleep(0.5)  # a few steps into epoch 5 (index): mid-epoch
         faults.lose_node(cluster3.state, "node-2")
         code = proc.wait(timeout=600)

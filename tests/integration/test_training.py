@@ -162,7 +162,7 @@ def plain_ranks(*args: str, n: int = 2) -> list[subprocess.CompletedProcess]:
                               env={**ENV, "RANK": str(r), "LOCAL_RANK": str(r), "WORLD_SIZE": str(n),
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": "lo"})
              for r in range(n)]
-    outs = [p.communicate(timeout=300) for p in procs]
+    outs = [p.communicate(timeout=600) for p in procs]  # a hang guard
     return [subprocess.CompletedProcess(p.args, p.returncode, *out) for p, out in zip(procs, outs)]
 
 

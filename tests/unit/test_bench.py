@@ -55,18 +55,25 @@ def test_collective_ratios_use_the_largest_size():
     assert r["busbw_over_link"] == pytest.approx(0.3)
 
 
-def test_collectives_judge_the_median_over_large_sizes_and_flag_sizes_above_the_ceiling():
+def test_collectives_judge_pairs_per_round_over_large_sizes_and_flag_sizes_above_the_ceiling():
     mib = 1 << 20
     series = {"ours": [_row(1, 5.0), _row(mib, 2.81), _row(4 * mib, 0.96), _row(16 * mib, 0.97), _row(64 * mib, 0.5)],
               "raw": [_row(1, 1.0), _row(mib, 1.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0), _row(64 * mib, 1.0)],
               "one-namespace": [_row(1, 1.0), _row(mib, 2.0), _row(4 * mib, 1.0), _row(16 * mib, 1.0), _row(64 * mib, 1.0)]}
-    result = {"sizes": [1, mib, 4 * mib, 16 * mib, 64 * mib], "mtu": 65000, "series": {"gloo": series}}
+    result = {"sizes": [1, mib, 4 * mib, 16 * mib, 64 * mib], "mtu": 65000, "series": {"gloo": series},
+              "rounds": {"gloo": {name: [rows] for name, rows in series.items()}}}
     [v] = collectives.judge(result)
-    assert [r["label"] for r in v["runs"]] == ["4 MiB", "16 MiB", "64 MiB"]  # below 1 MiB: latency, not judged
+    # below 1 MiB: latency, not judged; each pair is ours and raw of one round
+    assert [r["label"] for r in v["runs"]] == ["round 1 4 MiB", "round 1 16 MiB", "round 1 64 MiB"]
     assert v["value"] == pytest.approx(0.96) and v["verdict"] == "inconclusive" and v["met"] is False
-    assert v["flagged"] == [{"label": "1 MiB", "value": pytest.approx(2.81),
+    assert v["flagged"] == [{"label": "round 1 1 MiB", "value": pytest.approx(2.81),
                              "why": "ours busbw above the one-namespace ceiling"}]
-    assert "1 MiB (2.81) not counted: ours busbw above the one-namespace ceiling" in verdicts.describe(v)
+    assert "round 1 1 MiB (2.81) not counted: ours busbw above the one-namespace ceiling" in verdicts.describe(v)
+    # Stored before the rounds were kept: ours and raw each the best of its sweeps, picked apart -- not pairs.
+    del result["rounds"]
+    [old] = collectives.judge(result)
+    assert old["verdict"] == "inconclusive" and "runs" not in old and len(old["flagged"]) == 4
+    assert {f["why"] for f in old["flagged"]} == {"ours and raw each the best of its sweeps, not paired per round"}
 
 
 def test_default_mtu_verdict_is_the_judged_one():
@@ -182,6 +189,7 @@ def test_every_paired_section_is_judged_by_the_median_of_its_pairs():
     assert all(v["rule"] == verdicts.RULE for v in mpi + tp)
     series = {"ours": [_row(1 << 20, 0.948)], "raw": [_row(1 << 20, 1.0)], "one-namespace": [_row(1 << 20, 1.0)]}
     col = collectives.judge({"sizes": [1 << 20], "mtu": 65000, "series": {"mpi": series},
+                             "rounds": {"mpi": {name: [rows] for name, rows in series.items()}},
                              "mtu_sweep": [{"mtu": 1500, "ratio": 0.9}, {"mtu": 65000, "ratio": 0.84}]})
     assert [verdicts.word(v) for v in col] == ["NOT met", "NOT met"] and "65000" in col[1]["claim"]
     assert "pairs not stored" in col[1]["claim"] and "rule" not in col[1]

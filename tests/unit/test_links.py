@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
+
+import pytest
 
 from multinode.checks import links
 from multinode.checks.links import Link
@@ -151,3 +155,53 @@ def test_a_node_named_in_a_crowded_round_is_measured_again_alone_and_kept_only_i
     report = links.confirm(throttled, inv, 29501, links.measure(throttled, inv, 29501))
     assert report.culprits == ["node-5"] and report.verdict.startswith("node-5: 20 Mbit/s")
     assert report.rechecked["node-5"].startswith("node-5: ")
+
+
+# Probe answers recorded on 3 local nodes (fixtures/linkcheck/rounds.json says how): each thread's CPU account with them.
+ROUNDS = json.loads((Path(__file__).parent / "fixtures" / "linkcheck" / "rounds.json").read_text())
+
+
+def _without_cpu(answers: dict[str, str]) -> dict[str, str]:
+    """The same answers as the probe printed them before it read its CPU account (issue 48)."""
+    def strip(line: str) -> str:
+        fields = line.split()
+        return " ".join(fields[:4]) if fields[:1] == ["in"] else "" if fields[:1] == ["sent"] else line
+    return {node: "\n".join(strip(line) for line in text.splitlines()) for node, text in answers.items()}
+
+
+def test_recorded_a_starved_probe_is_a_busy_cpu_not_a_slow_link():
+    """node-1's probe had 3 % of a CPU: its links moved 167-1081 Mbit/s against 11-13 Gbit/s, with node-1's end
+    waiting for a CPU 98-100 % of its time. Judged by their capacity they are like the others: not refused, said."""
+    shown = (Path(__file__).parents[2] / "docs" / "network.md").read_text()
+    for answers in ROUNDS["starved"]:
+        report = links.judge(*links.parse(answers))
+        assert report.verdict == "ok" and report.slow == [], report.verdict
+        assert report.starved and all("node-1" in (x.src, x.dst) and x.waited == "node-1" for x in report.starved)
+        assert re.match(r"node-1's CPU was busy \(its probe waited (9\d|100)% of its time for one\): ",
+                        links.busy_cpu(report.starved))
+        # Without the CPU account -- the check before issue 48 -- node-1 was named: the cold run's failure.
+        assert links.judge(*links.parse(_without_cpu(answers))).culprits == ["node-1"]
+    first = links.judge(*links.parse(ROUNDS["starved"][0])).starved  # the docs quote what it prints
+    assert f"warning: link check: {links.busy_cpu(first)}: slow for the CPU its probe had, not for the link" in shown
+
+
+def test_recorded_a_throttled_link_stays_slow_whatever_the_load():
+    """node-2's egress at 20 Mbit/s, idle and beside 6 CPU-bound processes (load 7.6, its ends waiting up to 57 %
+    of their time): named every time, nothing put down to the CPU."""
+    for answers in ROUNDS["throttled"]:
+        report = links.judge(*links.parse(answers))
+        assert report.culprits == ["node-2"] and report.starved == [], report
+        assert report.verdict.startswith("node-2: ") and report.verdict.endswith("its link is throttled or broken")
+    idle = links.judge(*links.parse(ROUNDS["idle"][0]))
+    assert idle.verdict == "ok" and idle.starved == [] and all(x.cpu_wait is not None for x in idle.links)
+
+
+def test_the_cpu_account_is_read_and_a_kernel_without_one_leaves_the_figure():
+    answers = {"node-0": "in node-1 37500000 0.3 0.01 0.27\nout node-1 0.1\nsent node-1 0.3 0.01 0.03\nend",
+               "node-1": "in node-0 37500000 0.3 -1 -1\nout node-0 0.1\nsent node-0 0.3 0.02 0.03\nend"}
+    one, other = links.parse(answers)[0]
+    assert (one.src, one.cpu_wait, one.waited) == ("node-0", 0.1, "node-0")  # the sender's 0.03 of 0.3 s
+    assert (other.src, other.cpu_wait, other.waited) == ("node-1", 0.9, "node-0")  # node-0 received, waiting 0.27
+    assert other.capacity == pytest.approx(other.mbit_s / 0.1)
+    unknown = links.parse(_without_cpu(answers))[0]
+    assert all(x.cpu_wait is None and x.capacity == x.mbit_s for x in unknown)

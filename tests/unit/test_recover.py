@@ -149,7 +149,8 @@ RECORDED = {"nodes": 3, "reference_weights": None, "rows": {
 
 
 def test_recovery_bench_judges_each_row_by_the_one_rule():
-    speed, lost, slow, slow_lost = bench_recovery.judge(RECORDED)
+    speed, lost, missing, slow, slow_lost, slow_missing = bench_recovery.judge(RECORDED)
+    assert missing["verdict"] == slow_missing["verdict"] == "met" and missing["target"] == "<= 0"  # none missing
     assert speed["value"] == 0.45 and speed["verdict"] == "inconclusive"  # 0.4, 0.6, 0.45 about 0.5
     assert lost["value"] == 0.0 and lost["verdict"] == "met" and lost["met_in"] == "3 of 3 runs"  # 0, 0, 1 <= 1
     assert slow["target"] == "<= 0.25" and slow["verdict"] == "inconclusive"  # 0.167, 0.24, 0.275

@@ -10,10 +10,16 @@ It listens on ``port``, connects to each peer's, and on every connection measure
 * **bandwidth**: the receiver counts the bytes that arrive during ``window_s`` from the first bulk byte, then
   closes -- a throttled link cannot stretch the check with the megabytes a sender's socket buffer holds.
 
+* **the CPU it had**: each measuring thread reads the scheduler's account of itself before and after
+  (``/proc/thread-self/schedstat``: "time spent on the cpu" and "time spent waiting on a runqueue", in ns, the
+  kernel's Documentation/scheduler/sched-stats.rst); a thread that waited for a CPU most of its time measured the
+  CPU, not the link (:mod:`multinode.checks.links` judges it). A CFS quota's throttled time counts as waiting.
+
 It prints one line per figure, then ``end`` (a probe that died before it printed no ``end``; see :func:`parse_lines`)::
 
-    in <peer> <bytes> <seconds>
+    in <peer> <bytes> <seconds> <run_s> <wait_s>     (the receiver's window; run/wait -1: no account kept)
     out <peer> <rtt_ms>
+    sent <peer> <seconds> <run_s> <wait_s>           (the sender's bulk data, until the receiver closed)
     error <text>
 
 The receiver closes first, so the end states of the connections stay on the senders' ephemeral ports.
@@ -35,6 +41,20 @@ PINGS, CHUNK = 3, 1 << 18
 deadline = time.monotonic() + window + 1.5
 lines, lock = [], _thread.allocate_lock()
 
+def cpu():
+    """This thread's (seconds on a CPU, seconds runnable but waiting for one) so far, from the scheduler's own
+    accounting (/proc/thread-self/schedstat: run and run-queue wait in ns); (-1, -1) where the kernel keeps none."""
+    try:
+        with open("/proc/thread-self/schedstat") as fh:
+            run, wait = fh.read().split()[:2]
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return -1.0, -1.0
+
+def spent(before):
+    after = cpu()
+    return [-1.0, -1.0] if before[0] < 0 or after[0] < 0 else [round(a - b, 4) for a, b in zip(after, before)]
+
 def say(*fields):
     with lock:
         lines.append(" ".join(str(f) for f in fields).replace("\n", " "))
@@ -55,12 +75,12 @@ def receive(conn, done):
         for _ in range(PINGS):
             conn.sendall(conn.recv(1))
         got = conn.recv(CHUNK)
-        start, total = time.perf_counter(), len(got)
+        start, total, used = time.perf_counter(), len(got), cpu()
         stop = start + window
         while got and time.perf_counter() < stop:
             got = conn.recv(CHUNK)
             total += len(got)
-        say("in", peer, total, time.perf_counter() - start)
+        say("in", peer, total, time.perf_counter() - start, *spent(used))
     except OSError as err:
         say("error", f"from a peer: {err}")
     finally:
@@ -93,11 +113,15 @@ def send(peer, ip, done):
                 raise OSError("closed during the round trips")
             rtts.append((time.perf_counter() - t) * 1000)
         say("out", peer, sorted(rtts)[PINGS // 2])
-        data = b"\0" * CHUNK
-        while time.monotonic() < deadline:
-            conn.sendall(data)
+        data, used, start = b"\0" * CHUNK, cpu(), time.perf_counter()
+        try:
+            while time.monotonic() < deadline:
+                conn.sendall(data)
+        except OSError:
+            pass  # the receiver closes once its window is over
+        say("sent", peer, time.perf_counter() - start, *spent(used))
     except OSError:
-        pass  # the receiver closes once its window is over
+        pass  # closed before or during the round trips: the receiver's side says what it got
     finally:
         if conn is not None:
             conn.close()
@@ -137,16 +161,18 @@ with lock:
 def parse_lines(text: str) -> dict | None:
     """One probe's output as {"in": {peer: {"bytes", "seconds"}}, "out": {peer: {"rtt_ms"}}, "errors": [...]},
     or None when it printed no ``end`` (it did not run, or died); lines of other output are ignored."""
-    report: dict = {"in": {}, "out": {}, "errors": []}
+    report: dict = {"in": {}, "out": {}, "sent": {}, "errors": []}
     ended = False
     for line in text.splitlines():
         kind, _, rest = line.partition(" ")
         fields = rest.split()
         try:
-            if kind == "in" and len(fields) == 3:
-                report["in"][fields[0]] = {"bytes": int(fields[1]), "seconds": float(fields[2])}
+            if kind == "in" and len(fields) in (3, 5):
+                report["in"][fields[0]] = {"bytes": int(fields[1]), "seconds": float(fields[2]), **_cpu(fields[3:])}
             elif kind == "out" and len(fields) == 2:
                 report["out"][fields[0]] = {"rtt_ms": float(fields[1])}
+            elif kind == "sent" and len(fields) == 4:
+                report["sent"][fields[0]] = {"seconds": float(fields[1]), **_cpu(fields[2:])}
             elif kind == "error":
                 report["errors"].append(rest)
             elif line == "end":
@@ -154,3 +180,8 @@ def parse_lines(text: str) -> dict | None:
         except ValueError:
             continue
     return report if ended else None
+
+
+def _cpu(fields: list[str]) -> dict:
+    """{"run": s, "wait": s} from a line's two CPU fields (-1: the kernel keeps no account), {} without them."""
+    return {"run": float(fields[0]), "wait": float(fields[1])} if len(fields) == 2 else {}

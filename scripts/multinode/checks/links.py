@@ -18,6 +18,20 @@ the cluster quiet (:func:`confirm`). On a real cluster that changes nothing (eve
 where many nodes share a few cores -- 64 local nodes on this 2-core machine -- one round of 128 transfers at once
 measures the scheduler, and a healthy node can come out slow (it did, in the control-plane benchmark at N=64).
 Only a node slow again on its own is named.
+
+A slow link is the network's only if its probe had the CPU: a busy machine (a loaded head node; here, the test
+suite on 2 cores) starves the probe, and a starved probe moves few bytes over a fast link (the suite's cold run saw
+59 Mbit/s against 837 on one cluster). Each probe thread reads the scheduler's own account of itself
+(:mod:`multinode.checks.linkprobe`): the share of its measuring time it was runnable but waiting for a CPU. A link
+is judged by its **capacity**, what it carried per second that its probe was not kept waiting -- its figure over
+(1 - the larger share of its two ends) -- against the same figure of the other links. Over a link the network holds
+back, both ends sleep (the sender blocked on a full socket buffer, the receiver waiting for data): their share is
+small and the capacity is the figure. A starved end waits: its link's capacity is what it could carry. Recorded on
+3 local nodes (2 cores; tests/unit/test_links.py): a link throttled to 20 Mbit/s by tc tbf, ends waiting 0-57 % of
+their time, idle or beside 6 CPU-bound processes at load 7.6: still 100 times below the others; a node whose probe
+had 3 % of a CPU (a cgroup quota), its links 167-1081 Mbit/s against 11 Gbit/s with its end waiting 98-99 %: a
+capacity like the others'. Such a link is **starved**, said in a warning naming the node whose CPU was busy, never
+refused. A kernel that keeps no such account (no ``/proc/thread-self/schedstat``) leaves every link its figure.
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ from __future__ import annotations
 import re
 import shlex
 import statistics
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from multinode.checks.linkprobe import PROBE, parse_lines
 from multinode.core.errors import PreflightFailed
@@ -46,6 +60,7 @@ CONNECTION_ERROR = re.compile(r"gloo/transport/tcp/(?:pair|unbound_buffer)\.cc.*
 WINDOW_S = 0.3  # each transfer's measuring window
 FLOOR_MBIT = 1000.0  # a link is slow only below this...
 RATIO = 0.2  # ... and below this fraction of the reference (the median of the faster half of the links)
+MOST_WAIT = 0.99  # a link's capacity is at most 100 times its figure (an end that waited 100 %: a bound, not 1/0)
 
 
 @dataclass(frozen=True)
@@ -54,6 +69,15 @@ class Link:
     dst: str
     mbit_s: float | None  # None: nothing arrived
     rtt_ms: float | None
+    cpu_wait: float | None = None  # the larger share of its measuring time an end waited for a CPU (None: unknown)
+    waited: str | None = None  # the node of that end
+
+    @property
+    def capacity(self) -> float | None:
+        """Mbit/s per second its probe was not waiting for a CPU: the figure over (1 - ``cpu_wait``)."""
+        if self.mbit_s is None or self.cpu_wait is None:
+            return self.mbit_s
+        return self.mbit_s / (1 - min(self.cpu_wait, MOST_WAIT))
 
 
 @dataclass(frozen=True)
@@ -66,6 +90,7 @@ class LinkReport:
     unmeasured: dict[str, str]  # nodes whose probe could not run (no python3, its port busy): not judged
     verdict: str  # "ok", or the one line naming the slow node(s)
     rechecked: dict[str, str] | None = None  # {node: the verdict when measured alone} for each node first named
+    starved: list[Link] = field(default_factory=list)  # slow by their figure, not by their capacity: a busy CPU
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -111,10 +136,20 @@ def parse(answers: dict[str, str]) -> tuple[list[Link], dict[str, list[str]]]:
     for src, dsts in ring.items():
         for dst in dsts:
             got = ((reports.get(dst) or {}).get("in") or {}).get(src)
-            sent = ((reports.get(src) or {}).get("out") or {}).get(dst)
+            out = ((reports.get(src) or {}).get("out") or {}).get(dst)
+            sent = ((reports.get(src) or {}).get("sent") or {}).get(dst)
             mbit = got["bytes"] * 8 / got["seconds"] / 1e6 if got and got["seconds"] > 0 else None
-            links.append(Link(src, dst, mbit, sent["rtt_ms"] if sent else None))
+            waits = [(share, node) for node, end in ((dst, got), (src, sent)) if (share := _wait_share(end)) is not None]
+            share, node = max(waits) if waits else (None, None)
+            links.append(Link(src, dst, mbit, out["rtt_ms"] if out else None, share, node))
     return links, errors
+
+
+def _wait_share(end: dict | None) -> float | None:
+    """The share of one end's measuring time its thread was runnable but waiting for a CPU (None: not known)."""
+    if not end or end.get("wait") is None or end["wait"] < 0 or end["seconds"] <= 0:
+        return None
+    return round(min(end["wait"] / end["seconds"], 1.0), 3)
 
 
 def rate(mbit: float | None) -> str:
@@ -136,10 +171,18 @@ def judge(links: list[Link], errors: dict[str, list[str]], floor: float = FLOOR_
     links = [x for x in links if x.src not in unmeasured and x.dst not in unmeasured]
     measured = sorted(x.mbit_s for x in links if x.mbit_s is not None)
     median = statistics.median(measured) if measured else None
-    reference = statistics.median(measured[len(measured) // 2:]) if measured else None
-    slow = [x for x in links if x.mbit_s is None or (reference is not None and x.mbit_s < min(floor, ratio * reference))]
+    slow = _below([x.capacity for x in links], links, floor, ratio)
+    starved = [x for x in _below([x.mbit_s for x in links], links, floor, ratio) if x not in slow]
     culprits = culprits_of(links, slow)
-    return LinkReport(links, median, slow, culprits, errors, unmeasured, verdict(links, slow, culprits))
+    return LinkReport(links, median, slow, culprits, errors, unmeasured, verdict(links, slow, culprits), starved=starved)
+
+
+def _below(figures: list[float | None], links: list[Link], floor: float, ratio: float) -> list[Link]:
+    """The links whose figure (None: nothing arrived) is below both ``floor`` and ``ratio`` x the reference, the
+    median of the faster half of the figures."""
+    known = sorted(f for f in figures if f is not None)
+    reference = statistics.median(known[len(known) // 2:]) if known else None
+    return [x for x, f in zip(links, figures) if f is None or (reference is not None and f < min(floor, ratio * reference))]
 
 
 def culprits_of(links: list[Link], slow: list[Link]) -> list[str]:
@@ -166,6 +209,18 @@ def verdict(links: list[Link], slow: list[Link], culprits: list[str]) -> str:
         figures = ", ".join(f"{rate(x.mbit_s)} {'to ' + x.dst if x.src == node else 'from ' + x.src}" for x in mine)
         parts.append(f"{node}: {figures}")
     return f"{'; '.join(parts)} ({others}): its link is throttled or broken"
+
+
+def busy_cpu(starved: list[Link]) -> str:
+    """'node-1's CPU was busy (its probe waited 99 % of its time for one): 167 Mbit/s from node-0, ...', one clause
+    per node whose probe was starved."""
+    parts = []
+    for node in dict.fromkeys(x.waited for x in starved):
+        mine = [x for x in starved if x.waited == node]
+        figures = ", ".join(f"{rate(x.mbit_s)} {'to ' + x.dst if x.src == node else 'from ' + x.src}" for x in mine)
+        parts.append(f"{node}'s CPU was busy (its probe waited {max(x.cpu_wait or 0.0 for x in mine):.0%} of its "
+                     f"time for one): {figures}")
+    return "; ".join(parts)
 
 
 def measure(runner: RemoteRunner, inv: Inventory, port: int) -> LinkReport:
@@ -197,6 +252,9 @@ def link_check(runner: RemoteRunner, inv: Inventory, mode: str, port: int) -> Li
         return report
     for node, why in report.unmeasured.items():
         runner.say(f"warning: link check: {node} not measured: {why}")
+    if report.starved:
+        runner.say(f"warning: link check: {busy_cpu(report.starved)}: slow for the CPU its probe had, not for the "
+                   "link (not refused)")
     if report.verdict != "ok":
         if mode == "refuse":
             raise PreflightFailed(f"link check: {report.verdict}; LINKCHECK=warn runs anyway")

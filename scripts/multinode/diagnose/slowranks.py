@@ -9,9 +9,11 @@ medians in :data:`WINDOWS` windows in a row:
 * :data:`RATIO` = 1.5, i.e. a relative performance score below 0.67 in NVIDIA Resiliency Extension's terms (its
   straggler detection scores each rank against the best one: "0.5 means that a rank is twice as slow as the
   fastest rank", nvidia.github.io/nvidia-resiliency-ext straggler_det/usage_guide). Ranks of one job doing the
-  same work on the same hardware differ far less than that (the unthrottled drill here:
-  tests/integration/test_slow_rank_local.py prints the ratios it saw), so 1.5 is not noise, and a rank that
-  slow costs every rank a third of its time or more;
+  same work on the same hardware differ far less than that: the straggler drill's unthrottled run records the
+  spread (bench.drills.stragglers, its table on docs/reliability.md; 2026-11-27 here, 24 and 45 windows: median
+  0.98-1.00, one window as high as 1.18-1.55, three in a row at most 1.09 -- hence three windows, not one), and a rank
+  computing 1.3 times the others' is not named while one at 2.7 times is (tests/integration/test_slow_rank_local.py).
+  A rank that slow costs every rank a third of its time or more;
 * :data:`WINDOWS` = 3 windows of at least 2 s each: a single slow window (a checkpoint, an evaluation, a garbage
   collection on one rank) is not a slow rank.
 

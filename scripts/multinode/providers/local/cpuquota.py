@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from multinode.core.state import ClusterState
-from multinode.providers.local.faults import job_pids
+from multinode.providers.local.faults import job_pids, node_pids
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 PERIOD_US = 100_000  # the kernel's default period, 100 ms
@@ -29,20 +29,23 @@ def _group_dir(name: str) -> tuple[Path, bool]:
 
 
 @contextlib.contextmanager
-def throttled(state: ClusterState, node: str, cpu_share: float) -> Iterator[list[int]]:
-    """``node``'s job processes (every one but its sshd) limited to ``cpu_share`` of one CPU until the block
-    ends (yields their pids); then moved back to the root group and the group removed."""
+def throttled(state: ClusterState, node: str, cpu_share: float, whole_node: bool = False,
+              period_us: int = PERIOD_US) -> Iterator[list[int]]:
+    """``node``'s job processes (every one but its sshd; ``whole_node``: its sshd too, so every session it starts
+    from now on -- the link check's probe -- runs in the group) limited to ``cpu_share`` of one CPU until the block
+    ends (yields their pids); then moved back to the root group and the group removed. ``period_us``: the quota's
+    period (the kernel takes 1 ms to 1 s; the quota at least 1 ms: docs.kernel.org/scheduler/sched-bwc.html)."""
     path, v2 = _group_dir(f"multinode-{state.name}-{node}-slow")
     path.mkdir(exist_ok=True)
-    quota = max(1000, int(PERIOD_US * cpu_share))
+    quota = max(1000, round(period_us * cpu_share))
     if v2:
-        (path / "cpu.max").write_text(f"{quota} {PERIOD_US}\n")
+        (path / "cpu.max").write_text(f"{quota} {period_us}\n")
     else:
-        (path / "cpu.cfs_period_us").write_text(f"{PERIOD_US}\n")
+        (path / "cpu.cfs_period_us").write_text(f"{period_us}\n")
         (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
     moved = []
     try:
-        for pid in job_pids(state, node):
+        for pid in (node_pids if whole_node else job_pids)(state, node):
             with contextlib.suppress(ProcessLookupError, OSError):  # a process that has just ended
                 (path / "cgroup.procs").write_text(f"{pid}\n")
                 moved.append(pid)

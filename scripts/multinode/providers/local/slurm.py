@@ -128,7 +128,12 @@ def slurm_conf(cluster: str, hostnames: list[str], ips: list[str], cpus: int, la
         "JobAcctGatherType=jobacct_gather/none",
         "JobCompType=jobcomp/none",
         "MinJobAge=600",
-        "KillWait=5",
+        # SLURM's default (slurm.conf(5)), and >= the GRACE a job's checkpoint may take, as a site must set it
+        # (multinode.backends.slurm.grace). At 5 s a loaded host lost a preempted task's last line: scancel's SIGTERM,
+        # the ranks' save, the guard, torchrun's shutdown and its traceback, then the task's "exited with code 75
+        # (preempted)" -- srun stops forwarding output KillWait + 2 s after the cancel ("srun: Job step aborted:
+        # Waiting up to 7 seconds for job step to finish.", in every such job's output) and SIGKILL follows.
+        "KillWait=30",
         "SlurmctldTimeout=30",
         "SlurmdTimeout=30",
         "InactiveLimit=0",
