@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.drills.common import watched
+from bench.drills.common import RUN_BOUND, watched
 from bench.drills.preempt import IMDS_ENV
 
 pytestmark = pytest.mark.integration
@@ -77,12 +77,12 @@ def _drill(cluster, run_id: str, act, *extra: str, at_epoch: int = 5, **env: str
     wait for the end. (text, summary, {node: (pids before, pids after)})."""
     proc = _train(cluster, run_id, *extra, **env)
     with watched(proc) as (out, err):
-        out.wait_for(rf"\[rank0\]: .*epoch {at_epoch}/{EPOCHS} ", timeout=300, also=err)
+        out.wait_for(rf"\[rank0\]: .*epoch {at_epoch}/{EPOCHS} ", timeout=RUN_BOUND, also=err)
         before = {n: rank_pids(cluster, n) for n in ("node-0", "node-1")}
         act()
-        out.wait_for(r"joined the running job at step \d+", timeout=300, also=err)
+        out.wait_for(r"joined the running job at step \d+", timeout=RUN_BOUND, also=err)
         after = {n: rank_pids(cluster, n) for n in ("node-0", "node-1")}
-        code = proc.wait(timeout=600)
+        code = proc.wait(timeout=RUN_BOUND)
     text = "".join(out.lines)
     assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
     return text, summary(cluster, run_id), {n: (before[n], after[n]) for n in before}
