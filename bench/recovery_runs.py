@@ -2,9 +2,11 @@
 orchestrator: the trainer's own sample log (``--log-samples``: every optimizer step's sample ids, appended across
 attempts) and the final weights.
 
-* :func:`ours` -- ``train RECOVER=1``; node-2 gets a spot notice (``make preempt NODE=2``) or is lost without one
-  (:func:`multinode.providers.local.faults.lose_node`: every process SIGKILLed, its link and namespace gone), with
-  ``MULTINODE_REPLACE_DELAY`` when the row's new nodes take S seconds;
+* :func:`ours` -- ``train RECOVER=1`` (the surviving ranks keep their processes: RECOVER_IN_PLACE's default);
+  node-2 gets a spot notice (``make preempt NODE=2``), or is lost without one -- gone
+  (:func:`multinode.providers.local.faults.lose_node`: every process SIGKILLed, its link and namespace gone), or its
+  machine still running (its job's processes killed and its link cut, the namespace left: the provider calls it
+  running) -- with ``MULTINODE_REPLACE_DELAY`` when the row's new nodes take S seconds;
 * :func:`restart` -- what managed-jobs tools do (SkyPilot's managed jobs: the cluster torn down and provisioned
   again, the job restarted from the last checkpoint its code saved to a bucket): node-2 lost (at the notice's
   moment on the notice row: no grace, the baseline's most favourable case), the job fails, ``down``, ``up`` of
@@ -14,8 +16,10 @@ attempts) and the final weights.
   directory on this machine, so its transfer costs nothing), the job started again with the same run id;
 * :func:`uninterrupted` -- the same job with nothing done to it: the reference weights.
 
-Seconds = from the notice (``make preempt`` returned) or the loss to rank 0's first ``RESUMED`` line read from the
-orchestrator's output. Steps trained twice = optimizer steps whose number the sample log holds more than once: work
+Seconds = from the notice (``make preempt`` returned) or the loss to the job training again, read from the
+orchestrator's output: ours, the run's line that the world changed (``world 3 -> 2``, said once rank 0's new group
+is formed and synchronized, right before its first step in it); the restart, rank 0's first ``RESUMED`` line. Grow
+pause = the seconds the running ranks paused to take the replacement in (the run's ``joined ... paused`` line). Steps trained twice = optimizer steps whose number the sample log holds more than once: work
 done before the interruption and done again (the step in progress when a node vanishes is never logged: it did not
 complete). Samples missing = sample ids of an epoch never trained. Same weights = the final model's tensors
 bitwise equal to the uninterrupted run's (where the row's shape has one).
@@ -26,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -61,7 +66,7 @@ class Shape:
 @dataclass(frozen=True)
 class Row:
     label: str
-    event: str  # "notice" or "lost"
+    event: str  # "notice", "lost" (the machine gone) or "cut" (its processes killed, its link cut, the machine up)
     delay: float  # seconds every new node takes to be ready (0: the local provider's second)
     shape: Shape
 
@@ -83,22 +88,35 @@ def _when_mid_epoch(out, shape: Shape) -> None:
     time.sleep(random.uniform(0.0, 2.0))
 
 
-def _resumed_after(proc, out, start: float) -> float:
-    """Seconds from ``start`` to rank 0's first RESUMED line after it (RuntimeError if the run ends without one)."""
-    while (found := out.first(r"RESUMED \{", after=start)) is None:
+RESUMED = r"RESUMED \{"  # the restart's rank 0 read its snapshot
+WORLD_CHANGED = r"\[recover\] world \d+ -> \d+ rank\(s\) at step"  # the survivors' new world trains
+GROW_PAUSE = re.compile(r"joined the running job at step \d+; the ranks paused ([\d.]+) s")
+
+
+def _resumed_after(proc, out, start: float, pattern: str = RESUMED) -> float:
+    """Seconds from ``start`` to the first line after it that ``pattern`` matches (RuntimeError if the run ends
+    without one)."""
+    while (found := out.first(pattern, after=start)) is None:
         if proc.poll() is not None:
             time.sleep(0.5)  # the last lines may still be on their way
-            if (found := out.first(r"RESUMED \{", after=start)) is None:
-                raise RuntimeError(f"the run ended (exit {proc.returncode}) without resuming:\n{''.join(out.lines[-30:])}")
+            if (found := out.first(pattern, after=start)) is None:
+                raise RuntimeError(f"the run ended (exit {proc.returncode}) without training again:\n"
+                                   f"{''.join(out.lines[-30:])}")
             break
         time.sleep(0.1)
     return found[0] - start
 
 
-def _lose(cluster: LocalCluster, node: str) -> float:
+def _lose(cluster: LocalCluster, node: str, how: str = "lost") -> float:
+    """``node`` lost: gone (``lost``), or its job's processes killed and its link cut with its machine up (``cut``)."""
     from multinode.providers.local import faults
 
-    faults.lose_node(ClusterState.for_cluster(cluster.name, root=cluster.home), node)
+    state = ClusterState.for_cluster(cluster.name, root=cluster.home)
+    if how == "cut":
+        faults.kill_node(state, node)
+        faults.set_link(state, node, False)
+    else:
+        faults.lose_node(state, node)
     return time.monotonic()
 
 
@@ -134,15 +152,24 @@ def weights_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
+def accuracy(cluster: LocalCluster, run_id: str) -> float | None:
+    """The run's test accuracy, as its summary reports it."""
+    summary = ClusterState.for_cluster(cluster.name, root=cluster.home).run_dir(run_id) / "summary.json"
+    return (json.loads(summary.read_text()).get("result") or {}).get("test_accuracy") if summary.exists() else None
+
+
 def measured(cluster: LocalCluster, run_id: str) -> dict:
     run = cluster.workdir(0) / "runs" / run_id
-    return {**coverage(run / "samples.jsonl"), "weights": weights_digest(run / "final_model.pt")}
+    return {**coverage(run / "samples.jsonl"), "weights": weights_digest(run / "final_model.pt"),
+            "accuracy": accuracy(cluster, run_id)}
 
 
 def ours(row: Row, quick: bool) -> dict:
     cluster = _up("brec")
     try:
-        imds = f"{IMDS_ENV} MULTINODE_NOTICE_POLL=1" if quick else IMDS_ENV  # quick: a short run outlasts the poll
+        # The ranks read the metadata service every second here (AWS advises 5 s: its two minutes of warning leave
+        # room), in both methods: the notice row measures recovery, not the poll.
+        imds = f"{IMDS_ENV} MULTINODE_NOTICE_POLL=1"
         env = {"MULTINODE_REPLACE_DELAY": str(row.delay)} if row.delay else {}
         proc = _train(cluster, "ours", row.shape, "--recover=1", f"--env={imds}", **env)
         with watched(proc) as (out, err):
@@ -151,10 +178,12 @@ def ours(row: Row, quick: bool) -> dict:
                 cluster.cli("preempt", "--node", "2", timeout=60)
                 start = time.monotonic()
             else:
-                start = _lose(cluster, "node-2")
-            seconds = _resumed_after(proc, out, start)
+                start = _lose(cluster, "node-2", row.event)
+            seconds = _resumed_after(proc, out, start, WORLD_CHANGED)
             _finished(proc, out, err, "RECOVER=1 run")
-        return {"seconds": round(seconds, 2), **measured(cluster, "ours")}
+        paused = GROW_PAUSE.search("".join(out.lines))
+        return {"seconds": round(seconds, 2), "grow_pause": float(paused[1]) if paused else None,
+                **measured(cluster, "ours")}
     finally:
         cluster.down()
 
@@ -171,7 +200,7 @@ def restart(row: Row, quick: bool) -> dict:
             # after it, our trainer's surviving ranks would write the last completed step over it (training/
             # survivor.py), which a restart that relies on the user's own checkpoints does not have.
             shutil.copytree(run / "snapshots", bucket / "snapshots", ignore=shutil.ignore_patterns(".*.tmp"))
-            start = _lose(cluster, "node-2")
+            start = _lose(cluster, "node-2", row.event if row.event != "notice" else "lost")
             proc.wait(timeout=300)
         shutil.copy(run / "samples.jsonl", bucket / "samples.jsonl")  # the measurement's log, not the job's state
         cluster.cli("down", timeout=180)
@@ -191,13 +220,14 @@ def restart(row: Row, quick: bool) -> dict:
         cluster.down()
 
 
-def uninterrupted(shape: Shape) -> str:
-    """The weights digest of the job run with nothing done to it."""
+def uninterrupted(shape: Shape) -> dict:
+    """The weights digest and the test accuracy of the job run with nothing done to it."""
     cluster = _up("bref")
     try:
         proc = _train(cluster, "whole", shape)
         with watched(proc) as (out, err):
             _finished(proc, out, err, "uninterrupted run")
-        return weights_digest(cluster.workdir(0) / "runs" / "whole" / "final_model.pt")
+        return {"weights": weights_digest(cluster.workdir(0) / "runs" / "whole" / "final_model.pt"),
+                "accuracy": accuracy(cluster, "whole")}
     finally:
         cluster.down()
