@@ -27,19 +27,21 @@ import argparse
 import logging
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from multinode.app import verbs
 from multinode.core import settings
 from multinode.core.config import DEFAULT_CLUSTER, ClusterSpec, LaunchSpec, env_default, new_run_id
-from multinode.core.errors import MultinodeError, UserError
+from multinode.core.errors import Interrupted, MultinodeError, UserError, signal_exit
 from multinode.core.setting import Setting
 from multinode.core.settings import add_flags
 from multinode.core.sources import Settled, pick, settle, value_of
 from multinode.core.taskfile import KEYS, find_task
-from multinode.ssh.signals import Interrupted, Interrupts
+from multinode.ssh.signals import Interrupts
 
 log = logging.getLogger("multinode")
 
@@ -84,7 +86,7 @@ def _add_down(sub: argparse._SubParsersAction) -> None:
     """``down``: destroy the cluster and verify nothing is left."""
     down = sub.add_parser("down", help="destroy the cluster and verify nothing is left")
     add_flags(down, [settings.YES])
-    down.add_argument("--provider", default=env_default("PROVIDER"), help="only needed when the inventory is gone")
+    add_flags(down, [settings.find(settings.UP, "provider")])  # only needed when the inventory is gone
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
@@ -103,30 +105,20 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
                        help="the program's own arguments: everything after it")
 
 
-def _add_logs(sub: argparse._SubParsersAction) -> None:
-    """``logs``: a run's logs."""
-    logs = sub.add_parser("logs", help="show a run's logs (default: the latest run)")
-    logs.add_argument("--run", default=None, help="run id")
-    logs.add_argument("--node", default=None, help="node index or name")
-
-
-def _add_report(sub: argparse._SubParsersAction) -> None:
-    """``report``: a run's page (ledger, timeline per node, loss, step time per rank, throughput)."""
-    report = sub.add_parser("report", help="write a run's report.html in its run directory and print its path "
-                                           "(default: the latest run)")
-    report.add_argument("--run", default=env_default("RUN"), help="run id")
-
-
-def _add_stacks(sub: argparse._SubParsersAction) -> None:
-    """``stacks``: the Python stacks of a running job's ranks."""
-    stacks = sub.add_parser("stacks", help="Python stacks of every rank of a running job, identical ones grouped")
-    stacks.add_argument("--run", default=env_default("RUN"), help="run id (default: every run with live ranks)")
+def _add_run_verbs(sub: argparse._SubParsersAction) -> None:
+    """``logs``, ``report`` and ``stacks``: a run's logs, its page (ledger, timeline per node, loss, step time per
+    rank, throughput), the Python stacks of its live ranks; each the run's by RUN."""
+    add_flags(sub.add_parser("logs", help="show a run's logs (default: the latest run)"), [settings.RUN, settings.NODE])
+    add_flags(sub.add_parser("report", help="write a run's report.html in its run directory and print its path "
+                                            "(default: the latest run)"), [settings.RUN])
+    add_flags(sub.add_parser("stacks", help="Python stacks of every rank of a running job, identical ones grouped"),
+              [settings.RUN])
 
 
 def _add_netcheck(sub: argparse._SubParsersAction) -> None:
     """``netcheck``: the cluster's links and collectives, measured on demand."""
     net = sub.add_parser("netcheck", help="node-to-node bandwidth (iperf3) and an all_reduce sweep, as tables and a plot")
-    net.add_argument("--nodes", help="how many nodes (default: all)")
+    add_flags(net, [settings.find(settings.UP, "nodes")])  # unset: every node
 
 
 def _add_preempt(sub: argparse._SubParsersAction) -> None:
@@ -146,7 +138,7 @@ def _add_ssh(sub: argparse._SubParsersAction) -> None:
 def _add_reap(sub: argparse._SubParsersAction) -> None:
     """``reap``: leaked instances tagged by multinode."""
     reap = sub.add_parser("reap", help="find (and with --yes terminate) leaked instances tagged by multinode")
-    reap.add_argument("--region", default=env_default("REGION"))
+    add_flags(reap, [replace(settings.find(settings.AWS, "region"), flag=True)])  # up takes it as -o region=
     add_flags(reap, [settings.YES])
 
 
@@ -161,9 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_down(sub)
     sub.add_parser("status", help="show the nodes and whether each answers SSH")
     _add_train(sub)
-    _add_logs(sub)
-    _add_report(sub)
-    _add_stacks(sub)
+    _add_run_verbs(sub)
     _add_netcheck(sub)
     _add_preempt(sub)
     _add_ssh(sub)
@@ -182,6 +172,12 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _value(setting: Setting, args: argparse.Namespace) -> Any:
     """flag > MULTINODE_<VARIABLE> > default, typed (a bad value: one line naming the variable)."""
     return value_of(setting, getattr(args, setting.name), os.environ)
+
+
+def _given(setting: Setting, args: argparse.Namespace) -> Any:
+    """flag > MULTINODE_<VARIABLE>, typed; None when neither gave it (the verb has its own answer then)."""
+    given = pick(setting, getattr(args, setting.name), os.environ)
+    return given[0] if given else None
 
 
 def _module_flag(parser: argparse.ArgumentParser, args: argparse.Namespace, extras: list[str]) -> None:
@@ -239,7 +235,8 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "up":
         verbs.up(_cluster_spec(args), assume_yes=_value(settings.YES, args))
     elif args.command == "down":
-        verbs.down(args.cluster, provider=args.provider, yes=_value(settings.YES, args))
+        verbs.down(args.cluster, provider=_given(settings.find(settings.UP, "provider"), args),
+                   yes=_value(settings.YES, args))
     elif args.command == "status":
         return verbs.status(args.cluster)
     elif args.command == "train":
@@ -248,11 +245,11 @@ def dispatch(args: argparse.Namespace) -> int:
         summary = verbs.train(args.cluster, _launch_spec(args, settled), settled=settled, named_run=named)
         return summary.exit_code if summary is not None else 0
     elif args.command == "logs":
-        verbs.logs(args.cluster, run_id=args.run, node=args.node)
+        verbs.logs(args.cluster, run_id=_value(settings.RUN, args), node=_given(settings.NODE, args))
     elif args.command == "report":
-        verbs.report(args.cluster, run_id=args.run)
+        verbs.report(args.cluster, run_id=_value(settings.RUN, args))
     elif args.command == "stacks":
-        return verbs.stacks(args.cluster, run_id=args.run)
+        return verbs.stacks(args.cluster, run_id=_value(settings.RUN, args))
     elif args.command == "preempt":
         print(verbs.preempt(args.cluster, _value(settings.NODE, args) or "1", _value(settings.IN, args),
                             _value(settings.NOTICE, args)))
@@ -262,9 +259,10 @@ def dispatch(args: argparse.Namespace) -> int:
     elif args.command == "ssh":
         return verbs.ssh(args.cluster, args.node, args.remote_command)
     elif args.command == "reap":
-        if not args.region:
+        region = _given(settings.find(settings.AWS, "region"), args)
+        if not region:
             raise UserError("reap needs a region: make reap REGION=us-east-1 (add YES=1 to terminate what it finds)")
-        verbs.reap(args.region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None,
+        verbs.reap(region, cluster=args.cluster if args.cluster != DEFAULT_CLUSTER else None,
                    yes=_value(settings.YES, args))
     return 0
 
@@ -280,11 +278,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"multinode: {err}", file=sys.stderr)
         return err.exit_code
     except Interrupted as stop:
-        print(f"multinode: interrupted ({stop})", file=sys.stderr)
-        return 128 + stop.signum
-    except KeyboardInterrupt:
+        print(f"multinode: {stop.message}", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:  # a Ctrl-C before the handlers were in place
         print("multinode: interrupted", file=sys.stderr)
-        return 130
+        return signal_exit(signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ from multinode.diagnose.summary import RunSummary
 from multinode.providers import get_provider
 from multinode.trainer import channel
 
-DEFAULT_GRACE = 30.0  # seconds a rank gets for its checkpoint when recovery signals it and GRACE was not given
 
 
 @dataclass(frozen=True)

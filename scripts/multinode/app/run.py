@@ -39,7 +39,7 @@ from typing import TextIO
 from multinode.app import ending
 from multinode.app.attempt import Attempt
 from multinode.app.members import Members
-from multinode.app.recover import DEFAULT_GRACE, Recovery
+from multinode.app.recover import Recovery
 from multinode.app.watch import AttemptLoop
 from multinode.app.watchers import Rejoin, confirm_lost
 from multinode.backends import backend_for
@@ -67,7 +67,6 @@ from multinode.providers import get_provider
 from multinode.ssh.runner import RemoteRunner, StopPolicy
 
 
-SURVIVOR_WRITE = 15.0  # seconds for the surviving ranks to write their snapshot once the timeout has ended the collective
 
 
 class Run:
@@ -75,9 +74,6 @@ class Run:
 
     def __init__(self, state: ClusterState, inventory: Inventory, spec: LaunchSpec, out: TextIO | None = None,
                  err: TextIO | None = None, provider=None):
-        if spec.recover and spec.grace is None:  # ranks must take a notice for a coordinated checkpoint, and
-            # outlive a dead peer's process-group timeout to keep their last step (training/survivor.py)
-            spec = replace(spec, grace=max(DEFAULT_GRACE, spec.pg_timeout + SURVIVOR_WRITE))
         self.state, self.spec, self.cluster = state, spec, inventory
         self.provider = provider or get_provider(inventory.provider)
         self.out, self.err = out or sys.stdout, err or sys.stderr

@@ -23,6 +23,7 @@ Contract:
 from __future__ import annotations
 
 import hashlib
+import signal
 import json
 import shlex
 import tempfile
@@ -125,7 +126,7 @@ def run_setup(runner: RemoteRunner, spec: LaunchSpec, manifest: Manifest, cwd_fo
         if board is not None:
             board.end(outcome, Path(scratch))
         if outcome.kind == "interrupted":
-            raise Interrupted(outcome.failure.message, exit_code=outcome.exit_code)
+            raise Interrupted(signal.Signals[outcome.stopped_by].value, outcome.failure.message)
         if outcome.kind != "succeeded":
             first = outcome.failure or NodeError(inv.head.name, "setup", None, f"ended {outcome.kind}")
             code = "no exit code" if first.returncode is None else f"exit {first.returncode}"

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from multinode.core.envvars import EnvVar
+from multinode.core import preemption
+from multinode.core.preemption import DEFAULT_RECOVER_WAIT
 from multinode.core.errors import UserError
 from multinode.core.setting import (
     ARGS, COMMAND_LINE, ENV, NPROC, PATH, RANGE, SCRIPT, SECONDS, SWITCH, TEXT, WHOLE, setting,
@@ -45,7 +47,6 @@ SKEW_MODES = ("refuse", "warn")  # nodes whose software differs: refuse the job 
 LINKCHECK_MODES = ("refuse", "warn", "off")  # a slow link at pre-flight: refuse, warn and run, or measure nothing
 DEFAULT_TRAIN_ARGS = ("--workload", "digits", "10", "5")  # total_epochs=10, save_every=5
 # Seconds a run waits for a replacement node before it goes on with fewer nodes (RECOVER_WAIT).
-DEFAULT_RECOVER_WAIT = 120.0
 
 
 def env_default(name: str, default: str | None = None) -> str | None:
@@ -91,20 +92,6 @@ class ClusterSpec:
 
 ELASTIC = re.compile(r"^(\d+):(\d+)$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-
-
-def _check_preemption(spec: "LaunchSpec") -> None:
-    """GRACE, RESUME, RECOVER, RECOVER_WAIT: one line naming the value and the fix."""
-    if spec.grace is not None and not spec.grace > 0:
-        raise UserError(f"GRACE={spec.grace:g} must be a positive number of seconds, e.g. GRACE=60 (the time ranks "
-                        f"get between SIGTERM and SIGKILL); leave GRACE unset for none")
-    if not isinstance(spec.resume, bool):
-        raise UserError(f"RESUME={spec.resume!r} must be 1 (continue the latest preempted run) or 0")
-    if spec.recover < 0:
-        raise UserError(f"RECOVER={spec.recover} must be 0 (off) or the number of recoveries allowed, e.g. RECOVER=2")
-    if spec.recover_wait < 0:
-        raise UserError(f"RECOVER_WAIT={spec.recover_wait:g} must be 0 or more seconds to wait for a replacement "
-                        f"node, e.g. RECOVER_WAIT={DEFAULT_RECOVER_WAIT:g}")
 
 
 BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")  # S3's bucket naming rules (3-63 characters)
@@ -269,7 +256,9 @@ class LaunchSpec:
         for name in ("rdzv_timeout", "pg_timeout"):
             if getattr(self, name) < 1:
                 raise UserError(f"{name.upper()}={getattr(self, name)} must be at least 1 second")
-        _check_preemption(self)
+        preemption.check(self)
+        if self.recover and self.grace is None:  # derived once, here: every later spec is a copy of this one
+            object.__setattr__(self, "grace", preemption.recovery_grace(self))
         _check_buckets(self)
 
     @property

@@ -7,18 +7,21 @@
   (in the spirit of SkyPilot's ``CommandError``).
 * :class:`CapacityRefused` -- a provider could not give a replacement for a lost node (no capacity).
 * :class:`Interrupted` -- a stop signal outside a job's watch (a job's own ending is an
-  :class:`~multinode.core.outcome.Outcome`, not an error).
+  :class:`~multinode.core.outcome.Outcome`, not an error); a KeyboardInterrupt, so no ``except Exception`` takes it.
+
+Every exit code the command can end with is named here: 0, :data:`EXIT_JOB_FAILED`, :data:`EXIT_USER_ERROR`,
+:data:`EXIT_PREEMPTED`, :data:`EXIT_UNAVAILABLE`, and a signal's (:func:`signal_exit`).
 """
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 
 from multinode.trainer.channel import EXIT_PREEMPTED  # as the ranks' own: sysexits.h EX_TEMPFAIL, try again
 
 EXIT_USER_ERROR = 2
 EXIT_JOB_FAILED = 1
-EXIT_INTERRUPTED = 130
 EXIT_UNAVAILABLE = 69  # sysexits.h EX_UNAVAILABLE: a service (here: capacity for a machine) is not available
 
 
@@ -83,8 +86,22 @@ class CapacityRefused(MultinodeError):
     exit_code = EXIT_UNAVAILABLE
 
 
-class Interrupted(MultinodeError):
-    """A stop signal to the orchestrator outside a job's watch (SETUP): every node was stopped. Its exit code is
-    the signal's (128 + signal), given where it is made."""
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C, SIGTERM or SIGHUP to the orchestrator outside a job's watch (pre-flight, the syncs, SETUP, between
+    attempts): handled as Ctrl-C is -- every ``finally`` and cleanup on the way out runs -- and the command exits
+    with the signal's code (:func:`signal_exit`). A job's own ending by a signal is an
+    :class:`~multinode.core.outcome.Outcome` (its exit code the same :func:`signal_exit`), not an error."""
 
-    exit_code = EXIT_INTERRUPTED
+    def __init__(self, signum: int, message: str = "") -> None:
+        super().__init__(message or signal.Signals(signum).name)
+        self.signum, self.message = signum, message or f"interrupted ({signal.Signals(signum).name})"
+
+    @property
+    def exit_code(self) -> int:
+        return signal_exit(self.signum)
+
+
+def signal_exit(signum: int) -> int:
+    """The exit code of a command a signal ended: 128 + the signal (130 for Ctrl-C, 143 SIGTERM, 129 SIGHUP), as a
+    shell reports it."""
+    return 128 + signum

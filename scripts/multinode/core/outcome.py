@@ -21,7 +21,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
-from multinode.core.errors import EXIT_JOB_FAILED, EXIT_PREEMPTED, NodeError
+from multinode.core.errors import EXIT_JOB_FAILED, EXIT_PREEMPTED, NodeError, signal_exit
 
 OUTCOMES = ("succeeded", "preempted", "failed", "lost", "stalled", "interrupted")
 FAILURES = ("failed", "lost", "stalled")  # the kinds with a root cause to find
@@ -80,7 +80,7 @@ class Outcome:
         if self.kind == "preempted":
             return EXIT_PREEMPTED
         if self.kind == "interrupted":
-            return 128 + signal.Signals[self.stopped_by].value
+            return signal_exit(signal.Signals[self.stopped_by].value)
         return EXIT_JOB_FAILED
 
     @property

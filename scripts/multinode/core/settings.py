@@ -79,10 +79,16 @@ IN = command("in", 0, SECONDS, "make preempt: seconds from now until the notice 
 NOTICE = command("notice", "interruption", TEXT, "make preempt: interruption (spot/instance-action: the job stops) or "
                  "rebalance (events/recommendations/rebalance only: one checkpoint, the job goes on)")
 
+REPLACE_DELAY = command("replace_delay", 0.0, SECONDS, "drills on the local provider: the seconds every replacement "
+                        "takes on top of making the node (an EC2 instance's launch and bootstrap); the orchestrator's "
+                        "environment only", flag=False, make=None, see="[recovery.md](recovery.md)")
+RUN = command("run", None, TEXT, "make logs, report, stacks: which run, by its id (unset: the latest; stacks: every "
+              "run with live ranks)")
+
 UP = (*_on_fields(ClusterSpec), SCHEDULER, YES)
 TRAIN = (TASK, *_on_fields(LaunchSpec))
 TASK_KEYS: dict[str, Setting] = {s.name: s for s in TRAIN if s.task}
-EVERY = (CLUSTER, *UP, *AWS, *TRAIN, NODE, IN, NOTICE)
+EVERY = (CLUSTER, *UP, *AWS, *TRAIN, NODE, IN, NOTICE, RUN, REPLACE_DELAY)
 
 
 
@@ -96,7 +102,7 @@ SECTIONS: dict[str, tuple[Setting, ...]] = {
     "cluster": (CLUSTER, *(find(UP, name) for name in ("provider", "nodes", "mtu")), SCHEDULER, YES),
     "aws": (find(UP, "cluster_type"), *AWS),
     "train": TRAIN,
-    "verbs": (NODE, IN, NOTICE),
+    "verbs": (NODE, IN, NOTICE, RUN, REPLACE_DELAY),
 }
 
 

@@ -7,6 +7,8 @@ import signal
 import threading
 from typing import Any
 
+from multinode.core.errors import Interrupted
+
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -31,14 +33,6 @@ class _Handled:
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
-class Interrupted(KeyboardInterrupt):
-    """SIGTERM or SIGHUP outside a job: handled as Ctrl-C is (every ``finally`` and cleanup on the way out runs)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-
 class Interrupts(_Handled):
     """For the whole command: Ctrl-C, SIGTERM and SIGHUP raise KeyboardInterrupt wherever the main thread is
     (pre-flight, the code and data sync, SETUP, between attempts), so the steps' cleanup runs -- a node's sync
@@ -48,7 +42,7 @@ class Interrupts(_Handled):
     handler of its own. A job's :class:`StopSignals` records them instead while it runs, and gives them back."""
 
     def handle(self, signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt if signum == signal.SIGINT else Interrupted(signum)
+        raise Interrupted(signum)
 
 
 class StopRequested(Exception):

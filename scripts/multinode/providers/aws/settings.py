@@ -17,11 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from multinode.core.config import BUCKET, ClusterSpec, env_default
+from multinode.core.config import BUCKET, ClusterSpec
 from multinode.core.errors import UserError
 from multinode.core.resources import infra_dir
+from multinode.core.settings import AWS
+from multinode.core.sources import value_of
 
 FIX = "make up PROVIDER=aws SSH_CIDR=203.0.113.4/32 REGION=us-east-1"
+# Declared once, with the other settings; each by its -o key (the image's is "image", its variable IMAGE_REF's).
+DECLARED = {setting.name.removesuffix("_ref"): setting for setting in AWS}
 ROOT_VOLUME_GB = 100  # infra/ec2/variables.tf root_volume_gb's default (TF_VAR_root_volume_gb overrides it)
 
 
@@ -47,8 +51,10 @@ class AwsSettings:
     def from_spec(cls, spec: ClusterSpec) -> "AwsSettings":
         opts = spec.options
 
-        def pick(key: str, default: str | None = None) -> str | None:
-            return opts.get(key) or env_default(key.upper(), default)
+        def pick(key: str) -> Any:
+            """``-o key=value`` > ``MULTINODE_<KEY>`` > the declared default, typed by its declaration
+            (:data:`multinode.core.settings.AWS`: a bad SPOT or TTL_HOURS is the kind's one line)."""
+            return value_of(DECLARED[key], opts.get(key) or None, os.environ)
 
         region, ssh_cidr = pick("region"), pick("ssh_cidr")
         if not region:
@@ -61,9 +67,9 @@ class AwsSettings:
             raise UserError(f"SSH_CIDR={ssh_cidr!r} is not a CIDR; use your address as a /32, e.g. {FIX}") from None
         if net.prefixlen == 0:
             raise UserError(f"SSH_CIDR={ssh_cidr} opens SSH to the whole internet; use your address as a /32: {FIX}")
-        ttl = pick("ttl_hours", "8")
-        if not ttl.isdigit() or not 1 <= int(ttl) <= 72:
-            raise UserError(f"TTL_HOURS={ttl!r} must be a whole number from 1 to 72")
+        ttl = pick("ttl_hours")
+        if not 1 <= ttl <= 72:
+            raise UserError(f"TTL_HOURS='{ttl}' must be a whole number from 1 to 72")
         image = pick("image")
         if image is not None and registry_of(image) is None:
             kind = {"cpu": "cpu", "g4dn": "cuda", "g4ad": "rocm"}[spec.cluster_type]
@@ -71,15 +77,12 @@ class AwsSettings:
                 f"IMAGE_REF={image} is a local tag the nodes cannot pull; push it first: 'make image IMAGE={kind} PUSH=1 "
                 f"ECR=<account>.dkr.ecr.{region}.amazonaws.com', then 'make up ... IMAGE_REF=<account>.dkr.ecr."
                 f"{region}.amazonaws.com/multinode-{kind}:latest', or leave IMAGE_REF unset to run jobs in the host runtime")
-        spot = pick("spot", "0").lower()
-        if spot not in ("0", "1", "true", "false", "yes", "no"):
-            raise UserError(f"SPOT={spot!r} must be 1 or 0")
         buckets = tuple((pick("buckets") or "").replace(",", " ").split())
         for name in buckets:
             if not BUCKET.match(name):
                 raise UserError(f"BUCKETS: {name!r} is not an S3 bucket name (3-63 lower-case letters, digits, dots and "
                                 f"hyphens); give the names alone, e.g. BUCKETS=\"my-data my-checkpoints\"")
-        return cls(region=region, ssh_cidr=str(net), ttl_hours=int(ttl), spot=spot in ("1", "true", "yes"),
+        return cls(region=region, ssh_cidr=str(net), ttl_hours=ttl, spot=pick("spot"),
                    owner=pick("owner") or getpass.getuser(),
                    image=image,
                    instance_type=pick("instance_type"), buckets=buckets)

@@ -23,12 +23,14 @@ import signal
 from pathlib import Path
 
 from multinode.core.errors import CapacityRefused, UserError
+from multinode.core.setting import Refused
+from multinode.core.settings import REPLACE_DELAY
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
 from multinode.providers.local.meta import load_meta, net_plan, node_index
 
 REFUSE_FILE = "refuse-replacements"
-DELAY_ENV = "MULTINODE_REPLACE_DELAY"
+DELAY_ENV = REPLACE_DELAY.environ  # MULTINODE_REPLACE_DELAY, declared with the other settings
 
 
 def replace_delay(env=None) -> float:
@@ -36,10 +38,10 @@ def replace_delay(env=None) -> float:
     one line for anything but a number of seconds >= 0."""
     text = (os.environ if env is None else env).get(DELAY_ENV, "")
     if not text.strip():
-        return 0.0
+        return REPLACE_DELAY.default
     try:
-        delay = float(text)
-    except ValueError:
+        delay = REPLACE_DELAY.kind.text(text)
+    except Refused:
         delay = -1.0
     if not delay >= 0:
         raise UserError(f"{DELAY_ENV}={text!r} must be 0 or more seconds a replacement takes, e.g. {DELAY_ENV}=120")
