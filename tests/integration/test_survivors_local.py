@@ -31,9 +31,9 @@ EPOCHS = 20
 PACE = 0.1  # seconds a step lasts at least: an epoch of 14 steps is 1.4 s, a loss at epoch 5 is mid-run
 
 
-def _train(cluster, run_id: str, *extra: str, **env: str):
+def _train(cluster, run_id: str, *extra: str, epochs: int = EPOCHS, **env: str):
     return cluster.popen("train", "--nodes", "3", f"--run-id={run_id}", "--recover=1", "--recover-wait=60",
-                         *extra, f"--args=--workload digits {EPOCHS} {EPOCHS} --min-step-seconds {PACE} --log-samples",
+                         *extra, f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples",
                          **env)
 
 
@@ -60,11 +60,11 @@ def samples_by_epoch(cluster, run_id: str) -> dict[int, list[int]]:
     return seen
 
 
-def every_sample_once(cluster, run_id: str) -> None:
+def every_sample_once(cluster, run_id: str, epochs: int = EPOCHS) -> None:
     seen = samples_by_epoch(cluster, run_id)
     sizes = {epoch: (len(ids), len(set(ids))) for epoch, ids in seen.items()}
     full = len(set(seen[0]))
-    assert sorted(seen) == list(range(EPOCHS)), sorted(seen)
+    assert sorted(seen) == list(range(epochs)), sorted(seen)
     assert all(n == unique == full for n, unique in sizes.values()), sizes
 
 
@@ -72,23 +72,25 @@ def summary(cluster, run_id: str) -> dict:
     return json.loads((cluster.state.run_dir(run_id) / "summary.json").read_text())
 
 
-def _drill(cluster, run_id: str, act, *extra: str, at_epoch: int = 5, **env: str) -> tuple[str, dict, dict]:
+def _drill(cluster, run_id: str, act, *extra: str, at_epoch: int = 5, epochs: int = EPOCHS,
+           survivors=("node-0", "node-1"), **env: str) -> tuple[str, dict, dict]:
     """Train, wait for ``at_epoch``, note the survivors' rank pids, ``act()``, wait for the join, note them again,
     wait for the end. (text, summary, {node: (pids before, pids after)})."""
-    proc = _train(cluster, run_id, *extra, **env)
+    proc = _train(cluster, run_id, *extra, epochs=epochs, **env)
     with watched(proc) as (out, err):
-        out.wait_for(rf"\[rank0\]: .*epoch {at_epoch}/{EPOCHS} ", timeout=RUN_BOUND, also=err)
-        before = {n: rank_pids(cluster, n) for n in ("node-0", "node-1")}
+        out.wait_for(rf"\[rank0\]: .*epoch {at_epoch}/{epochs} ", timeout=RUN_BOUND, also=err)
+        before = {n: rank_pids(cluster, n) for n in survivors}
         act()
         out.wait_for(r"joined the running job at step \d+", timeout=RUN_BOUND, also=err)
-        after = {n: rank_pids(cluster, n) for n in ("node-0", "node-1")}
+        after = {n: rank_pids(cluster, n) for n in survivors}
         code = proc.wait(timeout=RUN_BOUND)
     text = "".join(out.lines)
     assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
     return text, summary(cluster, run_id), {n: (before[n], after[n]) for n in before}
 
 
-def _kept_whole(cluster, run_id: str, text: str, record: dict, pids: dict, survivors=("node-0", "node-1")) -> None:
+def _kept_whole(cluster, run_id: str, text: str, record: dict, pids: dict, survivors=("node-0", "node-1"),
+                epochs: int = EPOCHS) -> None:
     """What every drill must show (module doc)."""
     for node in survivors:
         assert pids[node][0] and pids[node][0] == pids[node][1], (node, pids)  # the same rank processes
@@ -100,7 +102,7 @@ def _kept_whole(cluster, run_id: str, text: str, record: dict, pids: dict, survi
     assert changes[0].startswith("world 3 -> 2 at step ") and "joined at step" in changes[-1], changes
     assert not list(cluster.state.run_dir(run_id).glob("attempt-*")), "the run restarted its job"
     assert "[recover] world 3 -> 2 rank(s) at step" in text and "every surviving process kept" in text, text[-3000:]
-    every_sample_once(cluster, run_id)
+    every_sample_once(cluster, run_id, epochs)
     assert record["result"]["test_accuracy"] >= 0.95 and record["result"]["ranks_weights_equal"], record["result"]
 
 
@@ -136,12 +138,12 @@ def test_a_notice_lets_the_noticed_node_go_and_its_replacement_join_later(cluste
         assert cluster3.cli("preempt", "--node", "1", timeout=60).returncode == 0
 
     try:
-        text, record, pids = _drill(cluster3, "keep-notice", notice, f"--env={IMDS_ENV}",
-                                    MULTINODE_REPLACE_DELAY="30")
+        text, record, pids = _drill(cluster3, "keep-notice", notice, f"--env={IMDS_ENV}", epochs=50,
+                                    survivors=("node-0", "node-2"), MULTINODE_REPLACE_DELAY="30")
     finally:
         for node in ("node-0", "node-1", "node-2"):
             stop_endpoint(cluster3.state, node)
-    _kept_whole(cluster3, "keep-notice", text, record, pids, survivors=("node-0",))
+    _kept_whole(cluster3, "keep-notice", text, record, pids, survivors=("node-0", "node-2"), epochs=50)
     assert "node-1 left on a notice" in text, text[-3000:]
     assert record["recovery"]["events"][0]["event"] == "notice", record["recovery"]
 

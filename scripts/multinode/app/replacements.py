@@ -30,6 +30,9 @@ from multinode.core.events import Events, ReplacementReady, ReplacementRefused
 from multinode.core.inventory import Inventory
 
 
+FINISH_PATIENCE = 900.0  # seconds a run's end waits for its replacements under way (an EC2 launch, bootstrap)
+
+
 def wait_seconds(estimate: float | None, restart: float | None, recover_wait: float) -> float:
     """How long recovery waits for a replacement before going on without it (see the module doc): RECOVER_WAIT when
     the provider cannot say how long it takes or the restart was not measured, or when the replacement comes within
@@ -100,6 +103,18 @@ class Replacements:
             worker.join(seconds)
         with self._lock:
             return self._done.pop(name, None)
+
+    def finish(self, say: Callable[[str], None], patience: float = FINISH_PATIENCE) -> None:
+        """At the run's end: the replacements still under way are waited for (at most ``patience`` seconds), so the
+        cluster is left whole -- a replacement ends the old machine before it makes the new one, and one cut short
+        would leave the cluster a node short."""
+        with self._lock:
+            under_way = dict(self._under_way)
+        if under_way:
+            say(f"waiting for the replacement of {', '.join(under_way)} (under way): the cluster is left whole")
+        end = time.monotonic() + patience
+        for worker in under_way.values():
+            worker.join(max(0.0, end - time.monotonic()))
 
     def listen(self, events: Events | None) -> None:
         """From now on a replacement that is done reports to ``events`` (an attempt's loop); one done while nobody

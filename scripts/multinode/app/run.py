@@ -107,6 +107,8 @@ class Run:
             try:
                 summary = self.attempts(attempt, claim)
             finally:
+                if self.recovery is not None:  # the cluster stays whole: a replacement under way is let finish
+                    self.recovery.replacements.finish(self.recovery.say)
                 claim.release()
         ending.report(summary, self.out, self.err, self.recovery.timeline.lines() if summary.recovery else [])
         return summary
