@@ -164,22 +164,22 @@ class StepTimes:
 
 @dataclass(frozen=True)
 class Kept:
-    """A survivor's kept step: after a lost peer, the first rank of a node holds (in memory, and on disk as its
-    snapshot) the last completed step; ``in_memory`` when its ranks wait for the run's new membership."""
+    """A survivor's kept step: after a lost peer (or a noticed one's departure), the first rank of a node holds the
+    last completed step in memory and waits for the run's new membership; ``position`` is where that step left it
+    (our trainer: [epoch, samples of it trained]; a user's loop: its own)."""
 
     rank: int
     host: str
     step: int
-    epoch: int
-    consumed: int
+    position: list = field(default_factory=list)
     in_memory: bool = False
     error: str = ""
 
     @classmethod
     def read(cls, data: dict) -> "Kept | None":
         try:
-            return cls(int(data["rank"]), str(data["host"]), int(data["step"]), int(data["epoch"]),
-                       int(data["consumed"]), bool(data.get("in_memory", False)), str(data.get("error", "")))
+            return cls(int(data["rank"]), str(data["host"]), int(data["step"]), list(data.get("position") or []),
+                       bool(data.get("in_memory", False)), str(data.get("error", "")))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -179,21 +179,20 @@ def first_place(launch, path: Path, host: str | None = None) -> tuple[Member, Pl
     return member, Place(0, launch.rank, launch.world_size, ())
 
 
-def synchronize(trainer, position: tuple[int, int] | None) -> tuple[int, int]:
-    """In a new group: where every rank is, agreed (module doc). ``position``: (epoch, samples of it trained) of
-    this rank's last completed step, None for a rank that holds no state yet (a new node's). The freshest rank's
-    state goes to every rank that does not hold it; the agreed position is returned on every rank."""
-    from . import checkpoint
-
-    mine = (trainer.step, position) if position is not None else (-1, None)
-    everyone = trainer.world.gather(mine)
+def synchronize(host, position):
+    """In a new group: where every rank is, agreed (module doc). ``position``: where this rank's last completed step
+    left it (its host's own terms), None for a rank that holds no state yet (a new node's). The freshest rank's
+    state (``host.state_of``) goes to every rank that does not hold it (``host.apply``); the agreed position is
+    returned on every rank."""
+    mine = (host.step, position) if position is not None else (-1, None)
+    everyone = host.world.gather(mine)
     step, where = max(everyone, key=lambda entry: entry[0])
     if step < 0:
         raise RuntimeError("no rank of the new group holds the job's state")
     source = next(rank for rank, entry in enumerate(everyone) if entry[0] == step)
     if any(entry[0] != step for entry in everyone):
-        state = checkpoint.state_of(trainer, *where) if trainer.world.rank == source else None
-        state = trainer.world.broadcast(state, src=source)
-        if trainer.world.rank != source and mine[0] != step:
-            checkpoint.apply(trainer, state)
+        state = host.state_of(where) if host.world.rank == source else None
+        state = host.world.broadcast(state, src=source)
+        if host.world.rank != source and mine[0] != step:
+            host.apply(state)
     return where

@@ -15,7 +15,8 @@ name it imports (``multinode.trainer.preempt`` where multinode is installed, ``t
                 sys.exit(preempt.EXIT_PREEMPTED)
 
 On a rebalance ``stop.now()`` stays False and ``stop.save_requested`` is True on that step, on every rank: save,
-and go on. ``preempt.requested()``: this process has seen a notice that stops (no agreement: one-process scripts).
+and go on. A loop that should keep running through a lost or noticed node (RECOVER: the survivors keep their
+processes, a replacement joins them) uses :class:`Elastic` instead (:mod:`training.elastic` shows how). ``preempt.requested()``: this process has seen a notice that stops (no agreement: one-process scripts).
 With CHECKPOINT_URL, ``upload_checkpoint(path, step)``, ``wait_for_uploads(timeout)`` and ``fetch_checkpoint(path)``
 put a checkpoint in the bucket and take the freshest back.
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 
 from . import marks
+from .elastic import Changed, Elastic
 from .notice import (EXIT_PREEMPTED, GRACE_ENV, POLL_ENV, SWITCH_ENV, Agreement, Watcher, grace_from_env,
                      poll_from_env, requested, torch_all_reduce_max, watch)
 from .survivor import on_peer_loss
@@ -34,7 +36,7 @@ from .upload import fetch_checkpoint, upload_checkpoint, wait_for_uploads
 
 __all__ = ["EXIT_PREEMPTED", "GRACE_ENV", "POLL_ENV", "SWITCH_ENV", "Agreement", "Watcher", "grace_from_env",
            "poll_from_env", "requested", "torch_all_reduce_max", "watch", "guard", "on_peer_loss",
-           "upload_checkpoint", "wait_for_uploads", "fetch_checkpoint"]
+           "upload_checkpoint", "wait_for_uploads", "fetch_checkpoint", "Elastic", "Changed"]
 
 
 class _Guard:

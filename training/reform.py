@@ -24,20 +24,21 @@ from __future__ import annotations
 import logging
 import socket
 import time
+from typing import Protocol
 
-from . import channel, membership, notice, snapshot
+from . import channel, membership, notice
 from .dist_env import Launch, World
 
 log = logging.getLogger("training")
 
 
 class Change(Exception):
-    """The job's membership changes here (module doc): why, and where this rank is -- (epoch, samples of it
-    trained) after its last completed step -- since when it has paused, and for ``"lost"``, the RNG states to put
-    back (the interrupted step's draws) and the error."""
+    """The job's membership changes here (module doc): why, and where this rank is after its last completed step
+    (our trainer: (epoch, samples of it trained); a user's loop: what it says), since when it has paused, and for
+    ``"lost"``, the RNG states to put back (the interrupted step's draws) and the error."""
 
-    def __init__(self, why: str, position: tuple[int, int], began: float, rng: dict | None = None, error: str = ""):
-        super().__init__(f"membership change ({why}) at epoch {position[0]}, {position[1]} samples in")
+    def __init__(self, why: str, position, began: float, rng: dict | None = None, error: str = ""):
+        super().__init__(f"membership change ({why}) at {position}")
         self.why, self.position, self.began, self.rng, self.error = why, position, began, rng, error
 
 
@@ -51,41 +52,59 @@ def members(world: World) -> notice.Members | None:
     return members
 
 
-def change(trainer, what: Change) -> None:
+class Host(Protocol):
+    """What a change needs of the loop it happens in: our :class:`~training.trainer.Trainer`, or a user's loop
+    through :class:`training.elastic.Elastic`."""
+
+    world: World
+    step: int  # the optimizer steps taken (a change keeps the freshest rank's)
+    agreement: notice.Agreement
+    marks: object  # training.marks.Marks: the ledger's pause
+    timeout: float  # the process group's
+
+    def paused(self, what: Change) -> None:
+        """The step the change met is given up (its RNG draws put back, its partial gradients dropped)."""
+
+    def state_of(self, position) -> dict:
+        """What a rank that lacks it receives: everything to go on from ``position``."""
+
+    def apply(self, state: dict) -> None:
+        """Take a live peer's :meth:`state_of`."""
+
+    def rejoined(self, position, adopted: bool) -> None:
+        """Go on in the new world from ``position`` (``adopted``: this rank took a peer's state)."""
+
+
+def change(host: Host, what: Change) -> None:
     """Pause, leave, form the new world, agree, go on (module doc); Left when this rank is not in it."""
-    world, member = trainer.world, trainer.world.member
-    before, step_before = world.world_size, trainer.step
+    world, member = host.world, host.world.member
+    before, step_before = world.world_size, host.step
     if what.why == "lost":
-        if what.rng is not None:
-            snapshot.set_rng_state(what.rng)
-        trainer.optimizer.zero_grad(set_to_none=True)
-    elif what.why == "leave" and world.rank in trainer.agreement.leaving:
-        raise membership.Left(f"{member.host} has a notice: its ranks leave the job at step {trainer.step}")
+        host.paused(what)
+    elif what.why == "leave" and world.rank in host.agreement.leaving:
+        raise membership.Left(f"{member.host} has a notice: its ranks leave the job at step {host.step}")
     if world.local_rank == 0 and what.why != "reform":  # the survivors of a departure say so: the run learns who
-        channel.send(channel.KEPT, {"rank": world.rank, "host": member.host, "step": trainer.step,
-                                    "epoch": what.position[0], "consumed": what.position[1], "in_memory": True,
-                                    "error": what.error[:300]})
+        channel.send(channel.KEPT, {"rank": world.rank, "host": member.host, "step": host.step,
+                                    "position": what.position, "in_memory": True, "error": what.error[:300]})
     member.leave_group()
     written = member.wait(member.generation, membership.reform_timeout())  # NoNewMembership: the fallback's
     place = member.place_in(written)  # Left: this node is not in the new world
-    member.form(place, world.backend, trainer.cfg.distributed.timeout)
-    trainer.world = World(Launch(world.launch.launcher, place.rank, place.world_size, world.local_rank,
-                                 world.launch.master_addr, world.launch.master_port), world.backend, None, member)
-    trainer.start_epoch, trainer.start_consumed = membership.synchronize(trainer, what.position)
-    if trainer.world.rank == 0 and trainer.step > step_before:
-        trainer.listeners[0].flush(trainer, what.position[0])  # the adopted step's ids, gathered before it
-    trainer.join_world()
-    trainer.agreement.restart(members(trainer.world))
+    member.form(place, world.backend, host.timeout)
+    host.world = World(Launch(world.launch.launcher, place.rank, place.world_size, world.local_rank,
+                              world.launch.master_addr, world.launch.master_port), world.backend, None, member)
+    position = membership.synchronize(host, what.position)
+    host.rejoined(position, host.step != step_before)
+    host.agreement.restart(members(host.world))
     seconds = round(time.time() - what.began, 3)
     log.info("membership generation %d: %d -> %d ranks at step %d, %.2f s after the pause (%s)", place.generation,
-             before, place.world_size, trainer.step, seconds, what.why)
-    trainer.marks.pause(what.began, seconds, what.why)  # the ledger's: the survivors' pause
-    if trainer.world.rank == 0:
-        channel.send(channel.WORLD, {"generation": place.generation, "step": trainer.step,
+             before, place.world_size, host.step, seconds, what.why)
+    host.marks.pause(what.began, seconds, what.why)  # the ledger's: the survivors' pause
+    if host.world.rank == 0:
+        channel.send(channel.WORLD, {"generation": place.generation, "step": host.step,
                                      "world_size": place.world_size, "before": before, "seconds": seconds,
                                      "joined": list(written.joining), "why": what.why})
 
 
-def lost(trainer, err: BaseException, position: tuple[int, int], rng: dict | None) -> Change:
+def lost(err: BaseException, position, rng: dict | None) -> Change:
     """A lost peer in a job whose membership can change: the change to make (``survivor.keep`` raises it)."""
     return Change("lost", position, time.time(), rng, f"{socket.gethostname()}: {str(err).splitlines()[0][:200]}")

@@ -75,7 +75,7 @@ def keep(trainer, epoch: int, step, state_of):
         completed = trainer.step > steps_before  # failed after the update: that step is kept
         consumed = step.consumed if completed else step.consumed - step.size
         if trainer.world.member is not None and lost_peer(err):  # the survivors go on in their processes
-            raise reform.lost(trainer, err, (epoch, consumed), None if completed else rng) from err
+            raise reform.lost(err, (epoch, consumed), None if completed else rng) from err
         _kept(trainer, err, lambda: state_of(trainer, epoch, consumed), None if completed else rng)
         raise
 
@@ -95,7 +95,7 @@ def keep_between(trainer, next_epoch: int, state_of):
         raise
     except Exception as err:
         if trainer.world.member is not None and lost_peer(err):
-            raise reform.lost(trainer, err, (next_epoch, 0), None) from err
+            raise reform.lost(err, (next_epoch, 0), None) from err
         _kept(trainer, err, lambda: state_of(trainer, next_epoch, 0), None)
         raise
 

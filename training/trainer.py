@@ -51,6 +51,7 @@ from .config import Config
 from .dist_env import World
 from .epoch_end import StoppedAfterEpoch  # noqa: F401 -- train.py's, with the trainer's other endings
 from .faults import Faults
+from .hosting import ChangeHost
 from .mpi_plane import MpiGradients
 from .runlog import RunLog
 from .steptimes import StepTimes
@@ -68,7 +69,7 @@ class Preempted(Exception):
         self.report = report
 
 
-class Trainer:
+class Trainer(ChangeHost):
     def __init__(self, cfg: Config, world: World, workload: Workload, device: torch.device, data_plane: str,
                  faults: Faults | None = None):
         self.cfg, self.t = cfg, cfg.training
@@ -210,17 +211,6 @@ class Trainer:
         if decision in ("leave", "reform"):
             raise reform.Change(decision, (epoch, step.consumed), time.time())
 
-    def _change(self, change: reform.Change) -> None:
-        """The membership changes (:mod:`training.reform`); when the run's new membership does not come, the
-        survivor snapshot of the last completed step is written and the rank fails: the restart path takes over."""
-        try:
-            reform.change(self, change)
-        except membership.NoNewMembership as err:
-            if self.t.snapshot_dir and self.world.local_rank == 0:
-                survivor.save(self, checkpoint.state_of(self, *change.position), None,
-                              RuntimeError(change.error or str(err)))
-            raise RuntimeError(f"{err}: the restart path takes over") from err
-
     def comm_seconds(self) -> float:
         """Seconds spent averaging gradients so far (the DDP buckets' all-reduce, or the MPI data plane's)."""
         return self.timer.seconds + (self.mpi.comm_seconds if self.mpi else 0.0)
@@ -238,7 +228,7 @@ class Trainer:
                         self._one_step(epoch, step, stats)
                 break
             except reform.Change as change:
-                self._change(change)
+                self.change(change)
                 if self.start_epoch != epoch:  # the change agreed on the epoch's end: it is done
                     break
         elapsed = max(time.perf_counter() - stats.started, 1e-9)
@@ -274,7 +264,7 @@ class Trainer:
                     if self._end_epoch(epoch, local):
                         break
             except reform.Change as change:
-                self._change(change)
+                self.change(change)
             epoch += 1
         self.marks.done()
         test = self.evaluate(self.test_loader)
