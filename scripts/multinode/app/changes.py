@@ -48,6 +48,7 @@ class Changes:
         self.ctx, self.job, self.members, self.recovery, self.prepare = ctx, job, members, recovery, prepare
         self.say, self.last_seen, self.capture = say, last_seen, capture
         self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
+        self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
         self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
         self._told: set[str] = set()
 
@@ -88,6 +89,9 @@ class Changes:
         survivors = [n for n in self.members.names if n != name]
         if not notice:
             self.ctx.runner.cut_off([name], survivors)  # their collective with it fails now
+        # ... and their old group among themselves (the job's store kept): a survivor blocked on another survivor's
+        # part of the failed collective fails now too, instead of at the process-group timeout
+        self.ctx.runner.cut_off(survivors, survivors, spare_port=self.ctx.spec.rdzv_port)
         self.members.leave(name)
         pending.discard(name)
         self.leaving.add(name)
@@ -99,15 +103,29 @@ class Changes:
     def take_record(self, event: JobRecord, pending: set[str]) -> None:
         """A record the ranks sent about the membership."""
         if event.kind == channel.WORLD:
-            if int(event.data.get("generation", 0)) == 0:
+            generation = int(event.data.get("generation", 0))
+            self.members.formed = max(self.members.formed, generation)
+            if generation == 0:
                 self.members.supported = True
                 return
             self.kept.clear()
             self.recovery.world_changed(event.data, time.time())
+            for name in list(self.ready):  # a join that waited for this generation to form
+                self._open(name)
         elif event.kind == channel.KEPT:
             self.kept.setdefault(event.node, time.time())
-        elif event.kind == channel.JOINING and self.members.open(event.node):
-            self.say(f"{event.node} is ready: the running ranks take it in at their next agreement")
+        elif event.kind == channel.JOINING:
+            self.ready.append(event.node)
+            self._open(event.node)
+
+    def _open(self, name: str) -> None:
+        """A new node's ranks are ready: its generation opened to the running nodes -- once every earlier generation
+        has formed (the running ranks take the newest generation written: one they skipped would leave a survivor
+        alone in it)."""
+        if self.members.formed < self.members.pending_after(name) or not self.members.open(name):
+            return
+        self.ready.remove(name)
+        self.say(f"{name} is ready: the running ranks take it in at their next agreement")
 
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's

@@ -39,6 +39,7 @@ class Members:
         self.reason = reason  # why not enabled, in words
         self.supported = False  # the job said it takes changes (its WORLD of generation 0)
         self.generation = 0
+        self.formed = 0  # the newest generation the ranks said (WORLD) they formed
         self.names = [n.name for n in ctx.inv.nodes]  # the nodes in the job now, head first
         self.pending: dict[str, channel.Membership] = {}  # a joining node -> its generation, until it is ready
 
@@ -95,6 +96,11 @@ class Members:
         self._write([name], membership)
         self.pending[name] = membership
         return membership
+
+    def pending_after(self, name: str) -> int:
+        """The generation before ``name``'s pending one: it must have formed before ``name``'s is opened."""
+        pending = self.pending.get(name)
+        return pending.generation - 1 if pending else 0
 
     def open(self, name: str) -> bool:
         """``name``'s ranks are ready (``JOINING``): its generation written to the running nodes, which change to
