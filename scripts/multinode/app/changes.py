@@ -30,12 +30,14 @@ from collections.abc import Callable
 
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
+from multinode.checks.preflight import probe_ssh
 from multinode.core.errors import NodeError
 from multinode.core.events import JobRecord, NodeEnded, NodeGone, ReplacementReady, Stalled
 from multinode.app.watchers import frozen
 from multinode.trainer import channel
 
 KEPT_WINDOW = 2.0  # seconds after the first survivor's KEPT for every other survivor's
+PROBE_SECONDS = 3.0  # a silent member's SSH probe
 
 
 class Changes:
@@ -48,6 +50,7 @@ class Changes:
         self.ctx, self.job, self.members, self.recovery, self.prepare = ctx, job, members, recovery, prepare
         self.say, self.last_seen, self.capture = say, last_seen, capture
         self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
+        self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
         self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
         self._told: set[str] = set()
@@ -109,6 +112,7 @@ class Changes:
                 self.members.supported = True
                 return
             self.kept.clear()
+            self.alive.clear()
             self.recovery.world_changed(event.data, time.time())
             for name in list(self.ready):  # a join that waited for this generation to form
                 self._open(name)
@@ -129,20 +133,28 @@ class Changes:
 
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
-        node exits 75), else once the window is over (a node whose link was cut sends nothing)."""
+        node exits 75); once the window is over, one whose ranks the stacks show frozen, or that does not answer SSH
+        (its link cut: it sends nothing). One that answers with live ranks is a survivor that has not seen the
+        change yet (blocked in the failed collective until its process-group timeout): it is waited for."""
         if not self.kept:
             return
-        silent = [n for n in self.members.names if n not in self.kept]
+        silent = [n for n in self.members.names if n not in self.kept and n not in self.alive]
         if any(n in pending for n in silent) and time.time() - min(self.kept.values()) < KEPT_WINDOW:
             return
         named = self._named(silent, pending)
+        answers = probe_ssh(self.ctx.inv.only(pending & set(silent) - set(named)), timeout=PROBE_SECONDS) \
+            if pending & set(silent) - set(named) else {}
         for name in silent:
+            ended = name not in pending
+            if not ended and name not in named and answers.get(name, (False, ""))[0]:
+                self.alive.add(name)  # a survivor still in the failed collective: it pauses when it times out
+                continue
+            why = "its ranks left on a notice" if ended else named.get(name) or \
+                f"it does not answer SSH while its peers paused ({answers.get(name, (False, '?'))[1]})"
             if self.why_not(name) is None:
-                ended = name not in pending
-                why = "its ranks left on a notice" if ended else named.get(name, "it sent nothing while its peers "
-                                                                                   "paused")
                 self.lose(name, why, pending, notice=ended)
-        self.kept.clear()
+        if not [n for n in self.members.names if n not in self.kept and n not in self.alive]:
+            self.kept.clear()
 
     def _named(self, silent: list[str], pending: set[str]) -> dict[str, str]:
         """Why a silent node that has not ended is silent, when the live ranks' stacks say (a rank stopped or stuck

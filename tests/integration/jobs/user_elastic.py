@@ -25,7 +25,7 @@ def main() -> int:
     parser.add_argument("--pace", type=float, default=0.05)
     args = parser.parse_args()
     total = torch.zeros(1, dtype=torch.float64)
-    job = preempt.Elastic(state=lambda: {"total": total.clone()}, load=lambda s: total.copy_(s["total"]))
+    job = preempt.Elastic(state=lambda: {"total": total.clone()}, load=lambda s: total.copy_(s["total"]), timeout=10.0)
     job.start("gloo")
     step = job.position or 0
     while step < args.steps:
