@@ -2,7 +2,7 @@
 orchestrator: the trainer's own sample log (``--log-samples``: every optimizer step's sample ids, appended across
 attempts) and the final weights.
 
-* :func:`ours` -- ``train RECOVER=1`` (the surviving ranks keep their processes: RECOVER_IN_PLACE's default);
+* :func:`ours` -- ``train RECOVER=1`` (the surviving ranks keep their processes: RECOVER_RESTART unset);
   node-2 gets a spot notice (``make preempt NODE=2``), or is lost without one -- gone
   (:func:`multinode.providers.local.faults.lose_node`: every process SIGKILLed, its link and namespace gone), or its
   machine still running (its job's processes killed and its link cut, the namespace left: the provider calls it

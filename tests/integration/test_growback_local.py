@@ -1,4 +1,4 @@
-"""The restart path (RECOVER_IN_PLACE=0), where a run that went on with fewer nodes grows back by a notice: Growing back on 3 real local nodes (sshd per node): a notice on node-2 (SIGTERM to its rank: a recovery runs
+"""The restart path (RECOVER_RESTART=1), where a run that went on with fewer nodes grows back by a notice: Growing back on 3 real local nodes (sshd per node): a notice on node-2 (SIGTERM to its rank: a recovery runs
 with GRACE, so that is a notice) while the provider refuses replacements -> the run goes on with 2 nodes at the
 same global batch; replacements allowed again -> the orchestrator makes node-2 anew, gives the 2 ranks the GRACE
 notice once they train, and the run resumes on 3 ranks from that checkpoint at the same global batch, every sample
@@ -39,7 +39,7 @@ def test_a_run_on_fewer_nodes_grows_back_when_capacity_returns(cluster3):
 
     faults.refuse_replacements(cluster3.state)
     try:
-        proc = cluster3.popen("train", "--nodes", "3", "--run-id=grow", "--recover=1", "--recover-in-place=0",
+        proc = cluster3.popen("train", "--nodes", "3", "--run-id=grow", "--recover=1", "--recover-restart",
                               f"--recover-wait={RECOVER_WAIT}", f"--pg-timeout={PG_TIMEOUT}",
                               f"--args=--workload digits {EPOCHS} 2 --log-samples")
         with watched(proc) as (out, err):

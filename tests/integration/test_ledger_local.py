@@ -129,7 +129,7 @@ def recovered(cluster2):
 
     before = time.time()
     proc = cluster2.popen("train", "--nodes", "2", f"--run-id={RECOVERED}", "--recover=1",
-                          "--recover-in-place=0", "--recover-wait=60",
+                          "--recover-restart", "--recover-wait=60",
                           f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV} MULTINODE_NOTICE_POLL=1",
                           "--args=--workload digits 40 2")
     try:

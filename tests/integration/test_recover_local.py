@@ -1,4 +1,4 @@
-"""The restart path (RECOVER_IN_PLACE=0: every process restarts, from a snapshot; where the survivors go on in their
+"""The restart path (RECOVER_RESTART=1: every process restarts, from a snapshot; where the survivors go on in their
 processes instead, test_survivors_local.py drills it): RECOVER=1 on 3 real local nodes (sshd per node, the metadata endpoint inside each node): a notice on node-2
 replaces node-2 only; a refused replacement goes on with 2 nodes at the same global batch, every sample once per
 epoch; a lost head (node-0's namespace deleted, no notice) resumes on the other two from the step the surviving
@@ -55,7 +55,7 @@ def _comm(pid: int) -> str:
 
 def _train(cluster, run_id: str, epochs: int, *extra: str):
     return cluster.popen("train", "--nodes", "3", f"--run-id={run_id}", "--recover=1",
-                         "--recover-in-place=0", "--recover-wait=60",
+                         "--recover-restart", "--recover-wait=60",
                          f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV}",
                          f"--args=--workload digits {epochs} 2 {' '.join(extra)}".strip())
 

@@ -1,4 +1,4 @@
-"""The restart path (RECOVER_IN_PLACE=0): A slow replacement does not hold the run, on 3 real local nodes: MULTINODE_REPLACE_DELAY=120 makes the local
+"""The restart path (RECOVER_RESTART=1): A slow replacement does not hold the run, on 3 real local nodes: MULTINODE_REPLACE_DELAY=120 makes the local
 provider take 120 s more to make a node (an EC2 launch and bootstrap, drilled). node-2 gets a notice, or is lost
 without one (every process killed, its link and namespace gone), with RECOVER=1 -> the provider's 120 s is longer than
 a restart of the job, so the run goes on with node-0 and node-1 at once, at the same global batch, while node-2 is
@@ -35,7 +35,7 @@ def test_a_slow_replacement_goes_on_with_two_nodes_at_once_and_grows_back_when_r
 
     run_id = f"slow{event}"
     proc = cluster3.popen("train", "--nodes", "3", f"--run-id={run_id}", "--recover=1",
-                          "--recover-in-place=0", "--recover-wait=5",
+                          "--recover-restart", "--recover-wait=5",
                           f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV}",
                           f"--args=--workload digits {EPOCHS} 20 --log-samples --min-step-seconds {PACE}",
                           MULTINODE_REPLACE_DELAY=str(DELAY))

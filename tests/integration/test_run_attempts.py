@@ -1,4 +1,4 @@
-"""The restart path (RECOVER_IN_PLACE=0), whose attempts release nothing between them: A run's attempts hold one claim (multinode.app.run): on 3 real local nodes, a RECOVER=1 run loses node-2 (its
+"""The restart path (RECOVER_RESTART=1), whose attempts release nothing between them: A run's attempts hold one claim (multinode.app.run): on 3 real local nodes, a RECOVER=1 run loses node-2 (its
 namespace deleted, no notice, no replacement to be had) and, while it probes the nodes and goes on with the other
 two, a QUEUE=1 run started at that moment waits -- it starts only after the recovering run has ended, and both
 finish. Before the attempts moved inside the run, the claim was given back between attempts: the queued run took
@@ -33,7 +33,7 @@ def test_a_queued_run_waits_while_a_recovering_run_is_between_attempts(cluster3)
     faults.refuse_replacements(cluster3.state)
     try:
         recovering = cluster3.popen("train", "--nodes", "3", "--run-id=20261125-000000-recover", "--recover=1",
-                                    "--recover-in-place=0",
+                                    "--recover-restart",
                                     "--recover-wait=5", f"--pg-timeout={PG_TIMEOUT}",
                                     "--args=--workload digits 16 2")
         with watched(recovering) as (out, err):

@@ -1,4 +1,4 @@
-"""The restart path (RECOVER_IN_PLACE=0; what every change falls back to where the survivors cannot go on in
+"""The restart path (RECOVER_RESTART=1; what every change falls back to where the survivors cannot go on in
 their processes, test_survivors_local.py drills that they do): A node lost without warning costs at most the step in progress (issue 34): on 3 real local nodes with RECOVER=1,
 node-2 vanishes mid-epoch (every process in it SIGKILLed, its link and namespace deleted: faults.lose_node) long
 after the last periodic snapshot (there is none before the end). The surviving ranks keep the last completed step
@@ -38,7 +38,7 @@ def test_a_node_lost_without_warning_costs_no_completed_step(cluster3):
     assert base.returncode == 0, base.stdout[-3000:] + base.stderr[-3000:]
     uninterrupted = torch.load(run_files(cluster3, "whole", "final_model.pt")["node-0"])
 
-    proc = cluster3.popen(*train_args("lost", "--recover=1", "--recover-in-place=0", "--recover-wait=60", pace=PACE))
+    proc = cluster3.popen(*train_args("lost", "--recover=1", "--recover-restart", "--recover-wait=60", pace=PACE))
     with watched(proc) as (out, err):
         out.wait_for(rf"\[rank0\]: .*epoch 5/{EPOCHS} ", timeout=RUN_BOUND, also=err)
         time.sleep(0.5)  # a few steps into epoch 5 (index): mid-epoch

@@ -115,8 +115,8 @@ class Members:
 
 def restart_reason(spec, plan) -> str:
     """Why a run's membership changes restart every process, in words (the plan gives the ranks no membership)."""
-    if not spec.recover_in_place:
-        return "RECOVER_IN_PLACE=0"
+    if spec.recover_restart:
+        return "RECOVER_RESTART=1"
     if spec.uses_mpi:
         return "MODE=mpi: an MPI rank's loss ends every rank (its runtime aborts the job)"
     launcher = getattr(plan, "launcher", None)

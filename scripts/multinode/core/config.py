@@ -179,8 +179,9 @@ class LaunchSpec:
     recover_wait: float = setting(DEFAULT_RECOVER_WAIT, SECONDS, "seconds to wait for a replacement node before "
                                   "going on without it; also how often a run on fewer nodes asks again", task=True,
                                   metavar="SECONDS")
-    recover_in_place: bool = setting(True, SWITCH, "RECOVER: the surviving ranks keep their processes through a lost "
-                                     "or noticed node (0: every process restarts from a snapshot)", task=True)
+    recover_restart: bool = setting(False, SWITCH, "RECOVER: every process restarts from the freshest snapshot "
+                                    "through a lost or noticed node (unset: the surviving ranks keep their processes)",
+                                    task=True, see="[recovery.md](recovery.md)")
     # Buckets (docs/data.md, docs/checkpoints.md): each node reads and writes them itself.
     data: str | None = setting(None, TEXT, "s3://bucket/prefix synced to DATA_DIR on every node before the job "
                                "(only what changed, by ETag and size)", task=True, metavar="s3://BUCKET/PREFIX",

@@ -83,7 +83,7 @@ def membership_env(spec: LaunchSpec, counts: list[int], directory: str) -> dict[
     """RECOVER with the same number of ranks on every node: where the run writes the job's membership
     (training/membership.py: the survivors of a lost or noticed node go on in their processes). Not under MPI (an
     MPI rank's loss ends every rank), nor with uneven nodes (a membership gives every node ``nproc`` ranks)."""
-    if not (spec.recover and spec.recover_in_place) or spec.uses_mpi or len(set(counts)) > 1:
+    if not spec.recover or spec.recover_restart or spec.uses_mpi or len(set(counts)) > 1:
         return {}
     return {channel.MEMBERSHIP_ENV: f"{directory}/{channel.MEMBERSHIP_FILE}"}
 
