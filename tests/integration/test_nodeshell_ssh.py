@@ -47,10 +47,13 @@ def test_data_output_and_exit_codes_come_back_exactly(runner: RemoteRunner, tmp_
 
 
 def test_a_command_past_its_time_breaks_only_its_shell(runner: RemoteRunner):
+    """...and ends on the node with it (the shell's process group): nothing of it runs on to its own end."""
     with pytest.raises(ShellBroken, match="timed out after 1 s"):
-        runner.execute("node-0", "sleep 30", timeout=1)
+        runner.execute("node-0", "sleep 29.71; echo late", timeout=1)  # a duration no other test sleeps
     res = runner.run_on("node-0", "echo again")
     assert (res.exit_code, res.stdout) == (0, "again\n")  # a new shell on the same connection
+    left = runner.run_on("node-0", "pgrep -a -f '^sleep 29[.]71$' || true")
+    assert left.ok and left.stdout == ""
 
 
 def test_a_busy_shell_makes_a_second_one(runner: RemoteRunner, tmp_path):

@@ -160,6 +160,26 @@ class NodeShell:
         except Exception:  # the session is already gone
             pass
 
+    def stop(self) -> None:
+        """End this shell's loop and whatever it runs now, on the node: the command of a timed-out call would
+        otherwise run on to its own end (a closed SSH session without a terminal signals nothing to its processes).
+        sshd made the session its own process group (setsid, OpenSSH session.c do_exec_no_pty), led by the loop:
+        found by its token on a second session of the same connection, the group gets SIGTERM, then SIGKILL.
+        What a command started in a session of its own (setsid) is not touched. Best effort: a connection that
+        fails now leaves the node as it was."""
+        group = f"$(pgrep -o -f '[m]n-shell {self.token}')"  # [m]: the pattern does not match this command itself
+        kill = (f'g={group}; [ -n "$g" ] || exit 0; kill -TERM -- "-$g"; sleep 0.5; '
+                'kill -0 -- "-$g" 2>/dev/null && kill -KILL -- "-$g"; exit 0')
+        try:
+            stopper = self.channel.get_transport().open_session(timeout=5)
+            stopper.exec_command(kill)
+            end = time.monotonic() + 10
+            while not stopper.exit_status_ready() and time.monotonic() < end:
+                time.sleep(0.05)
+            stopper.close()
+        except Exception:  # the connection is gone: nothing more can be done from here
+            pass
+
     def ended(self) -> bool:
         return self.channel.closed or self.channel.exit_status_ready()
 
@@ -186,6 +206,7 @@ class NodeShell:
                 if not reply.answered and answer_end is not None and now > answer_end:
                     raise NoAnswer(f"no answer within {answer_timeout:.0f} s")
                 if end is not None and now > end:
+                    self.stop()
                     raise ShellBroken(f"command timed out after {timeout:.0f} s")
                 if not self._pump(reply, 0.2):
                     raise ShellBroken("the SSH session ended")
