@@ -217,9 +217,21 @@ def leaks(m: Marks) -> list[str]:
 
 
 # What `up` starts on a node and `down` stops: the node's sshd, and with SCHEDULER=slurm the daemons of
-# multinode.providers.local.slurm (slurmd forks slurmscriptd). Anything else running on a node when a test is done with
-# its cluster is the test's: a leak, whatever `down` would do to it.
+# multinode.providers.local.slurm (slurmd forks slurmscriptd); a node's metadata endpoint too (a python process, known
+# by the pid file multinode.providers.local.imds keeps: see _endpoints). Anything else running on a node when a test is
+# done with its cluster is the test's: a leak, whatever `down` would do to it.
 SERVICES = {b"sshd", b"munged", b"slurmctld", b"slurmd", b"slurmscriptd"}
+
+
+def _endpoints(cluster: str, home: Path) -> set[int]:
+    """The pids of the metadata endpoints the cluster's nodes serve (multinode.providers.local.imds), by their pid
+    files; a node replaced by recovery serves one again, as `up` made it."""
+    pids = set()
+    for pid_file in (Path(home) / cluster).glob("provider/node-*/imds/server.pid"):
+        pid = _read(pid_file).strip()
+        if pid.isdigit():
+            pids.add(int(pid))
+    return pids
 
 
 def running(cluster: str, home: Path, timeout: float = 10.0) -> list[str]:
@@ -227,8 +239,9 @@ def running(cluster: str, home: Path, timeout: float = 10.0) -> list[str]:
     described; ``timeout`` for one just killed to be reaped. Read before `down`, which kills them."""
     deadline = time.monotonic() + timeout
     while True:
+        endpoints = _endpoints(cluster, home)
         found = [pid for pids in job_processes(cluster, home).values() for pid in pids
-                 if _read(Path(f"/proc/{pid}/comm")).strip() not in SERVICES]
+                 if _read(Path(f"/proc/{pid}/comm")).strip() not in SERVICES and pid not in endpoints]
         if not found or time.monotonic() >= deadline:
             return [_describe(str(pid)) for pid in found if Path(f"/proc/{pid}").exists()]
         time.sleep(0.2)
