@@ -20,6 +20,7 @@ from ec2_refusals import RefusingProxy
 from test_aws_moto import AMI, REGION, ec2, moto_url  # noqa: F401
 
 from multinode.app.recover import Loss, Recovery
+from multinode.app.replacements import wait_seconds
 from multinode.core.config import LaunchSpec
 from multinode.core.inventory import Inventory, Node
 from multinode.core.state import ClusterState
@@ -77,7 +78,9 @@ def test_recovery_on_ec2_weighs_a_replacement_by_the_clusters_own_launches(ec2, 
     rec = Recovery(state, cluster, LaunchSpec(nodes=3, recover=1, recover_wait=300, grace=30), said.append,
                    provider=provider)
     rec.restart_seconds = 40.0  # the run's own restart: a replacement (250 s) costs more: go on at once, grow back
-    active = rec._replace_or_shrink(rec.cluster, Loss(["node-2"], "lost", 7))  # returns without the 300 s wait
+    wait = wait_seconds(estimate.seconds, rec.restart_seconds, rec.spec.recover_wait)
+    assert wait == 0.0
+    active = rec._replace_or_shrink(rec.cluster, Loss(["node-2"], "lost", 7), wait)  # without the 300 s wait
     provider.release.set()
     assert [n.name for n in active.nodes] == ["node-0", "node-1"] and provider.asked == ["node-2"]
     line = ("it takes about 250 s (measured: median of 3 launches of c6i.xlarge in this cluster), longer than a "
@@ -97,7 +100,7 @@ def test_an_ec2_error_inside_a_replacement_is_one_line_and_the_run_goes_on(ec2, 
     try:
         rec = Recovery(state, cluster, LaunchSpec(nodes=3, recover=1, recover_wait=60, grace=30), said.append,
                        provider=AwsProvider())  # the real replace: billing() asks DescribeInstances first
-        active = rec._replace_or_shrink(rec.cluster, Loss(["node-1"], "lost", 7))
+        active = rec._replace_or_shrink(rec.cluster, Loss(["node-1"], "lost", 7), rec.spec.recover_wait)
     finally:
         throttled.close()
     assert [n.name for n in active.nodes] == ["node-0", "node-2"]

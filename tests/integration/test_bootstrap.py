@@ -1,6 +1,7 @@
 """The node bootstrap as Terraform renders it for each kind (cpu, g4dn, g4ad) and runtime (an image, or
 the host runtime): the real terraform (offline, provider from the local mirror) evaluates
-``local.bootstrap_script`` of infra/ec2 with the variables ``up`` writes (its own bootstrap_tfvars),
+``local.bootstrap_script`` of infra/ec2 (node 0's: each node's carries its own expiry) with the variables
+``up`` writes (its own bootstrap_tfvars),
 shellcheck checks every rendering, the TTL timer's calendar time is parsed by systemd itself, and the
 script's start (error trap, TTL, apt) runs for real here with its system paths moved under a temporary
 directory and systemctl/apt-get/sleep/shutdown/modprobe replaced by recording stand-ins on PATH (g4ad's
@@ -56,7 +57,7 @@ def render_all(tmp_path_factory) -> dict[str, str]:
                   "ami_id": "ami-12c6146b", "cluster_id": "1a2b3c", **bootstrap_tfvars(spec, AwsSettings.from_spec(spec))}
         (work / f"{name}.tfvars.json").write_text(json.dumps(tfvars))
         console = subprocess.run([terraform, f"-chdir={work}", "console", f"-var-file={name}.tfvars.json"],
-                                 input="base64encode(local.bootstrap_script)\n", capture_output=True, text=True,
+                                 input="base64encode(local.bootstrap_script[0])\n", capture_output=True, text=True,
                                  env=env, timeout=300)
         assert console.returncode == 0, console.stdout + console.stderr
         scripts[name] = base64.b64decode(console.stdout.strip().strip('"')).decode()
