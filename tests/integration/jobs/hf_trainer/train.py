@@ -62,3 +62,8 @@ checksum = f"{weights.sum().item():.6f}"
 rank = int(os.environ.get("RANK", 0))
 print(f"HF rank={rank} world={training.world_size} distributed={dist.is_initialized()} "
       f"steps={result.global_step} loss={result.training_loss:.4f} weights={checksum}", flush=True)
+# The Trainer leaves the process group to the script (torch's docs: destroy it before the program ends). Without
+# this, a gloo rank can abort at exit ("terminate called without an active exception", SIGABRT: gloo's worker threads
+# outlive the interpreter; pytorch/pytorch issue 190489): seen once in a full-suite run on rank 1.
+if dist.is_initialized():
+    dist.destroy_process_group()
