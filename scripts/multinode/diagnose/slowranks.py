@@ -16,7 +16,8 @@ medians in :data:`WINDOWS` windows in a row:
   collection on one rank) is not a slow rank.
 
 Each rank is named once per attempt, in one line during the run and in the summary (``slow_ranks``). The lines
-are the orchestrator's to read: :meth:`SlowRanks.observe` keeps them off the console (the node's log has them).
+are the orchestrator's to read: :meth:`SlowRanks.observe` keeps them off the console (the node's log has them);
+:func:`windows` reads them back from a node's log for the ledger's slow steps (:mod:`multinode.diagnose.steplosses`).
 Pure but for the ``say`` it is given.
 """
 
@@ -25,7 +26,7 @@ from __future__ import annotations
 import json
 import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 PREFIX = "STEPTIMES "  # training/steptimes.py
@@ -92,3 +93,25 @@ class SlowRanks:
     def record(self) -> list[dict] | None:
         """The summary's ``slow_ranks`` (None when no rank was named)."""
         return [asdict(found) for found in self.named.values()] or None
+
+
+WINDOW_FIELDS = ("rank", "steps", "step_ms", "compute_ms", "comm_ms")
+
+
+def windows(lines: Iterable[str], node: str) -> list[dict]:
+    """Every step-time window in ``lines`` (``node``'s log), in order, as the trainer printed it with ``node`` added;
+    a line that is not a whole window is skipped."""
+    found = []
+    for line in lines:
+        at = line.find(PREFIX)
+        if at < 0:
+            continue
+        try:
+            row = json.loads(line[at + len(PREFIX):])
+            window = {"node": node, **{key: float(row[key]) for key in WINDOW_FIELDS}}
+        except (ValueError, KeyError, TypeError):
+            continue
+        window["rank"], window["steps"] = int(window["rank"]), int(window["steps"])
+        if window["steps"] > 0:
+            found.append(window)
+    return found
