@@ -9,9 +9,10 @@ import re
 from pathlib import Path
 
 from multinode.diagnose.ledger import JobMarks, account
-from multinode.diagnose.run_report import SECTIONS, epoch_rows, render
+from multinode.diagnose.run_report import SECTIONS, epoch_rows, render, slow_ranks
 
 RUN = json.loads((Path(__file__).parent / "fixtures" / "ledger-runs.json").read_text())["notice"]
+SLOW = json.loads((Path(__file__).parent / "fixtures" / "steplosses-slow-run.json").read_text())
 
 
 def _summary(ledger: dict | None) -> dict:
@@ -19,9 +20,16 @@ def _summary(ledger: dict | None) -> dict:
             "ledger": ledger}
 
 
-def _ledger() -> dict:
-    jobs = [JobMarks(j["attempt"], tuple(j["nodes"]), tuple(j["marks"]), j["resumed_step"]) for j in RUN["jobs"]]
-    return account(RUN["spans"], jobs, RUN["wall"], RUN["began_unix"])
+def _ledger(run: dict = RUN) -> dict:
+    jobs = [JobMarks(j["attempt"], tuple(j["nodes"]), tuple(j["marks"]), j["resumed_step"],
+                     windows=tuple(j.get("windows") or _windows(j["nodes"]))) for j in run["jobs"]]
+    return account(run["spans"], jobs, run["wall"], run["began_unix"])
+
+
+def _windows(nodes: list[str]) -> list[dict]:
+    """Made-up step-time windows, every rank alike (the recorded notice run kept none)."""
+    return [{"node": node, "rank": rank, "steps": 20, "step_ms": 20.0, "compute_ms": 15.0, "comm_ms": 5.0}
+            for _ in range(5) for rank, node in enumerate(nodes)]
 
 
 def test_every_section_has_its_figure_and_the_page_loads_nothing():
@@ -40,6 +48,22 @@ def test_a_run_without_ledger_or_metrics_says_so_in_each_section():
     for key in SECTIONS:
         assert f'<section id="{key}">' in page
     assert "<img" not in page and page.count("no per-epoch metrics") == 3
+
+
+def test_the_throttled_node_is_marked_on_the_compute_figure_with_why():
+    """The recorded run with node-1 held to 0.04 of a core: its rank is named on the page, as the run named it and as
+    the ledger's slow steps attribute them."""
+    ledger = _ledger(SLOW)
+    summary = {**_summary(ledger), "nodes": 4, "world_size": 4, "slow_ranks": SLOW["slow_ranks"]}
+    assert [(m["rank"], m["node"]) for m in slow_ranks(summary, ledger)] == [(1, "node-1")]
+    page = render(summary, {}, [])
+    compute = re.search(r'<section id="compute">(.*?)</section>', page)[1]
+    assert re.search(r"node-1 rank 1: named slow \(2\.5x the others&#x27; compute\); held steps back 17s", compute)
+    assert '<img id="compute-figure"' in compute
+    assert "slow steps held back by node-1 rank 1 17s" in page
+    quiet = render(_summary(_ledger()), {}, [])
+    assert "no rank named slow and none held steps back" in re.search(r'<section id="compute">(.*?)</section>',
+                                                                      quiet)[1]
 
 
 def test_epoch_rows_take_every_attempt_and_the_latest_row_of_an_epoch(tmp_path):

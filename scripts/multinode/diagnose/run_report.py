@@ -2,8 +2,9 @@
 
 What the run recorded, drawn (:mod:`multinode.diagnose.report_plots`, PNGs embedded as base64): the ledger as a
 bar and a table (:mod:`multinode.diagnose.ledger`), a timeline per node (each attempt's phases, the checkpoints,
-the recovery's notices, losses, replacements and resizes), loss and accuracy per epoch, each rank's step time per
-epoch, and the throughput. The page loads nothing (no script, no stylesheet, no font from anywhere): it opens from
+the recovery's notices, losses, replacements and resizes), each rank's compute per step-time window with the
+slow ranks marked (named while the job trained, or holding steps back in the ledger's slow steps), loss and accuracy
+per epoch, each rank's step time per epoch, and the throughput. The page loads nothing (no script, no stylesheet, no font from anywhere): it opens from
 the file on a machine without a network. A section whose data the run did not record (a user script writes no
 ``metrics.jsonl``) says so in a line instead of a figure.
 
@@ -23,7 +24,7 @@ from multinode.core.errors import UserError
 from multinode.diagnose import report_plots as plots
 from multinode.diagnose.ledger import duration, goodput_line
 
-SECTIONS = ("ledger", "timeline", "loss", "step-time", "throughput")
+SECTIONS = ("ledger", "timeline", "compute", "loss", "step-time", "throughput")
 NAME = "report.html"
 STYLE = """body{font-family:sans-serif;margin:24px;max-width:1000px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
@@ -76,9 +77,10 @@ def render(summary: dict, recovery: dict, rows: list[dict]) -> str:
         parts.append(_section("timeline", "Timeline per node", f"{len(ledger.get('attempts', []))} attempt(s); "
                               f"{len(events)} recovery event(s)", plots.node_timeline(ledger, events),
                               _events_table(events)))
+        parts.append(_compute_section(summary, ledger))
     else:
         parts += [_section(s, s, "this run's summary has no ledger (a run from before the ledger)", None)
-                  for s in ("ledger", "timeline")]
+                  for s in ("ledger", "timeline", "compute")]
     none = "no per-epoch metrics in this run (metrics.jsonl is our trainer's; a user script writes none)"
     figures = (("loss", "Loss and accuracy per epoch", plots.loss_accuracy),
                ("step-time", "Step time per rank", plots.step_time_per_rank),
@@ -87,6 +89,30 @@ def render(summary: dict, recovery: dict, rows: list[dict]) -> str:
         parts.append(_section(key, title, f"{len(rows)} epoch(s)" if rows else none, draw(rows) if rows else None))
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>run {_e(summary['run_id'])}"
             f"</title><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def slow_ranks(summary: dict, ledger: dict) -> list[dict]:
+    """The ranks the page marks: named slow while the job trained (the summary's ``slow_ranks``) or holding steps
+    back in the ledger's slow steps; ``{"rank", "node", "why"}`` each, once."""
+    why: dict[tuple[int, str], list[str]] = {}
+    for slow in summary.get("slow_ranks") or ():
+        why.setdefault((slow["rank"], slow["node"]), []).append(f"named slow ({slow['ratio']:.1f}x the others' compute)")
+    for held in ledger.get("slow_steps_by_rank") or ():
+        if held["node"] is not None:
+            why.setdefault((held["rank"], held["node"]), []).append(
+                f"held steps back {duration(held['seconds'])}")
+    return [{"rank": rank, "node": node, "why": "; ".join(reasons)} for (rank, node), reasons in why.items()]
+
+
+def _compute_section(summary: dict, ledger: dict) -> str:
+    title = "Compute per rank"
+    if not any(a.get("compute") for a in ledger.get("attempts", [])):
+        return _section("compute", title, "no step-time windows in this run (STEPTIMES: our trainer's, under the "
+                        "orchestrator)", None)
+    marked = slow_ranks(summary, ledger)
+    note = ("; ".join(f"{m['node']} rank {m['rank']}: {m['why']}" for m in marked) if marked else
+            "no rank named slow and none held steps back")
+    return _section("compute", title, _e(note), plots.compute_per_rank(ledger, marked))
 
 
 def _section(key: str, title: str, note: str, png: bytes | None, extra: str = "") -> str:
