@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import socket
 
 from . import snapshot
 
 log = logging.getLogger("training")
+OFF_ENV = "MULTINODE_SURVIVOR"  # "0": no snapshot of the last step on a lost peer
 
 # What a collective's failure says (gloo, NCCL, the c10d store): anything else is not a lost peer.
 PEER_GONE = re.compile(r"gloo|NCCL|ProcessGroup|c10d|Connection (reset|closed|refused)|[Tt]imed out|Broken pipe|"
@@ -93,8 +95,11 @@ def keep_between(trainer, next_epoch: int, state_of):
 
 
 def _keeps(trainer) -> bool:
-    """A distributed job with a snapshot directory: the only kind with peers to lose and somewhere to write."""
-    return trainer.world.backend is not None and bool(trainer.t.snapshot_dir)
+    """A distributed job with a snapshot directory: the only kind with peers to lose and somewhere to write; unless
+    ``MULTINODE_SURVIVOR=0`` asks for a trainer without this (the baselines of ``bench.spotday``: a user's trainer
+    that resumes from its last periodic checkpoint)."""
+    wanted = os.environ.get(OFF_ENV, "1").strip() != "0"
+    return wanted and trainer.world.backend is not None and bool(trainer.t.snapshot_dir)
 
 
 def _kept(trainer, err: BaseException, state, rng: dict | None) -> None:

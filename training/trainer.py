@@ -207,7 +207,7 @@ class Trainer:
                 # done (survivor.keep then keeps this step) must not leave the step out of the log.
                 ids = self.gather(step.ids) if self.t.log_samples else None
                 total_loss += self._run_step(step)
-                time.sleep(max(0.0, self.t.min_step_seconds - (time.perf_counter() - step_start)))  # a drill's pace
+                time.sleep(max(0.0, self.t.pace(len(step.ids)) - (time.perf_counter() - step_start)))  # drills' pace
                 samples += len(step.ids)
                 now = time.perf_counter()
                 step_times.append(now - step_start)
