@@ -107,6 +107,17 @@ def test_a_job_restarted_inside_its_attempt_is_accounted_generation_by_generatio
     assert "(1 recovery, 10 steps trained twice)" in goodput_line(ledger)
 
 
+def test_the_marks_of_an_earlier_run_of_the_same_run_id_are_not_this_ones():
+    """The same run id run again appends to the same node logs: the marks from before this job started (made-up:
+    a whole earlier run, a minute before) are not a generation of it."""
+    run = RUNS["plain"]
+    earlier = tuple({**m, "at": m["at"] - 60} for m in run["jobs"][0]["marks"])
+    jobs = [JobMarks(0, ("node-0", "node-1"), earlier + tuple(run["jobs"][0]["marks"]))]
+    again = account(run["spans"], jobs, run["wall"], run["began_unix"])
+    alone = account(run["spans"], _jobs(run), run["wall"], run["began_unix"])
+    assert again["job_restarts"] == [] and again["buckets"] == alone["buckets"]
+
+
 def test_step_time_windows_are_read_back_from_a_node_log_with_the_node():
     lines = ['[rank1]: STEPTIMES {"rank": 1, "steps": 13, "step_ms": 150.17, "compute_ms": 136.7, "comm_ms": 13.9}',
              "[rank1]: epoch 3/10 ...", '[rank1]: STEPTIMES {"rank": 1, "steps": 13', "STEPTIMES {\"rank\": 1}"]

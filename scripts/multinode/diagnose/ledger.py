@@ -11,19 +11,17 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
   phase: the DATA step of issue 36, where the run has one);
 * **start**: launching the job, then its processes up to the end of the first step (imports, rendezvous, data);
 * **training**: the first step to the last one, less the checkpoint stalls, the steps trained twice, and:
-* **slow steps** and **missing capacity**: the steps' time above the run's own healthy step, held back by one slow
-  rank (attributed to it: ``slow_steps_by_rank``), or lost to a run on fewer nodes than asked
-  (:mod:`multinode.diagnose.steplosses`, from the ranks' ``STEPTIMES`` windows): goodput is the work done over the
-  work the whole, healthy cluster would have done in the wall time;
+* **slow steps** and **missing capacity** (:mod:`multinode.diagnose.steplosses`): the steps' time above the run's
+  healthy step, held back by a slow rank (``slow_steps_by_rank``) or on fewer nodes than asked: goodput is the work
+  done over the work the whole, healthy cluster would have done in the wall time;
 * **checkpoint**: the stalls of periodic and coordinated (a notice's) checkpoints;
 * **recovery**, per recovery: *detect* (after the ended attempt's last step and checkpoint, to its end),
   *replace* (its sweep, summary and the replacement) and *restart* (the next attempt's pre-flight, sync and
   start to its first step);
 * **trained twice**: the steps after the snapshot an attempt resumed from that the ended attempt had trained
   (0 after a notice: its coordinated checkpoint holds every step), at that attempt's own time per step;
-* a job restarted inside one attempt (torchrun's ``--max-restarts``: a new ``first_step`` mark) is accounted one
-  process generation at a time: from a generation's last mark to the next one's first step is **recovery**
-  (``job_restarts``), and the steps the next one trains again from its snapshot are **trained twice**;
+* a job restarted inside one attempt (torchrun's ``--max-restarts``: a new ``first_step`` mark), one process
+  generation at a time: the gap is **recovery** (``job_restarts``), the steps trained again **trained twice**;
 * **teardown**: after the last step (final test, exit), the sweep and the summary;
 * **job**: a job that marks nothing (a user script without ``training.marks``), from its start to its end;
 * **other**: a phase this module does not know (named in ``other``).
@@ -42,7 +40,8 @@ BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "slow steps", "mis
            "recovery", "trained twice", "teardown", "job", "other")
 FIRST_ATTEMPT = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight",
                  "GPU smoke test": "pre-flight", "sync": "sync", "data": "sync", "start": "start"}
-AFTER_JOB = ("sweep", "summary", "recover")  # an ended attempt's: teardown (the last), else its recovery's replace
+AFTER_JOB = ("sweep", "summary", "recover")
+EARLIER = 5.0  # a mark this long before its job started is an earlier run's (its log is appended to): not read  # an ended attempt's: teardown (the last), else its recovery's replace
 
 
 @dataclass(frozen=True)
@@ -147,7 +146,8 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
     """One attempt's job span: start, training, checkpoints, steps trained twice and its end (module doc), one
     process generation of it at a time."""
     start, end, number = span["from"], span["to"], span["attempt"]
-    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in (job.marks if job else ())]
+    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in (job.marks if job else ())
+             if m["at"] - began_unix >= start - EARLIER]  # not a mark of an earlier run of the same run id
     row = {"attempt": number, "nodes": list(job.nodes) if job else [], "job": [round(start, 3), round(end, 3)],
            "reported": False, "checkpoints": []}
     book.attempts.append(row)
