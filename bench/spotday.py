@@ -47,7 +47,7 @@ def run(cluster=None, quick: bool = False, trace: Trace | None = None, reports: 
     trace = trace or (QUICK if quick else load(TRACE))
     job = QUICK_JOB if quick else FULL
     runs = {name: method(job, trace, reports) for name, method in METHODS.items()}
-    methods = {name: figures(r) for name, r in runs.items()}
+    methods = {name: figures(r, trace.events[0].at) for name, r in runs.items()}
     reference = rate(runs["uninterrupted"].samples)
     against(methods, reference)
     result = {"trace": {"file": None if trace.quick else str(TRACE.relative_to(TRACES.parents[1])),
@@ -98,6 +98,11 @@ def section(result: dict) -> str:
                       "samples per node-s vs uninterrupted", "steps trained twice", "samples missing",
                       "goodput (ledger)", "goodput (sample log)", "gap", "recoveries"],
                      [_row(name, f) for name, f in result["methods"].items()]),
+        "", "The machine is shared and its load drifts between the methods' runs, which the sample log's goodput "
+            "(the uninterrupted run's rate) does not see and each ledger (its own healthy step) does: each method's "
+            "own rate before the trace's first event, and the 1-minute load average as it began and ended: "
+            + "; ".join(f"{LABELS[name]} {f['rate_before_first_event']} samples/s, load {f['load_avg_1m'][0]:g} -> "
+                        f"{f['load_avg_1m'][-1]:g}" for name, f in result["methods"].items()) + ".",
         "", "Sources of the trace's figures:", "", *(f"- {k}: {v}" for k, v in t["sources"].items()),
         "", " ".join(doc[2].split()),
         "", "Verdicts (computed by `bench.spotday.judge`):", "",

@@ -50,20 +50,24 @@ def rate(lines: list[tuple[float, str]]) -> float:
 
 
 def ledger_training(ledgers: list[dict]) -> tuple[float, float]:
-    """(training seconds of every ``train``'s ledger added up, less those trained again across trains; those)."""
+    """(training seconds of every ``train``'s ledger added up, across trains as the ledger does across attempts;
+    those trained again). A ``train`` resumed from the snapshot of step s: the one before trained its steps after
+    s again (less), or, where its last mark came before s, trained the steps up to s after that mark, in what its
+    ledger took for teardown (more)."""
     total = again = 0.0
     for before, after in zip([None] + ledgers[:-1], ledgers):
         total += after["buckets"]["training"]
-        if before is None:
-            continue
-        done = [a for a in before["attempts"] if "steps" in a]
+        done = [a for a in before["attempts"] if "steps" in a] if before else []
         resumed = next((a["steps"][0] - 1 for a in after["attempts"] if "steps" in a), None)
         if not done or resumed is None:
             continue
-        last = done[-1]
+        last, high = done[-1], max(a["steps"][1] for a in done)
         per_step = (last["last_step"] - last["first_step"]) / max(1, last["steps"][1] - last["steps"][0])
-        again += min(before["buckets"]["training"], max(0, max(a["steps"][1] for a in done) - resumed) * per_step)
-    return total - again, again
+        twice = min(before["buckets"]["training"], max(0, high - resumed) * per_step)
+        kept = min(before["buckets"]["teardown"], max(0, resumed - high) * per_step)
+        total += kept - twice
+        again += twice
+    return total, again
 
 
 def recoveries(run) -> dict[str, int]:
@@ -83,7 +87,17 @@ def recoveries(run) -> dict[str, int]:
     return {kind: n for kind, n in kinds.items() if n}
 
 
-def figures(run) -> dict:
+def rate_before(lines: list[tuple[float, str]], t0: float, first_event: float | None) -> float | None:
+    """A run's own rate (as :func:`rate`) over its lines seen before the trace's first event (None: too few): the
+    machine's load drifts between runs, and this says how far."""
+    early = [pair for pair in lines if first_event is None or pair[0] - t0 < first_event]
+    try:
+        return round(rate(early), 2)
+    except ValueError:
+        return None
+
+
+def figures(run, first_event: float | None = None) -> dict:
     """One method's figures (module doc), its trains' ledgers (trimmed) and its events; the ratios against the
     uninterrupted run are :func:`against`'s."""
     wall = run.end - run.t0
@@ -91,7 +105,8 @@ def figures(run) -> dict:
     training, again = ledger_training(ledgers)
     return {"wall_s": round(wall, 1), "node_seconds": round(run.paid, 1), **sample_figures(run.samples),
             "ledger_goodput": round(training / wall, 4), "ledger_trained_again_s": round(again, 1),
-            "recoveries": recoveries(run), "events": run.applied,
+            "recoveries": recoveries(run), "events": run.applied, "load_avg_1m": run.load,
+            "rate_before_first_event": rate_before(run.samples, run.t0, first_event),
             "trains": [{"from_s": round(t["from"] - run.t0, 1), "to_s": round(t["to"] - run.t0, 1), "exit": t["exit"],
                         "ledger": _trimmed((t["summary"] or {}).get("ledger")),
                         **({"error": (t["summary"] or {}).get("error")} if t["exit"] else {})} for t in run.invocations],
@@ -138,18 +153,30 @@ def timelines(result: dict, path: Path) -> Path:
             for gap in method["gaps"]:
                 ax.broken_barh([(gap["from_s"], gap["to_s"] - gap["from_s"])], (row - 0.3, 0.6), color=COLOURS["recovery"])
             for event in method["events"]:
-                marker = MARKS.get(event["kind"], "*")
-                ax.scatter([event["at"]], [row - 0.42], marker=marker, color="black", s=28, zorder=3)
+                _event_mark(ax, row, event, COLOURS)
         ax.set_yticks(range(len(names)), names)
         ax.invert_yaxis()
         ax.set_xlabel("seconds since the method's first train (green: training; red: recovery and downtime; "
-                      "marks: the trace's events)")
+                      "marks: the trace's events, X also a noticed node taken; thin bars: slowdowns, shortages)")
         handles = [ax.scatter([], [], marker=m, color="black", label=k) for k, m in MARKS.items()]
         ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5, fontsize=8, frameon=False)
     return path
 
 
 MARKS = {"notice": "v", "lost": "X", "rebalance": "^", "no_capacity": "s", "slow": "o"}
+
+
+def _event_mark(ax, row: int, event: dict, colours: dict) -> None:
+    """An event as applied (its kind's mark; a slowdown's or a shortage's length as a thin bar under the row) and a
+    noticed instance taken (the loss's mark); other effects are not drawn."""
+    effect = event.get("effect")
+    if effect not in (None, "taken"):
+        return
+    marker = MARKS["lost"] if effect == "taken" else MARKS.get(event["kind"], "*")
+    ax.scatter([event["at"]], [row - 0.42], marker=marker, color="black", s=28, zorder=3)
+    if effect is None and event["kind"] in ("slow", "no_capacity") and event.get("seconds"):
+        colour = colours["slow steps"] if event["kind"] == "slow" else colours["wait"]
+        ax.broken_barh([(event["at"], event["seconds"])], (row + 0.32, 0.08), color=colour)
 
 
 def _train_bars(ax, row: int, train: dict, colours: dict, phase_colour: dict) -> None:

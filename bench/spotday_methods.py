@@ -28,6 +28,7 @@ reads the figures out of it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -74,6 +75,7 @@ class MethodRun:
     samples: list[tuple[float, str]] = field(default_factory=list)
     paid: float = 0.0  # node-seconds
     applied: list[dict] = field(default_factory=list)
+    load: list[float] = field(default_factory=list)  # the machine's 1-minute load average at t0 and at the end
     reports: dict[str, str] = field(default_factory=dict)  # run report paths, when asked for
 
 
@@ -92,7 +94,7 @@ class Replay:
 
     def begin(self) -> MethodRun:
         self.watch.start()
-        self.run = MethodRun(self.method, time.monotonic())
+        self.run = MethodRun(self.method, time.monotonic(), load=[round(os.getloadavg()[0], 1)])
         if self.trace is not None:
             self.cloud = Cloud(self.cluster, self.trace, self.watch, self.run.t0, replaces=self.replaces).start()
         return self.run
@@ -130,6 +132,7 @@ class Replay:
     def finish(self) -> MethodRun:
         run = self.run
         run.end = time.monotonic()
+        run.load.append(round(os.getloadavg()[0], 1))
         if self.cloud is not None:
             self.cloud.stop()
             run.applied = self.cloud.applied

@@ -88,11 +88,15 @@ class Cloud:
             try:
                 self._apply(event)
             except Exception as err:  # an event that finds the node half gone is recorded, the replay goes on
-                self._record(event, f"failed: {type(err).__name__}: {err}")
+                self._record(event, f"failed: {type(err).__name__}: {err}", "failed")
 
-    def _record(self, event: Event, what: str) -> None:
+    def _record(self, event: Event, what: str, effect: str | None = None) -> None:
+        """The event applied (``effect`` None: at its time, with its ``seconds``) or a later effect of it (a noticed
+        instance taken, a new instance, a refusal, capacity back)."""
         at = round(time.monotonic() - self.t0, 1)
-        self.applied.append({"at": at, "kind": event.kind, "node": event.node, "what": what})
+        row = {"at": at, "kind": event.kind, "node": event.node, "what": what}
+        row.update({"effect": effect} if effect else {"seconds": event.seconds} if event.seconds else {})
+        self.applied.append(row)
         self.say(f"spotday +{at:.0f} s: {event.kind}{'' if event.node is None else f' node-{event.node}'}: {what}")
 
     # --- the events ------------------------------------------------------------------
@@ -107,7 +111,7 @@ class Cloud:
         name = f"node-{event.node}"
         ident = self.watch.instances.ident(event.node)
         if ident is None:
-            self._record(event, "skipped: no instance")
+            self._record(event, "skipped: no instance", "skipped")
             return
         from multinode.providers.local import faults, imds
 
@@ -132,10 +136,10 @@ class Cloud:
         if self._stop.wait(event.seconds):
             return
         if self.watch.instances.ident(event.node) != ident:
-            self._record(event, "the noticed instance was already gone when its time came")
+            self._record(event, "the noticed instance was already gone when its time came", "already gone")
             return
         self._take(event)
-        self._record(event, "the noticed instance taken")
+        self._record(event, "the noticed instance taken", "taken")
 
     def _take(self, event: Event) -> None:
         from multinode.providers.local import faults
@@ -166,23 +170,23 @@ class Cloud:
         self.watch.instances.take(node)
 
     def _replace(self, event: Event) -> None:
-        """An autoscaling group's new instance for a taken one: its launch time, then retries while capacity is
-        refused; it comes up in the taken one's namespace with an empty work directory (module doc)."""
+        """An autoscaling group's new instance for a taken one: asked at once (and every RETRY s while capacity is
+        refused), ready after its launch time, in the taken one's namespace with an empty work directory."""
         from multinode.providers.local import faults
         from multinode.providers.local.sshd import start_sshd
 
+        while not self.capacity():  # asked at once, and again every RETRY s while refused; then launched
+            self._record(event, f"replacement refused; again in {RETRY:g} s", "refused")
+            if self._stop.wait(RETRY):
+                return
         if self._stop.wait(event.replacement):
             return
         name = f"node-{event.node}"
-        while not self.capacity():
-            self._record(event, f"replacement refused; again in {RETRY:g} s")
-            if self._stop.wait(RETRY):
-                return
         shutil.rmtree(self.cluster.workdir(event.node), ignore_errors=True)
         faults.set_link(self.state, name, up=True)
         start_sshd(self.state, name)
         self.watch.instances.back(event.node, event.replacement)
-        self._record(event, f"a new instance after {event.replacement:g} s")
+        self._record(event, f"a new instance after {event.replacement:g} s", "new instance")
 
     def _slow(self, event: Event) -> None:
         from multinode.providers.local.cpuquota import admit, throttled
@@ -193,13 +197,13 @@ class Cloud:
                 while not self._stop.wait(1.0) and time.monotonic() < end:
                     admit(self.state, f"node-{event.node}")
         except OSError as err:  # the node taken meanwhile
-            self._record(event, f"throttle ended early: {err}")
+            self._record(event, f"throttle ended early: {err}", "throttle ended")
 
     def _capacity_back(self, event: Event) -> None:
         self._stop.wait(event.seconds)
         self._refuse(False)
         if not self._stop.is_set():
-            self._record(event, "replacements allowed again")
+            self._record(event, "replacements allowed again", "capacity back")
 
     def _refuse(self, refuse: bool) -> None:
         from multinode.providers.local import faults

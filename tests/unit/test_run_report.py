@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from multinode.diagnose.ledger import JobMarks, account
-from multinode.diagnose.run_report import SECTIONS, epoch_rows, render, slow_ranks
+from multinode.diagnose.run_report import SECTIONS, epoch_rows, named_slow, render, slow_ranks, write
 
 RUN = json.loads((Path(__file__).parent / "fixtures" / "ledger-runs.json").read_text())["notice"]
 SLOW = json.loads((Path(__file__).parent / "fixtures" / "steplosses-slow-run.json").read_text())
@@ -72,3 +72,14 @@ def test_epoch_rows_take_every_attempt_and_the_latest_row_of_an_epoch(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"epoch": 1, "loss": 0.9}\n{"epoch": 2, "loss": 0.5}\nnot json\n'
                                             '{"event": "test", "test_loss": 0.4}\n')
     assert [(r["epoch"], r["loss"]) for r in epoch_rows(tmp_path)] == [(0, 2), (1, 0.9), (2, 0.5)]
+
+
+def test_the_page_of_a_recovered_run_marks_a_rank_an_earlier_attempt_named(tmp_path):
+    """Each attempt's summary names its own slow ranks; the recovery keeps the earlier ones under attempt-<k>/."""
+    (tmp_path / "attempt-0").mkdir()
+    (tmp_path / "attempt-0" / "summary.json").write_text(json.dumps({"slow_ranks": SLOW["slow_ranks"]}))
+    summary = {**_summary(_ledger()), "slow_ranks": None}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert named_slow(tmp_path, summary) == SLOW["slow_ranks"]
+    page = write(tmp_path).read_text()
+    assert re.search(r"node-1 rank 1: named slow \(2\.5x", re.search(r'<section id="compute">(.*?)</section>', page)[1])

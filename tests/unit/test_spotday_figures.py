@@ -28,14 +28,17 @@ def test_a_step_trained_again_counts_its_samples_once_and_a_missing_sample_is_fo
 
 
 def _ledger(training: float, steps: tuple[int, int], first: float, last: float) -> dict:
-    return {"buckets": {"training": training}, "attempts": [{"steps": list(steps), "first_step": first,
-                                                            "last_step": last}]}
+    return {"buckets": {"training": training, "teardown": 30.0},
+            "attempts": [{"steps": list(steps), "first_step": first, "last_step": last}]}
 
 
 def test_trains_add_their_training_less_the_steps_the_next_one_trained_again():
-    """Train 1 reached step 100 at 1 s a step; train 2 resumed from the snapshot of step 80: 20 steps again."""
-    first, second = _ledger(99.0, (1, 100), 10.0, 109.0), _ledger(50.0, (81, 130), 5.0, 54.0)
-    assert ledger_training([first, second]) == (pytest.approx(129.0), pytest.approx(20.0))
+    """Train 1 marked step 100 at 1 s a step; train 2 resumed from the snapshot of step 80: 20 steps again; from the
+    snapshot of step 110: 10 steps trained once after train 1's last mark (its ledger's teardown)."""
+    first = _ledger(99.0, (1, 100), 10.0, 109.0)
+    assert ledger_training([first, _ledger(50.0, (81, 130), 5.0, 54.0)]) == (pytest.approx(129.0),
+                                                                               pytest.approx(20.0))
+    assert ledger_training([first, _ledger(20.0, (111, 130), 5.0, 24.0)]) == (pytest.approx(129.0), 0.0)
     assert ledger_training([first]) == (99.0, 0.0)
 
 

@@ -107,6 +107,20 @@ def test_a_job_restarted_inside_its_attempt_is_accounted_generation_by_generatio
     assert "(1 recovery, 10 steps trained twice)" in goodput_line(ledger)
 
 
+def test_steps_a_restarted_generation_kept_past_the_last_mark_are_training():
+    """As above, but the last mark before the restart said step 10 and the workers resumed from the snapshot of
+    step 20: steps 11..20 were trained once, after the mark (made-up marks)."""
+    run = RUNS["plain"]
+    t0 = run["began_unix"]
+    marks = ({"mark": "first_step", "at": t0 + 6.05, "step": 1}, {"mark": "steps", "at": t0 + 6.32, "step": 10},
+             {"mark": "first_step", "at": t0 + 7.0, "step": 21}, {"mark": "last_step", "at": t0 + 7.71, "step": 60})
+    ledger = account(run["spans"], [JobMarks(0, ("node-0", "node-1"), marks)], run["wall"], t0)
+    _adds_up(ledger)
+    per_step = (6.32 - 6.05) / 9
+    assert ledger["steps_trained_twice"] == 0
+    assert ledger["job_restarts"][0]["seconds"] == pytest.approx(7.0 - 6.32 - 10 * per_step, abs=1e-3)
+
+
 def test_the_marks_of_an_earlier_run_of_the_same_run_id_are_not_this_ones():
     """The same run id run again appends to the same node logs: the marks from before this job started (made-up:
     a whole earlier run, a minute before) are not a generation of it."""

@@ -159,9 +159,10 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
     for k, generation in enumerate(generations):
         later = generations[k + 1] if k + 1 < len(generations) else None
         until = later[0]["t"] if later else end
-        after = JobMarks(number, job.nodes, tuple(later), resumed_step=later[0]["step"] - 1) if later else following
-        n_first, t_last, n_last, rest = _generation(book, row, job if later is None else replace(job, reached_step=None),
-                                                    after, generation, start if k == 0 else None, until)
+        resumed = later[0]["step"] - 1 if later else None  # the snapshot the next one resumed from: this one's
+        after = JobMarks(number, job.nodes, tuple(later), resumed_step=resumed) if later else following
+        this = replace(job, reached_step=resumed) if later else job  # it reached that step at least
+        n_first, t_last, n_last, rest = _generation(book, row, this, after, generation, start if k == 0 else None, until)
         if later:
             book.buckets["recovery"] += rest
             book.restarts.append({"attempt": number, "at": round(t_last, 3), "seconds": round(rest, 3)})

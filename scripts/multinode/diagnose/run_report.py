@@ -8,7 +8,8 @@ per epoch, each rank's step time per epoch, and the throughput. The page loads n
 the file on a machine without a network. A section whose data the run did not record (a user script writes no
 ``metrics.jsonl``) says so in a line instead of a figure.
 
-Sources, all in the run directory: ``summary.json`` (the ledger, the outcome), ``recovery.json`` (the timeline),
+Sources, all in the run directory: ``summary.json`` (the ledger, the outcome; a recovered run's earlier attempts'
+under ``attempt-<k>/`` and ``grow-<k>/`` for the ranks they named slow), ``recovery.json`` (the timeline),
 ``metrics.jsonl`` (our trainer's rows per epoch; a recovered run's earlier attempts keep theirs under
 ``attempt-<k>/`` and ``grow-<k>/``, a later attempt's row for the same epoch wins).
 """
@@ -41,10 +42,22 @@ def write(run_dir: Path) -> Path:
                         "pick another with RUN=<run-id>")
     summary = json.loads(summary_path.read_text())
     recovery = _json(run_dir / "recovery.json") or summary.get("recovery") or {}
-    page = render(summary, recovery, epoch_rows(run_dir))
+    page = render({**summary, "slow_ranks": named_slow(run_dir, summary)}, recovery, epoch_rows(run_dir))
     path = run_dir / NAME
     path.write_text(page)
     return path
+
+
+def named_slow(run_dir: Path, summary: dict) -> list[dict] | None:
+    """The ranks named slow in every attempt (each attempt's summary names its own: a recovered run's earlier ones
+    are kept under ``attempt-<k>/`` and ``grow-<k>/``), each (rank, node) once."""
+    found: dict[tuple[int, str], dict] = {}
+    for path in sorted(run_dir.glob("attempt-*/summary.json")) + sorted(run_dir.glob("grow-*/summary.json")):
+        for slow in (_json(path) or {}).get("slow_ranks") or ():
+            found.setdefault((slow["rank"], slow["node"]), slow)
+    for slow in summary.get("slow_ranks") or ():
+        found.setdefault((slow["rank"], slow["node"]), slow)
+    return list(found.values()) or None
 
 
 def epoch_rows(run_dir: Path) -> list[dict]:
