@@ -58,9 +58,9 @@ def test_the_throttled_node_is_marked_on_the_compute_figure_with_why():
     assert [(m["rank"], m["node"]) for m in slow_ranks(summary, ledger)] == [(1, "node-1")]
     page = render(summary, {}, [])
     compute = re.search(r'<section id="compute">(.*?)</section>', page)[1]
-    assert re.search(r"node-1 rank 1: named slow \(2\.5x the others&#x27; compute\); held steps back 17s", compute)
+    assert re.search(r"node-1 rank 1: named slow \(2\.5x the others&#x27; compute\); held steps back 19s", compute)
     assert '<img id="compute-figure"' in compute
-    assert "slow steps held back by node-1 rank 1 17s" in page
+    assert "slow steps held back by node-1 rank 1 19s" in page
     quiet = render(_summary(_ledger()), {}, [])
     assert "no rank named slow and none held steps back" in re.search(r'<section id="compute">(.*?)</section>',
                                                                       quiet)[1]

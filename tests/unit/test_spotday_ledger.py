@@ -46,13 +46,13 @@ def test_a_throttled_node_costs_goodput_its_slow_steps_and_is_the_rank_named():
 
 
 def test_the_slow_steps_agree_with_the_time_the_trainers_own_epochs_lost():
-    """An independent measure of the same run: each epoch's time (the trainer's metrics.jsonl) above the usual one.
-    The windows' medians see most of it, not all (steplosses' doc): within 15 %."""
+    """An independent measure of the same run: each epoch's time (the trainer's metrics.jsonl) above the usual one
+    (19.1 s; the ledger: 19.2 s, steplosses' doc): within 10 %."""
     ledger = account(SLOW["spans"], _jobs(SLOW), SLOW["wall"], SLOW["began_unix"])
     usual = statistics.median(e["epoch_time_s"] for e in SLOW["epochs"])
     lost = sum(max(0.0, e["epoch_time_s"] - usual) for e in SLOW["epochs"])
     assert lost > 10  # the throttle cost the run seconds, or this checks nothing
-    assert ledger["buckets"]["slow steps"] == pytest.approx(lost, rel=0.15)
+    assert ledger["buckets"]["slow steps"] == pytest.approx(lost, rel=0.1)
     assert ledger["healthy_step_ms"] == pytest.approx(1000 * statistics.median(
         e["step_time_s"] for e in SLOW["epochs"]), rel=0.01)
 
@@ -64,7 +64,7 @@ def window(rank: int, steps: int, step_ms: float, compute_ms: float) -> dict:
 
 def test_an_attempt_on_fewer_nodes_is_missing_capacity_at_its_own_step_above_the_whole_clusters():
     """The notice run as if its second attempt had run on one node of two (made-up windows): 20 ms steps on both
-    nodes, 25 ms on one, so each of the second attempt's 160 steps misses 5 ms."""
+    nodes, 25 ms on one, so a fifth of each of the second attempt's steps, and of its training time, is missing."""
     run = RUNS["notice"]
     first, second = _jobs(run)
     whole = [window(r, 20, 20.0, 15.0) for _ in range(10) for r in (0, 1)]
@@ -73,9 +73,12 @@ def test_an_attempt_on_fewer_nodes_is_missing_capacity_at_its_own_step_above_the
                                     JobMarks(1, ("node-0",), second.marks, resumed_step=235, windows=tuple(half))],
                      run["wall"], run["began_unix"])
     _adds_up(ledger)
-    assert ledger["buckets"]["missing capacity"] == pytest.approx(160 * 0.005, abs=1e-6)
+    second = ledger["attempts"][1]
+    trained = second["last_step"] - second["first_step"] - sum(
+        s for at, s, _ in second["checkpoints"] if second["first_step"] <= at < second["last_step"])
+    assert ledger["buckets"]["missing capacity"] == pytest.approx((25 - 20) / 25 * trained, abs=2e-3)
+    assert second["missing_capacity"] == pytest.approx(ledger["buckets"]["missing capacity"], abs=1e-3)
     assert ledger["buckets"]["slow steps"] == 0 and ledger["healthy_step_ms"] == pytest.approx(20.0)
-    assert ledger["attempts"][1]["missing_capacity"] == pytest.approx(0.8, abs=1e-3)
 
 
 def test_a_slow_window_is_attributed_to_the_rank_that_computes_longest_or_to_none():

@@ -218,20 +218,17 @@ def _generation(book: _Book, row: dict, job: JobMarks, following: JobMarks | Non
 
 
 def _losses(book: _Book, job: JobMarks | None, judged: list, trained: float) -> None:
-    """The attempt's slow steps and missing capacity (:mod:`multinode.diagnose.steplosses`) out of the ``trained``
-    seconds it added (never more), the slow steps attributed to the ranks that held them back."""
+    """The attempt's slow steps and missing capacity (:mod:`multinode.diagnose.steplosses`), as shares of the
+    ``trained`` seconds it added, out of them; the slow steps attributed to the ranks that held them back."""
     if job is None or not judged:
         return
-    lost = steplosses.losses(judged, len(job.nodes) >= book.full, book.healthy)
-    total = lost.slow + lost.missing
-    share = min(1.0, trained / total) if total > 0 else 0.0
-    book.buckets["training"] -= total * share
-    book.buckets["slow steps"] += lost.slow * share
-    book.buckets["missing capacity"] += lost.missing * share
-    row = book.attempts[-1]
-    row.update(slow_steps=round(lost.slow * share, 3), missing_capacity=round(lost.missing * share, 3))
+    lost = steplosses.losses(judged, len(job.nodes) >= book.full, book.healthy).scaled(trained)
+    book.buckets["training"] -= lost.slow + lost.missing
+    book.buckets["slow steps"] += lost.slow
+    book.buckets["missing capacity"] += lost.missing
+    book.attempts[-1].update(slow_steps=round(lost.slow, 3), missing_capacity=round(lost.missing, 3))
     for key, seconds in lost.by_rank.items():
-        book.held_back[key] = book.held_back.get(key, 0.0) + seconds * share
+        book.held_back[key] = book.held_back.get(key, 0.0) + seconds
 
 
 def _past_marks(book: _Book, job: JobMarks, following: JobMarks | None, n_first: int, n_last: int, train: float,

@@ -20,12 +20,13 @@ every rank's compute over the same steps (its windows that overlap them, weighte
   healthy step): what the missing nodes' share of every step cost. A job whose step time does not depend on its
   node count (paced, or bound by something else than compute) loses none, and none is counted.
 
-Both come out of the training bucket (:mod:`multinode.diagnose.ledger`), so goodput means work done over the work
-the whole, healthy cluster would have done in the run's wall time. What the windows cannot say is left in training:
-a window's median step times its steps is below the steps' sum when a few steps are much slower (a skewed
-window), and a slow node's validation and checkpoints between epochs are not steps. In the recorded run of
-tests/unit/fixtures/steplosses-slow-run.json the slow steps come to 17.2 s where the trainer's own epoch times say
-the steps lost 19.1 s. Pure: windows in, seconds out.
+Both are seconds of the windows' steps; the ledger takes the same shares of the attempt's training time
+(:meth:`Losses.scaled`: between the steps, a slow rank validates as slowly as it trains, and each of fewer nodes
+validates more), out of the training bucket (:mod:`multinode.diagnose.ledger`), so goodput means work done over
+the work the whole, healthy cluster would have done in the run's wall time. A window's median step times its
+steps is below the steps' sum when a few steps are much slower (a skewed window): in the recorded run of
+tests/unit/fixtures/steplosses-slow-run.json the windows' slow steps are 17.2 s, 19.2 s of its training time, where
+the trainer's own epoch times say the steps lost 19.1 s. Pure: windows in, seconds out.
 """
 
 from __future__ import annotations
@@ -56,6 +57,15 @@ class Losses:
     slow: float = 0.0
     missing: float = 0.0
     by_rank: dict[tuple[int, str] | None, float] = field(default_factory=dict)  # None: no single rank
+    steps_seconds: float = 0.0  # the windows' steps' time: the share of it lost is the training time's share
+
+    def scaled(self, training: float) -> "Losses":
+        """The same shares of ``training`` seconds (the attempt's, epoch ends included: a slow rank validates as
+        slowly as it trains, and each of fewer nodes validates more), never more than all of it."""
+        share = min(1.0, (self.slow + self.missing) / self.steps_seconds) if self.steps_seconds > 0 else 0.0
+        scale = training * share / (self.slow + self.missing) if self.slow + self.missing > 0 else 0.0
+        return Losses(self.slow * scale, self.missing * scale, {k: v * scale for k, v in self.by_rank.items()},
+                      training)
 
 
 def _spans(windows: list[dict]) -> dict[int, tuple[list[int], list[dict]]]:
@@ -138,7 +148,7 @@ def healthy_ms(attempts: list[tuple[bool, list[Judged]]]) -> float | None:
 
 def losses(judged: list[Judged], full: bool, healthy: float | None) -> Losses:
     """One attempt's slow steps and missing capacity (module doc); nothing when the run has no healthy step."""
-    out = Losses()
+    out = Losses(steps_seconds=sum(j.steps * j.step_ms for j in judged) / 1000)
     own = _mean_in_band(judged)
     if healthy is None or own is None:
         return out
