@@ -102,7 +102,7 @@ class SampleLog:
 
     files: list[Path]  # per node index
     lines: list[tuple[float, str]] = field(default_factory=list)  # (monotonic time seen, line)
-    _at: dict[int, tuple[int, int]] = field(default_factory=dict)  # node -> (inode, offset read)
+    _at: dict[int, tuple[tuple[int, bytes], int]] = field(default_factory=dict)  # node -> (its file, offset read)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def poll(self) -> None:
@@ -111,15 +111,18 @@ class SampleLog:
             for node, path in enumerate(self.files):
                 try:
                     with open(path, "rb") as fh:
-                        inode = os.fstat(fh.fileno()).st_ino
-                        known, offset = self._at.get(node, (inode, 0))
-                        fh.seek(offset if known == inode else 0)
+                        size = os.fstat(fh.fileno()).st_size
+                        first = fh.readline()
+                        # A file is its inode and its first line: a new head's file may get a freed inode again.
+                        ident = (os.fstat(fh.fileno()).st_ino, first if first.endswith(b"\n") else b"")
+                        known, offset = self._at.get(node, (ident, 0))
+                        offset = offset if known == ident and offset <= size else 0
+                        fh.seek(offset)
                         data = fh.read()
                 except OSError:
                     continue
                 whole = data[:data.rfind(b"\n") + 1]  # a line being written is read once it is whole
-                base = offset if known == inode else 0
-                self._at[node] = (inode, base + len(whole))
+                self._at[node] = (ident, offset + len(whole))
                 self.lines += [(now, line) for line in whole.decode().splitlines() if line.strip()]
 
 
