@@ -36,8 +36,8 @@ FULL = Job(epochs=340, save_every=12, sample_seconds=0.008)
 QUICK_JOB = Job(epochs=30, save_every=10, sample_seconds=0.008)
 PER_NODE_SECOND, WALL, MISSING, GAP = Target(">=", 0.9), Target("<=", 0.6), Target("<=", 0), Target("<=", 0.02)
 TARGET = (f"ours / uninterrupted useful samples per node-second paid {PER_NODE_SECOND}; ours / whole-cluster "
-          f"restart wall time {WALL}; samples missing for ours {MISSING}; |ledger goodput - sample-log goodput| "
-          f"{GAP} for every method")
+          f"restart wall time {WALL}; samples missing for ours {MISSING}; how far the ledger's goodput is from the "
+          f"sample log's {GAP} for every method")
 LABELS = {"uninterrupted": "uninterrupted", "ours": "ours (RECOVER)", "torchrun": "torchrun --max-restarts",
           "restart": "whole-cluster restart"}
 
@@ -65,8 +65,8 @@ def judge(result: dict) -> list[dict]:
         paired("ours: wall time for the same work / the whole-cluster restart's",
                [("run", m["ours"]["wall_s"] / m["restart"]["wall_s"])], WALL, one),
         paired("ours: samples missing", [("run", float(m["ours"]["samples_missing"]))], MISSING, one)]
-    verdicts += [paired(f"{LABELS[name]}: |ledger goodput - sample-log goodput|", [("run", f["goodput_gap"])], GAP, one)
-                 for name, f in m.items()]
+    verdicts += [paired(f"{LABELS[name]}: how far the ledger's goodput is from the sample log's (0.02: 2 points)",
+                        [("run", f["goodput_gap"])], GAP, one) for name, f in m.items()]
     return verdicts
 
 
