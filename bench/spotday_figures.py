@@ -109,7 +109,8 @@ def figures(run, first_event: float | None = None) -> dict:
             "rate_before_first_event": rate_before(run.samples, run.t0, first_event),
             "trains": [{"from_s": round(t["from"] - run.t0, 1), "to_s": round(t["to"] - run.t0, 1), "exit": t["exit"],
                         "ledger": _trimmed((t["summary"] or {}).get("ledger")),
-                        **({"error": (t["summary"] or {}).get("error")} if t["exit"] else {})} for t in run.invocations],
+                        **({"error": (t["summary"] or {}).get("error")} if t["exit"] else {})}
+                       for t in run.invocations],
             "gaps": [{"from_s": round(g["from"] - run.t0, 1), "to_s": round(g["to"] - run.t0, 1), "what": g["what"]}
                      for g in run.gaps], "reports": run.reports}
 
@@ -151,7 +152,8 @@ def timelines(result: dict, path: Path) -> Path:
             for train in method["trains"]:
                 _train_bars(ax, row, train, COLOURS, PHASE_COLOUR)
             for gap in method["gaps"]:
-                ax.broken_barh([(gap["from_s"], gap["to_s"] - gap["from_s"])], (row - 0.3, 0.6), color=COLOURS["recovery"])
+                ax.broken_barh([(gap["from_s"], gap["to_s"] - gap["from_s"])], (row - 0.3, 0.6),
+                               color=COLOURS["recovery"])
             for event in method["events"]:
                 _event_mark(ax, row, event, COLOURS)
         ax.set_yticks(range(len(names)), names)

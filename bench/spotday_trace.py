@@ -16,8 +16,8 @@ interruptions come to each node as a Poisson process at :data:`INTERRUPTIONS_PER
 Advisor's top band, ">20 %": the rate at which Spot reclaimed capacity in the trailing month); an interruption is
 a notice, or (1 in :data:`LOST_ONE_IN`, *chosen*: notices are "best effort") a loss without one; a rebalance
 recommendation comes 10 to 30 minutes before half of them (*chosen*; AWS: it "can arrive sooner than" the notice,
-or with it), and alone at :data:`REBALANCE_ALONE_PER_MONTH` (*chosen*); one interruption in :data:`SHORTAGE_ONE_IN` (*chosen*) is
-followed by a capacity shortage of 2 to 4 minutes (AWS: "wait a few minutes"); slowdowns come at
+or with it), and alone at :data:`REBALANCE_ALONE_PER_MONTH` (*chosen*); one interruption in
+:data:`SHORTAGE_ONE_IN` (*chosen*) is followed by a capacity shortage of 2 to 4 minutes (AWS: "wait a few minutes"); slowdowns come at
 :data:`SLOW_PER_MONTH` (*chosen*) and last 60 to 120 s at :data:`SLOW_SHARE` of a core (*chosen*: enough to push
 a slowed rank's step past its pace). A replacement takes 40 to 180 s (uniform).
 
@@ -26,8 +26,8 @@ a slowed rank's step past its pace). A replacement takes 40 to 180 s (uniform).
 compresses the real time *between* them by one factor (written in the file as ``factor``), the least that brings
 them between :data:`FIRST_AT` and :data:`LAST_AT` seconds of the replay; a gap that
 compresses below :data:`MIN_GAP` seconds is stretched to it (each method meets one event at a time, not a burst;
-the real gap is in the file; a shortage starts with its interruption). Never compressed: a notice's lead, a replacement's delay, a shortage's or a
-slowdown's length -- they are the replay's seconds as they are AWS's.
+the real gap is in the file; a shortage starts with its interruption). Never compressed: a notice's lead, a
+replacement's delay, a shortage's or a slowdown's length -- they are the replay's seconds as they are AWS's.
 """
 
 from __future__ import annotations
@@ -115,7 +115,8 @@ class Trace:
     quick: bool = False
 
     def kinds(self) -> dict[str, int]:
-        return {kind: sum(e.kind == kind for e in self.events) for kind in KINDS if any(e.kind == kind for e in self.events)}
+        counts = {kind: sum(e.kind == kind for e in self.events) for kind in KINDS}
+        return {kind: n for kind, n in counts.items() if n}
 
     def to_json(self) -> dict:
         return {"seed": self.seed, "nodes": self.nodes, "factor": round(self.factor, 1), "quick": self.quick,

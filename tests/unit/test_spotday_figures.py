@@ -45,8 +45,9 @@ def test_trains_add_their_training_less_the_steps_the_next_one_trained_again():
 def _run(method: str, samples: int, wall: float, paid: float, **more) -> MethodRun:
     lines = [(float(i), line(0, i + 1, [i])) for i in range(samples)]
     ledger = {"goodput": 0.5, "wall_seconds": wall - 1, "buckets": {"training": wall / 2}, "spans": [],
-              "attempts": [{"attempt": 0, "nodes": [], "job": [0.0, wall - 1], "checkpoints": [[3.0, 0.1, "coordinated"]],
-                            "compute": {"0": {}}}], "job_restarts": [{"attempt": 0, "at": 2.0, "seconds": 1.0}]}
+              "attempts": [{"attempt": 0, "nodes": [], "job": [0.0, wall - 1],
+                            "checkpoints": [[3.0, 0.1, "coordinated"]], "compute": {"0": {}}}],
+              "job_restarts": [{"attempt": 0, "at": 2.0, "seconds": 1.0}]}
     train = {"from": 100.0, "to": 100.0 + wall, "exit": 0, "summary": {"ledger": ledger},
              "recovery": {"events": [{"event": "node ready"}, {"event": "going on without it"}]}}
     return MethodRun(method, 100.0, 100.0 + wall, [train], samples=lines, paid=paid, **more)

@@ -65,7 +65,8 @@ def test_a_new_file_on_a_freed_inode_is_read_from_its_start(tmp_path, monkeypatc
     log = SampleLog([path])
     log.poll()
     real_fstat = os.fstat
-    monkeypatch.setattr(spotday_watch.os, "fstat", lambda fd: type("S", (), {"st_ino": 5, "st_size": real_fstat(fd).st_size})())
+    monkeypatch.setattr(spotday_watch.os, "fstat",
+                        lambda fd: type("S", (), {"st_ino": 5, "st_size": real_fstat(fd).st_size})())
     log._at[0] = ((5, b'{"step": 1}\n'), log._at[0][1])  # as if it had been read under inode 5
     path.write_text('{"step": 21}\n{"step": 22}\n{"step": 23}\n')  # longer than what was read: same inode, new file
     log.poll()

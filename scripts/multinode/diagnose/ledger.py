@@ -162,7 +162,8 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
         resumed = later[0]["step"] - 1 if later else None  # the snapshot the next one resumed from: this one's
         after = JobMarks(number, job.nodes, tuple(later), resumed_step=resumed) if later else following
         this = replace(job, reached_step=resumed) if later else job  # it reached that step at least
-        n_first, t_last, n_last, rest = _generation(book, row, this, after, generation, start if k == 0 else None, until)
+        n_first, t_last, n_last, rest = _generation(book, row, this, after, generation, start if k == 0 else None,
+                                                    until)
         if later:
             book.buckets["recovery"] += rest
             book.restarts.append({"attempt": number, "at": round(t_last, 3), "seconds": round(rest, 3)})

@@ -174,7 +174,8 @@ def compute_per_rank(ledger: dict, named: list[dict]) -> bytes:
                 label = None if key in labelled else f"rank {rank} on {line['node']}" + (f": {why}" if why else "")
                 labelled.add(key)
                 ax.plot(line["step"], line["compute_ms"], marker="." if why else None, linewidth=2.5 if why else 1,
-                        color="#d32f2f" if why else None, alpha=1.0 if why else 0.6, label=label, zorder=3 if why else 2)
+                        color="#d32f2f" if why else None, alpha=1.0 if why else 0.6, label=label,
+                        zorder=3 if why else 2)
         ax.set_xlabel("optimizer step (each point: a window of steps, at its end)")
         ax.set_ylabel("compute per step (ms, median)")
         ax.set_ylim(bottom=0)

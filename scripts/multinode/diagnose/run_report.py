@@ -109,7 +109,8 @@ def slow_ranks(summary: dict, ledger: dict) -> list[dict]:
     back in the ledger's slow steps; ``{"rank", "node", "why"}`` each, once."""
     why: dict[tuple[int, str], list[str]] = {}
     for slow in summary.get("slow_ranks") or ():
-        why.setdefault((slow["rank"], slow["node"]), []).append(f"named slow ({slow['ratio']:.1f}x the others' compute)")
+        why.setdefault((slow["rank"], slow["node"]), []).append(
+            f"named slow ({slow['ratio']:.1f}x the others' compute)")
     for held in ledger.get("slow_steps_by_rank") or ():
         if held["node"] is not None:
             why.setdefault((held["rank"], held["node"]), []).append(
