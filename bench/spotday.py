@@ -6,9 +6,10 @@ the compression factor in the file) is replayed on 4 local nodes for each method
 same seconds of each method's run (``bench.spotday_replay``): ours (``RECOVER`` with its defaults), a
 whole-cluster restart from the last periodic snapshot on every interruption (SkyPilot's managed-job strategy),
 torchrun ``--max-restarts`` resuming from the last periodic snapshot, and the job uninterrupted
-(``bench.spotday_methods`` says what each does). The job: our digits trainer, each step paced by its work
-(``--min-sample-seconds``: a rank's share of a step takes at least that per sample, so a step on fewer nodes at the
-same global batch takes longer, as a compute-bound model's would), its periodic snapshot the baselines' checkpoint.
+(``bench.spotday_methods`` says what each does; every ``train`` with ``LINKCHECK=warn``, and why). The job: our
+digits trainer, each step paced by its work (``--min-sample-seconds``: a rank's share of a step takes at least that
+per sample, so a step on fewer nodes at the same global batch takes longer, as a compute-bound model's would), its
+periodic snapshot the baselines' checkpoint.
 
 The figures are read outside the ledger wherever they can be (``bench.spotday_figures``): useful samples from the
 trainer's sample log, node-seconds from every instance's life, and the ledger's goodput beside the sample log's.
@@ -30,9 +31,10 @@ from bench.spotday_trace import QUICK, TRACES, Trace, load
 from bench.verdicts import Target, attach, describe, paired, shown
 
 TRACE = TRACES / "spotday-9.json"
-# 340 epochs of 10 steps of 256 ms (32 samples x 8 ms on each of 4 ranks: a step computes in about 20 ms here, so
-# the pace holds on a busy machine) and their ends: about 15 minutes; a periodic snapshot about every 30 s.
-FULL = Job(epochs=340, save_every=12, sample_seconds=0.008)
+# 360 epochs of 10 steps of 256 ms (32 samples x 8 ms on each of 4 ranks: a step computes in about 20 ms here, so
+# the pace holds on a busy machine) and their ends: over 15 minutes (340 epochs took 879 s uninterrupted, start to
+# end, 2026-11-27); a periodic snapshot about every 30 s.
+FULL = Job(epochs=360, save_every=12, sample_seconds=0.008)
 QUICK_JOB = Job(epochs=30, save_every=10, sample_seconds=0.008)
 PER_NODE_SECOND, WALL, MISSING, GAP = Target(">=", 0.9), Target("<=", 0.6), Target("<=", 0), Target("<=", 0.02)
 TARGET = (f"ours / uninterrupted useful samples per node-second paid {PER_NODE_SECOND}; ours / whole-cluster "

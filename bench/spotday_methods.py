@@ -20,7 +20,11 @@
 * :func:`uninterrupted` -- the same job with nothing done to it: the reference.
 
 The baselines run the trainer without the surviving ranks' snapshot (``MULTINODE_SURVIVOR=0``): a user's trainer
-resumes from its last periodic checkpoint. Each method returns a :class:`MethodRun`: what was watched from outside
+resumes from its last periodic checkpoint. Every method's ``train`` runs with ``LINKCHECK=warn``: the pre-flight
+link check still measures every link, but a node slowed by the trace (its CPU held to 0.03 of a core) measures as a
+broken link, and the default, ``refuse``, ended the first full replay's ``ours`` at its first recovery ("could not
+start again: link check: node-3: 272 Mbit/s from node-2 ... its link is throttled or broken", 2026-11-27): a run
+that cannot start again after a recovery is a failed run. Each method returns a :class:`MethodRun`: what was watched from outside
 (:mod:`bench.spotday_watch`), each ``train``'s summary, the events as they were applied; ``bench.spotday_figures``
 reads the figures out of it.
 """
@@ -104,7 +108,8 @@ class Replay:
         start = time.monotonic()
         envs = [f"--env={env}"] if env else []
         proc = subprocess.Popen([sys.executable, "-m", "multinode", "train", "--nodes", str(NODES),
-                                 f"--run-id={self.method}", f"--pg-timeout={PG_TIMEOUT}", *extra, *envs,
+                                 f"--run-id={self.method}", f"--pg-timeout={PG_TIMEOUT}", "--linkcheck=warn", *extra,
+                                 *envs,
                                  f"--args={self.job.args()}"], cwd=REPO, env=self.cluster.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         with watched(proc) as (out, err):
