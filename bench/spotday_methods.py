@@ -20,7 +20,8 @@
 * :func:`uninterrupted` -- the same job with nothing done to it: the reference.
 
 The baselines run the trainer without the surviving ranks' snapshot (``MULTINODE_SURVIVOR=0``): a user's trainer
-resumes from its last periodic checkpoint. Every method's ``train`` runs with ``LINKCHECK=warn``: the pre-flight
+resumes from its last periodic checkpoint. Every method's ``train`` runs with the orchestrator's defaults (PG_TIMEOUT
+30 s: a dead peer's collective fails after it) but ``LINKCHECK=warn``: the pre-flight
 link check still measures every link, but a node slowed by the trace (its CPU held to 0.03 of a core) measures as a
 broken link, and the default, ``refuse``, ended the first full replay's ``ours`` at its first recovery ("could not
 start again: link check: node-3: 272 Mbit/s from node-2 ... its link is throttled or broken", 2026-11-27): a run
@@ -41,7 +42,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.drills.common import PG_TIMEOUT, watched
+from bench.drills.common import watched
 from bench.drills.preempt import IMDS_ENV
 from bench.nodes import REPO, bring_up
 from bench.spotday_replay import Cloud
@@ -108,8 +109,7 @@ class Replay:
         start = time.monotonic()
         envs = [f"--env={env}"] if env else []
         proc = subprocess.Popen([sys.executable, "-m", "multinode", "train", "--nodes", str(NODES),
-                                 f"--run-id={self.method}", f"--pg-timeout={PG_TIMEOUT}", "--linkcheck=warn", *extra,
-                                 *envs,
+                                 f"--run-id={self.method}", "--linkcheck=warn", *extra, *envs,
                                  f"--args={self.job.args()}"], cwd=REPO, env=self.cluster.env(),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         with watched(proc) as (out, err):

@@ -5,8 +5,7 @@ The kernel's CFS bandwidth control: a quota of ``quota_us`` CPU microseconds per
 (docs.kernel.org/scheduler/sched-bwc.html). cgroup v1 (this machine: ``cpu`` mounted at /sys/fs/cgroup/cpu)
 writes ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us``; cgroup v2 writes ``cpu.max`` as "<quota> <period>"
 (docs.kernel.org/admin-guide/cgroup-v2.html, "cpu.max"). Processes the node starts later are children of those
-moved, so they land in the group too; processes started over a new SSH session (a job started again) are not, and
-:func:`admit` moves them in while the node is held.
+moved, so they land in the group too.
 """
 
 from __future__ import annotations
@@ -29,30 +28,11 @@ def _group_dir(name: str) -> tuple[Path, bool]:
     return CGROUP_ROOT / "cpu" / name, False
 
 
-def _group(state: ClusterState, node: str) -> tuple[Path, bool]:
-    return _group_dir(f"multinode-{state.name}-{node}-slow")
-
-
-def admit(state: ClusterState, node: str) -> list[int]:
-    """While :func:`throttled` holds ``node``: its job processes not in the group yet moved in (their pids)."""
-    procs = _group(state, node)[0] / "cgroup.procs"
-    if not procs.exists():
-        return []
-    inside = set(procs.read_text().split())
-    moved = []
-    for pid in job_pids(state, node):
-        if str(pid) not in inside:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                procs.write_text(f"{pid}\n")
-                moved.append(pid)
-    return moved
-
-
 @contextlib.contextmanager
 def throttled(state: ClusterState, node: str, cpu_share: float) -> Iterator[list[int]]:
     """``node``'s job processes (every one but its sshd) limited to ``cpu_share`` of one CPU until the block
     ends (yields their pids); then moved back to the root group and the group removed."""
-    path, v2 = _group(state, node)
+    path, v2 = _group_dir(f"multinode-{state.name}-{node}-slow")
     path.mkdir(exist_ok=True)
     quota = max(1000, int(PERIOD_US * cpu_share))
     if v2:
