@@ -4,7 +4,8 @@ Brings up its own local cluster under a unique name (8 nodes; 2 in quick mode), 
 collectives, launch-overhead and throughput sections on it, tears the cluster down, then the
 control-plane section (a cluster of its own per node count: 8 to 64; 2 and 4 in quick mode) and
 the MPI-vs-DDP section (one machine, no cluster) and the recovery section (fresh 3-node clusters), and writes ``benchmarks.json``, ``benchmarks.md`` and
-the plots into ``--out-dir``. A section that fails is reported and the others still run; the exit
+the plots into ``--out-dir``. The spot day's replay (over an hour: ``python -m bench.spotday``) runs only when named
+(``--only spotday``). A section that fails is reported and the others still run; the exit
 code is then 1. Quick mode checks that everything runs and writes its files; its numbers mean nothing.
 """
 
@@ -16,7 +17,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import collectives, control_plane, launch, mpi_vs_ddp, recovery, throughput
+from bench import collectives, control_plane, launch, mpi_vs_ddp, recovery, spotday, throughput
 from bench.nodes import bring_up
 from bench.provenance import tree
 from bench.report import DOCS, ORDER, began, publish
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         section("mpi_vs_ddp", lambda: mpi_vs_ddp.run(args.quick))
     if "recovery" in wanted:  # fresh 3-node clusters of its own, one per run
         section("recovery", lambda: recovery.run(None, quick=args.quick), recovery.plot)
+    if args.only and "spotday" in args.only:  # fresh 4-node clusters of its own, one per method
+        section("spotday", lambda: spotday.run(None, quick=args.quick), spotday.plot)
     if failed:
         print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
         return 1

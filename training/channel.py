@@ -62,6 +62,7 @@ PREEMPT_MARK_ENV = "MULTINODE_PREEMPT_MARK"  # the guard's note that its command
 GUARD_ENV = "MULTINODE_GUARD"  # set for training.guard's own process only (it starts its command without it)
 CHECKPOINT_URL_ENV = "MULTINODE_CHECKPOINT_URL"  # the bucket every rank 0 uploads its checkpoints to
 MEMBERSHIP_ENV = "MULTINODE_MEMBERSHIP"  # where the run writes membership.json: the job may change it in-process
+SURVIVOR_ENV = "MULTINODE_SURVIVOR"  # "0": no snapshot of the last step on a lost peer (a baseline trainer)
 
 HEARTBEAT_PREFIX = "heartbeat-rank"
 MEMBERSHIP_FILE = "membership.json"
@@ -152,13 +153,15 @@ class StepTimes:
     step_ms: float
     compute_ms: float
     comm_ms: float
+    world: int | None = None  # the ranks the window's steps ran on (a membership change starts a new window)
 
     @classmethod
     def read(cls, data: dict) -> "StepTimes | None":
         try:
+            world = data.get("world")
             return cls(int(data["rank"]), int(data["steps"]), float(data["step_ms"]), float(data["compute_ms"]),
-                       float(data["comm_ms"]))
-        except (KeyError, TypeError, ValueError):
+                       float(data["comm_ms"]), None if world is None else int(world))
+        except (KeyError, TypeError, ValueError, AttributeError):
             return None
 
 

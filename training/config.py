@@ -65,9 +65,14 @@ class TrainConfig:
     stop_after_epoch: int = -1  # drills: every rank exits 3 right after this (0-based) epoch's snapshot
     crash_after_epoch: int = -1  # testing: SIGKILL the last rank right after this epoch's end (its periodic snapshot)
     min_step_seconds: float = 0.0  # drills: a step lasts at least this long (the rest asleep), as a bigger model's would
+    min_sample_seconds: float = 0.0  # drills: a step lasts at least this long per sample of this rank's share of it
     # drills: SIGKILL rank 0 halfway through writing this epoch's snapshot (temp file written, not renamed);
     # only in a job's first attempt, so a torchrun restart runs on
     crash_during_snapshot: int = -1
+
+    def pace(self, samples: int) -> float:
+        """The least seconds a step of this rank's ``samples`` lasts (a drill's pace; 0: none)."""
+        return max(self.min_step_seconds, self.min_sample_seconds * samples)
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--crash-during-snapshot", type=int, help=argparse.SUPPRESS)
     p.add_argument("--min-step-seconds", type=float, help="a drill's pace: every step lasts at least this long (asleep "
                    "for the rest), so a long drill trains for minutes without using the CPU for minutes")
+    p.add_argument("--min-sample-seconds", type=float, help="a drill's pace by the work: every step lasts at least "
+                   "this long per sample of this rank's share of it, so on fewer ranks (the same global batch) each "
+                   "step takes longer, as a compute-bound model's would")
     p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)}")
     p.add_argument("--backend", help=f"one of {', '.join(BACKENDS)}")
     p.add_argument("--timeout", type=float, help="process-group timeout in seconds")
@@ -175,4 +183,7 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"lr={t.lr} must be positive")
     if t.patience < 0:
         raise ConfigError(f"patience={t.patience} must be 0 (off) or more")
+    for name in ("min_step_seconds", "min_sample_seconds"):
+        if not getattr(t, name) >= 0:
+            raise ConfigError(f"{name.replace('_', '-')}={getattr(t, name)} must be 0 (no pace) or more seconds")
 

@@ -5,8 +5,8 @@ everything else a step carries is a listener here, each one idea, called in orde
 
 * :class:`Samples` -- the step's sample ids, every rank's, gathered BEFORE the update (a peer lost once the update
   is done must not leave the kept step out of the log) and written by rank 0 after it (``samples.jsonl``);
-* :class:`Pacing` -- a drill's pace: the step lasts at least ``--min-step-seconds`` (the rest asleep), as a bigger
-  model's would;
+* :class:`Pacing` -- a drill's pace: the step lasts at least ``--min-step-seconds``, or ``--min-sample-seconds``
+  per sample of this rank's share (the rest asleep), as a bigger model's would;
 * :class:`Times` -- the step's seconds and communication for the slow-rank reader (``STEPTIMES``) and the epoch's
   record;
 * :class:`Beat` -- the heartbeat file and the ledger's step marks;
@@ -71,7 +71,7 @@ class Pacing(Listener):
         self.began = time.perf_counter()
 
     def after(self, trainer, epoch, step, stats):
-        time.sleep(max(0.0, trainer.t.min_step_seconds - (time.perf_counter() - self.began)))
+        time.sleep(max(0.0, trainer.t.pace(len(step.ids)) - (time.perf_counter() - self.began)))  # drills' pace
 
 
 class Times(Listener):

@@ -4,9 +4,10 @@
 Every rank prints one record per window (at least :data:`WINDOW_SECONDS` and :data:`MIN_STEPS` steps;
 :class:`training.channel.StepTimes`)::
 
-    STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1}
+    STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1, "world": 3}
 
-``compute_ms`` is the median over the window of each step's time less its communication (the DDP buckets'
+``world`` is the number of ranks the steps ran on: a membership change makes a new window (the trainer's next
+world, :meth:`training.trainer.Trainer.join_world`). ``compute_ms`` is the median over the window of each step's time less its communication (the DDP buckets'
 all-reduce, or the MPI data plane's), ``comm_ms`` the median communication. In synchronous data parallelism every
 rank's *step* takes as long as the slowest rank's, so the step time cannot tell a slow rank; its compute can: a
 slow rank computes longer and waits less, its peers compute as before and wait for it in the all-reduce.
@@ -31,8 +32,9 @@ MIN_STEPS = 5  # the median of fewer steps says little (a GPU step of 1 s: a win
 class StepTimes:
     """The current window of one rank's steps; :meth:`add` prints the window once it is full."""
 
-    def __init__(self, rank: int, out: TextIO | None = None, window: float = WINDOW_SECONDS) -> None:
-        self.rank, self.out, self.window = rank, out or sys.stdout, window
+    def __init__(self, rank: int, out: TextIO | None = None, window: float = WINDOW_SECONDS,
+                 world: int | None = None) -> None:
+        self.rank, self.out, self.window, self.world = rank, out or sys.stdout, window, world
         self.enabled = channel.RUN_ID_ENV in os.environ
         self.steps: list[float] = []
         self.comm: list[float] = []
@@ -55,7 +57,7 @@ class StepTimes:
             return
         compute = [s - c for s, c in zip(self.steps, self.comm)]
         row = {"rank": self.rank, "steps": len(self.steps), "step_ms": _ms(self.steps), "compute_ms": _ms(compute),
-               "comm_ms": _ms(self.comm)}
+               "comm_ms": _ms(self.comm), **({"world": self.world} if self.world is not None else {})}
         channel.send(channel.STEPTIMES, row, self.out)
         self.steps, self.comm, self.since = [], [], time.monotonic()
 

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import socket
 
-from . import reform, snapshot
+from . import channel, reform, snapshot
 
 log = logging.getLogger("training")
 
@@ -102,8 +103,13 @@ def keep_between(trainer, next_epoch: int, state_of):
 
 def _keeps(trainer) -> bool:
     """A distributed job with a snapshot directory, or whose membership can change: the kinds with peers to lose
-    and somewhere to keep the last step (a file, or the memory the survivors go on with)."""
-    return trainer.world.backend is not None and (bool(trainer.t.snapshot_dir) or trainer.world.member is not None)
+    and somewhere to keep the last step (a file, or the memory the survivors go on with). ``MULTINODE_SURVIVOR=0``
+    asks for a trainer without the snapshot (the baselines of ``bench.spotday``: a user's trainer that resumes from
+    its last periodic checkpoint, on the restart path)."""
+    if trainer.world.backend is None:
+        return False
+    wanted = os.environ.get(channel.SURVIVOR_ENV, "1").strip() != "0"
+    return (wanted and bool(trainer.t.snapshot_dir)) or trainer.world.member is not None
 
 
 def _kept(trainer, err: BaseException, state, rng: dict | None) -> None:

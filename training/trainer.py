@@ -148,7 +148,7 @@ class Trainer(ChangeHost):
         self.val_loader = self._loader(self.workload.val)
         self.test_loader = self._loader(self.workload.test)
         self.runlog.rank = world.rank
-        self.steptimes = StepTimes(world.rank)  # every rank: the orchestrator compares them while the job trains
+        self.steptimes = StepTimes(world.rank, world=world.world_size)  # every rank: compared while the job trains
         self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
 
     def _loader(self, dataset) -> DataLoader:

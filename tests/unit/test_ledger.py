@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from multinode.diagnose.ledger import BUCKETS, JobMarks, account, duration, goodput_line, parse_marks
+from multinode.diagnose.goodput import duration, goodput_line
+from multinode.diagnose.ledger import BUCKETS, JobMarks, account, parse_marks
 from training.marks import Marks
 
 RUNS = json.loads((Path(__file__).parent / "fixtures" / "ledger-runs.json").read_text())

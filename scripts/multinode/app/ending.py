@@ -21,9 +21,11 @@ from multinode.checks.links import connection_error
 from multinode.core.errors import NodeError
 from multinode.core.outcome import Outcome
 from multinode.core.rundir import RunDir
-from multinode.diagnose.ledger import JobMarks, goodput_line, parse_marks
+from multinode.diagnose.goodput import goodput_line
+from multinode.diagnose.ledger import JobMarks, parse_marks
 from multinode.diagnose.rank import log_lines, pick_root_cause, root_cause
 from multinode.diagnose.report import save as save_stacks
+from multinode.diagnose.slowranks import windows as step_windows
 from multinode.diagnose.summary import (Phases, RunSummary, describe, parse_preempted, parse_result, parse_resumed,
                                         result_from_metrics)
 
@@ -87,7 +89,8 @@ def resumed_report(attempt: Attempt, outcome: Outcome) -> dict | None:
 
 def job_marks(attempt: Attempt, outcome: Outcome, reached_step: int | None) -> JobMarks:
     """The attempt's job as the ledger reads it: rank 0's marks (in the job's lines, or in whichever node log holds
-    them), the step it resumed from, and ``reached_step`` (the heartbeat's, for an attempt recovered from)."""
+    them), the step it resumed from, ``reached_step`` (the heartbeat's, for an attempt recovered from) and every
+    rank's step-time windows (its node's log: the ledger's slow steps)."""
     nodes = attempt.ctx.inv.nodes
     marks: list[dict] = []
     for lines in [list(outcome.lines)] + [_log(attempt.ctx.run_dir, n.name) for n in nodes]:
@@ -95,8 +98,9 @@ def job_marks(attempt: Attempt, outcome: Outcome, reached_step: int | None) -> J
         if marks:
             break
     resumed = (resumed_report(attempt, outcome) or {}).get("step")
+    windows = tuple(w for n in nodes for w in step_windows(_log(attempt.ctx.run_dir, n.name), n.name))
     return JobMarks(attempt.number, tuple(n.name for n in nodes), tuple(marks),
-                    resumed if isinstance(resumed, int) else None, reached_step)
+                    resumed if isinstance(resumed, int) else None, reached_step, windows)
 
 
 def save(run_dir: Path, summary: RunSummary) -> None:

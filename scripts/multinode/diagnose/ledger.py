@@ -10,7 +10,10 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
 * **pre-flight**: pre-flight, the link check, the GPU smoke test;  **sync**: code sync, SETUP (and a ``data``
   phase: the DATA step of issue 36, where the run has one);
 * **start**: launching the job, then its processes up to the end of the first step (imports, rendezvous, data);
-* **training**: the first step to the last one, less the checkpoint stalls and the steps trained twice;
+* **training**: the first step to the last one, less the checkpoint stalls, the steps trained twice, and:
+* **slow steps** and **missing capacity** (:mod:`multinode.diagnose.steplosses`): the steps' time above the run's
+  healthy step, held back by a slow rank (``slow_steps_by_rank``) or on fewer nodes than asked: goodput is the work
+  done over the work the whole, healthy cluster would have done in the wall time;
 * **checkpoint**: the stalls of periodic and coordinated (a notice's) checkpoints;
 * **recovery**, per recovery: *pause* (a membership change inside an attempt: the surviving ranks' pause, from
   the failed collective or the agreed step to their first step in the new world -- no process restarted), or
@@ -19,6 +22,8 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
   start to its first step);
 * **trained twice**: the steps after the snapshot an attempt resumed from that the ended attempt had trained
   (0 after a notice: its coordinated checkpoint holds every step), at that attempt's own time per step;
+* a job restarted inside one attempt (torchrun's ``--max-restarts``: a new ``first_step`` mark), one process
+  generation at a time: the gap is **recovery** (``job_restarts``), the steps trained again **trained twice**;
 * **teardown**: after the last step (final test, exit), the sweep and the summary;
 * **job**: a job that marks nothing (a user script without ``training.marks``), from its start to its end;
 * **other**: a phase this module does not know (named in ``other``).
@@ -26,15 +31,17 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from multinode.diagnose import steplosses
 from multinode.trainer import channel
 
-BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "checkpoint", "recovery", "trained twice", "teardown",
-           "job", "other")
+BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "slow steps", "missing capacity", "checkpoint",
+           "recovery", "trained twice", "teardown", "job", "other")
 FIRST_ATTEMPT = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight",
                  "GPU smoke test": "pre-flight", "sync": "sync", "data": "sync", "start": "start"}
 AFTER_JOB = ("sweep", "summary", "recover")  # an ended attempt's: teardown (the last), else its recovery's replace
+EARLIER = 5.0  # a mark this long before its job started is an earlier run's (its log is appended to): not read
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,7 @@ class JobMarks:
     marks: tuple[dict, ...] = ()
     resumed_step: int | None = None  # the snapshot's step it started from (RESUMED), if any
     reached_step: int | None = None  # the highest step a rank reached (the heartbeat), when the run probed it
+    windows: tuple[dict, ...] = ()  # every rank's STEPTIMES windows, node by node (slowranks.windows)
 
 
 @dataclass
@@ -55,6 +63,11 @@ class _Book:
     other: dict[str, float] = field(default_factory=dict)
     attempts: list[dict] = field(default_factory=list)
     steps_twice: int = 0
+    restarts: list[dict] = field(default_factory=list)  # a job restarted inside an attempt (its generations)
+    held_back: dict[tuple[int, str] | None, float] = field(default_factory=dict)  # (rank, node) -> slow steps' s
+    healthy: float | None = None  # the run's healthy step, ms (steplosses.healthy_ms)
+    full: int = 0  # the nodes asked: the most any attempt ran on
+    world: int | None = None  # the ranks asked: the most any step-time window ran on
 
     def recovery(self, number: int, part: str, seconds: float) -> None:
         row = self.recoveries.setdefault(number, {"detect": 0.0, "replace": 0.0, "restart": 0.0, "pause": 0.0})
@@ -77,14 +90,19 @@ def is_mark(line: str) -> bool:
 def account(spans: list[dict], jobs: list[JobMarks], wall: float, began_unix: float) -> dict:
     """The ledger of a run of ``wall`` seconds (module doc). ``spans``: ``{"phase", "attempt", "from", "to"}``;
     ``jobs``: one per attempt that started its job; ``began_unix``: the run's start on the nodes' clock."""
-    book = _Book()
+    book = _Book(full=max((len(j.nodes) for j in jobs), default=0))
+    judged = {j.attempt: steplosses.judge(list(j.windows)) for j in jobs}
+    book.world = steplosses.full_world([w for j in jobs for w in j.windows])
+    book.healthy = steplosses.healthy_ms([(len(j.nodes) >= book.full, judged[j.attempt]) for j in jobs], book.world)
     spans = _clipped(spans, wall)
     last = max((s["attempt"] for s in spans), default=0)
     by_attempt = {j.attempt: j for j in jobs}
     for span in spans:
         seconds, number, phase = span["to"] - span["from"], span["attempt"], span["phase"]
         if phase == "job":
+            before = book.buckets["training"]
             _job(book, span, by_attempt.get(number), by_attempt.get(number + 1), last, began_unix)
+            _losses(book, by_attempt.get(number), judged.get(number, []), book.buckets["training"] - before)
         elif phase in AFTER_JOB:
             if number == last:
                 book.buckets["teardown"] += seconds
@@ -105,6 +123,11 @@ def account(spans: list[dict], jobs: list[JobMarks], wall: float, began_unix: fl
             "recoveries": [{"recovery": k, **{p: round(v, 3) for p, v in row.items()}}
                            for k, row in sorted(book.recoveries.items())],
             "steps_trained_twice": book.steps_twice, "other": {k: round(v, 3) for k, v in book.other.items()},
+            "job_restarts": book.restarts,
+            "healthy_step_ms": round(book.healthy, 3) if book.healthy is not None else None,
+            "slow_steps_by_rank": [{"rank": key[0] if key else None, "node": key[1] if key else None,
+                                    "seconds": round(sec, 3)}  # None: no single rank held those steps back
+                                   for key, sec in sorted(book.held_back.items(), key=lambda kv: -kv[1])],
             "attempts": book.attempts, "spans": spans, "began_unix": round(began_unix, 3)}
 
 
@@ -119,42 +142,94 @@ def _clipped(spans: list[dict], wall: float) -> list[dict]:
 
 def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | None, last: int,
          began_unix: float) -> None:
-    """One attempt's job span: start, training, checkpoints, steps trained twice and its end (module doc)."""
+    """One attempt's job span: start, training, checkpoints, steps trained twice and its end (module doc), one
+    process generation of it at a time."""
     start, end, number = span["from"], span["to"], span["attempt"]
-    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in (job.marks if job else ())]
-    steps = [m for m in marks if m.get("mark") in ("first_step", "steps", "last_step") and isinstance(m.get("step"), int)]
-    first = next((m for m in marks if m.get("mark") == "first_step"), None)
-    stalls = [(m["t"], min(m["t"] + max(float(m.get("seconds", 0)), 0.0), end), m.get("kind", "periodic"))
-              for m in marks if m.get("mark") == "checkpoint"]
+    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in (job.marks if job else ())
+             if m["at"] - began_unix >= start - EARLIER]  # not a mark of an earlier run of the same run id
     row = {"attempt": number, "nodes": list(job.nodes) if job else [], "job": [round(start, 3), round(end, 3)],
-           "reported": first is not None, "checkpoints": [[round(a, 3), round(b - a, 3), k] for a, b, k in stalls]}
+           "reported": False, "checkpoints": []}
     book.attempts.append(row)
-    if first is None:  # nothing reported: the job's time is one bucket
+    generations = _generations(marks)
+    if not generations:  # nothing reported: the job's time is one bucket
         book.buckets["job"] += end - start
         return
-    t_first, t_last = first["t"], max(m["t"] for m in steps)
-    n_first, n_last = first["step"], max(m["step"] for m in steps)
+    row.update(reported=True, first_step=round(generations[0][0]["t"], 3), restarts=[])
+    for k, generation in enumerate(generations):
+        later = generations[k + 1] if k + 1 < len(generations) else None
+        until = later[0]["t"] if later else end
+        resumed = later[0]["step"] - 1 if later else None  # the snapshot the next one resumed from: this one's
+        after = JobMarks(number, job.nodes, tuple(later), resumed_step=resumed) if later else following
+        this = replace(job, reached_step=resumed) if later else job  # it reached that step at least
+        n_first, t_last, n_last, rest = _generation(book, row, this, after, generation, start if k == 0 else None,
+                                                    until)
+        if later:
+            book.buckets["recovery"] += rest
+            book.restarts.append({"attempt": number, "at": round(t_last, 3), "seconds": round(rest, 3)})
+            row["restarts"].append([round(t_last, 3), round(until, 3)])
+        elif number == last:
+            book.buckets["teardown"] += rest
+        else:
+            book.recovery(number + 1, "detect", rest)
+        first, high = row.get("steps", [n_first, n_last])
+        row.update(last_step=round(t_last, 3), steps=[first, max(high, n_last)])
+    if job.windows:
+        row["compute"] = steplosses.series(list(job.windows), row["steps"][0] - 1)
+
+
+def _generations(marks: list[dict]) -> list[list[dict]]:
+    """The marks of each process generation of a job, in order: a new one at each ``first_step`` mark."""
+    generations: list[list[dict]] = []
+    for mark in marks:
+        if mark.get("mark") == "first_step" and isinstance(mark.get("step"), int):
+            generations.append([mark])
+        elif generations:
+            generations[-1].append(mark)
+    return generations
+
+
+def _generation(book: _Book, row: dict, job: JobMarks, following: JobMarks | None, marks: list[dict],
+                start: float | None, end: float) -> tuple[int, float, int, float]:
+    """One generation's marks, from its first step to ``end`` (the next one's first step, or the job's end):
+    training, its checkpoint stalls, the steps trained twice, and its start (``start``: the job's, for the first
+    generation). (First step, last step's time, last step, the seconds of its tail no bucket took: the caller's.)"""
+    steps = [m for m in marks if m.get("mark") in ("first_step", "steps", "last_step") and isinstance(m.get("step"), int)]
+    stalls = [(m["t"], min(m["t"] + max(float(m.get("seconds", 0)), 0.0), end), m.get("kind", "periodic"))
+              for m in marks if m.get("mark") == "checkpoint"]
+    row["checkpoints"] += [[round(a, 3), round(b - a, 3), k] for a, b, k in stalls]
+    t_first, n_first = marks[0]["t"], marks[0]["step"]
+    t_last, n_last = max(m["t"] for m in steps), max(m["step"] for m in steps)
     later = [m for m in marks if m.get("mark") == "checkpoint" and isinstance(m.get("step"), int) and m["step"] > n_last]
     if later:  # a checkpoint after the last step mark: its step was trained by the time it began
         t_last, n_last = max((m["t"], m["step"]) for m in later)
-    row.update(first_step=round(t_first, 3), last_step=round(t_last, 3), steps=[n_first, n_last])
     stalled_in = sum(max(0.0, min(b, t_last) - max(a, t_first)) for a, b, _ in stalls)
     stalled_after = sum(max(0.0, b - max(a, t_last)) for a, b, _ in stalls)
     train = max(0.0, t_last - t_first - stalled_in)
     tail = max(0.0, end - t_last - stalled_after)
     book.buckets["checkpoint"] += stalled_in + stalled_after
     train -= _paused(book, marks, t_first, t_last)
-    if number == 0:
+    if start is not None and row["attempt"] == 0:
         book.buckets["start"] += t_first - start
-    else:
-        book.recovery(number, "restart", t_first - start)
+    elif start is not None:
+        book.recovery(row["attempt"], "restart", t_first - start)
     kept_tail, twice_train, twice_tail = _past_marks(book, job, following, n_first, n_last, train, tail)
     book.buckets["training"] += train - twice_train + kept_tail
     book.buckets["trained twice"] += twice_train + twice_tail
-    if number == last:
-        book.buckets["teardown"] += tail - kept_tail - twice_tail
-    else:
-        book.recovery(number + 1, "detect", tail - kept_tail - twice_tail)
+    return n_first, t_last, n_last, tail - kept_tail - twice_tail
+
+
+def _losses(book: _Book, job: JobMarks | None, judged: list, trained: float) -> None:
+    """The attempt's slow steps and missing capacity (:mod:`multinode.diagnose.steplosses`), as shares of the
+    ``trained`` seconds it added, out of them; the slow steps attributed to the ranks that held them back."""
+    if job is None or not judged:
+        return
+    lost = steplosses.losses(judged, len(job.nodes) >= book.full, book.healthy, book.world).scaled(trained)
+    book.buckets["training"] -= lost.slow + lost.missing
+    book.buckets["slow steps"] += lost.slow
+    book.buckets["missing capacity"] += lost.missing
+    book.attempts[-1].update(slow_steps=round(lost.slow, 3), missing_capacity=round(lost.missing, 3))
+    for key, seconds in lost.by_rank.items():
+        book.held_back[key] = book.held_back.get(key, 0.0) + seconds
 
 
 def _paused(book: _Book, marks: list[dict], t_first: float, t_last: float) -> float:
@@ -200,32 +275,3 @@ def _per_step(marks: tuple[dict, ...]) -> float:
     if len(steps) < 2 or steps[-1][0] <= steps[0][0]:
         return 0.0
     return (steps[-1][1] - steps[0][1]) / (steps[-1][0] - steps[0][0])
-
-
-def duration(seconds: float) -> str:
-    """``4m44s``, ``14s``, ``0.4s``, ``1h02m``."""
-    if seconds < 10:
-        return f"{seconds:.1f}s"
-    whole = int(round(seconds))
-    if whole < 60:
-        return f"{whole}s"
-    if whole < 3600:
-        return f"{whole // 60}m{whole % 60:02d}s"
-    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
-
-
-def goodput_line(ledger: dict) -> str:
-    """``goodput 91 % of 5m12s: training 4m44s, start 14s, ...`` (training first, then the others by size)."""
-    buckets = ledger["buckets"]
-    others = sorted(((k, v) for k, v in buckets.items() if k != "training" and v >= 0.05), key=lambda kv: -kv[1])
-    parts = [f"training {duration(buckets['training'])}"] + [f"{k} {duration(v)}" for k, v in others]
-    share = ledger["goodput"] or 0.0
-    if not buckets["training"] and buckets.get("job", 0.0) > 0:  # a script that reports no step: its start and its
-        parts = [f"job {duration(buckets['job'])} (start and steps: the script reports no step)"] + [  # steps in one
-            f"{k} {duration(v)}" for k, v in others if k != "job"]
-        return f"goodput not known of {duration(ledger['wall_seconds'])}: {', '.join(parts)}"
-    line = f"goodput {share * 100:.0f} % of {duration(ledger['wall_seconds'])}: {', '.join(parts)}"
-    if ledger["recoveries"]:
-        count, twice = len(ledger["recoveries"]), ledger["steps_trained_twice"]
-        line += f" ({count} recover{'y' if count == 1 else 'ies'}, {twice} step{'' if twice == 1 else 's'} trained twice)"
-    return line

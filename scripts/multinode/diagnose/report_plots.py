@@ -1,7 +1,7 @@
 """The run report's figures (:mod:`multinode.diagnose.run_report`), drawn here with matplotlib (pinned in
 pyproject.toml; the Agg backend, no display) and returned as PNG bytes for the page to embed. Each takes what the
-run recorded -- the ledger (``summary.json``), the recovery timeline, the rows of ``metrics.jsonl`` -- and
-draws it; none reads a file or the network."""
+run recorded -- the ledger (``summary.json``: its buckets, its attempts with each rank's compute per step-time
+window), the recovery timeline, the rows of ``metrics.jsonl`` -- and draws it; none reads a file or the network."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import io
 
 # One colour per ledger bucket (multinode.diagnose.ledger.BUCKETS), the same in every figure.
 COLOURS = {"wait": "#9e9e9e", "pre-flight": "#8d6e63", "sync": "#ffb74d", "start": "#ffd54f", "training": "#43a047",
-           "checkpoint": "#1e88e5", "recovery": "#e53935", "trained twice": "#8e24aa", "teardown": "#78909c",
+           "slow steps": "#f4511e", "missing capacity": "#c0ca33", "checkpoint": "#1e88e5", "recovery": "#e53935", "trained twice": "#8e24aa", "teardown": "#78909c",
            "job": "#26a69a", "other": "#bdbdbd"}
 # Which colour a phase span of the timeline gets (the orchestrator's phase -> the bucket it mostly feeds).
 PHASE_COLOUR = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-flight", "GPU smoke test": "pre-flight",
@@ -99,6 +99,8 @@ def _job_inside(ax, attempt: dict, row: int) -> None:
         ax.broken_barh([(start, attempt["first_step"] - start)], (row - 0.3, 0.6), color=COLOURS["start"])
         ax.broken_barh([(attempt["first_step"], attempt["last_step"] - attempt["first_step"])], (row - 0.3, 0.6),
                        color=COLOURS["training"])
+    for at, until in attempt.get("restarts", ()):  # the job restarted inside the attempt: not training
+        ax.broken_barh([(at, until - at)], (row - 0.3, 0.6), color=COLOURS["recovery"])
     for at, seconds, _kind in attempt["checkpoints"]:
         ax.broken_barh([(at, seconds)], (row - 0.3, 0.6), color=COLOURS["checkpoint"], linewidth=1.5,
                        edgecolor=COLOURS["checkpoint"])
@@ -154,3 +156,28 @@ def _rank_value(row: dict, rank: int) -> float | None:
     if by_rank:
         return by_rank[rank] if rank < len(by_rank) else None
     return row.get("step_time_s") if rank == 0 else None  # a run from before per-rank times: rank 0's
+
+
+def compute_per_rank(ledger: dict, named: list[dict]) -> bytes:
+    """Each rank's compute per step-time window (its step less its communication: a rank that holds the others back
+    computes longest, every step waits for it) against the optimizer step, every attempt; the ranks ``named``
+    (``{"rank", "node", "why"}``: named slow, or holding steps back in the ledger) drawn thick, in red, and
+    labelled with why."""
+    box: list = []
+    marked = {(n["rank"], n["node"]): n["why"] for n in named}
+    with _figure(box, figsize=(10, 3.8)) as (_, ax):
+        labelled: set[tuple[int, str]] = set()
+        for attempt in ledger.get("attempts", []):
+            for rank, line in sorted((attempt.get("compute") or {}).items(), key=lambda kv: int(kv[0])):
+                key = (int(rank), line["node"])
+                why = marked.get(key)
+                label = None if key in labelled else f"rank {rank} on {line['node']}" + (f": {why}" if why else "")
+                labelled.add(key)
+                ax.plot(line["step"], line["compute_ms"], marker="." if why else None, linewidth=2.5 if why else 1,
+                        color="#d32f2f" if why else None, alpha=1.0 if why else 0.6, label=label,
+                        zorder=3 if why else 2)
+        ax.set_xlabel("optimizer step (each point: a window of steps, at its end)")
+        ax.set_ylabel("compute per step (ms, median)")
+        ax.set_ylim(bottom=0)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, fontsize=8, frameon=False)
+    return box[0]

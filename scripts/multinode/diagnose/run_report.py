@@ -2,12 +2,14 @@
 
 What the run recorded, drawn (:mod:`multinode.diagnose.report_plots`, PNGs embedded as base64): the ledger as a
 bar and a table (:mod:`multinode.diagnose.ledger`), a timeline per node (each attempt's phases, the checkpoints,
-the recovery's notices, losses, replacements and resizes), loss and accuracy per epoch, each rank's step time per
-epoch, and the throughput. The page loads nothing (no script, no stylesheet, no font from anywhere): it opens from
+the recovery's notices, losses, replacements and resizes), each rank's compute per step-time window with the
+slow ranks marked (named while the job trained, or holding steps back in the ledger's slow steps), loss and accuracy
+per epoch, each rank's step time per epoch, and the throughput. The page loads nothing (no script, no stylesheet, no font from anywhere): it opens from
 the file on a machine without a network. A section whose data the run did not record (a user script writes no
 ``metrics.jsonl``) says so in a line instead of a figure.
 
-Sources, all in the run directory: ``summary.json`` (the ledger, the outcome), ``recovery.json`` (the timeline),
+Sources, all in the run directory: ``summary.json`` (the ledger, the outcome; a recovered run's earlier attempts'
+under ``attempt-<k>/`` and ``grow-<k>/`` for the ranks they named slow), ``recovery.json`` (the timeline),
 ``metrics.jsonl`` (our trainer's rows per epoch; a recovered run's earlier attempts keep theirs under
 ``attempt-<k>/`` and ``grow-<k>/``, a later attempt's row for the same epoch wins).
 """
@@ -22,9 +24,9 @@ from pathlib import Path
 from multinode.core.errors import UserError
 from multinode.core.rundir import RunDir
 from multinode.diagnose import report_plots as plots
-from multinode.diagnose.ledger import duration, goodput_line
+from multinode.diagnose.goodput import duration, goodput_line
 
-SECTIONS = ("ledger", "timeline", "loss", "step-time", "throughput")
+SECTIONS = ("ledger", "timeline", "compute", "loss", "step-time", "throughput")
 NAME = "report.html"
 STYLE = """body{font-family:sans-serif;margin:24px;max-width:1000px;color:#222}
 h1{font-size:20px}h2{font-size:16px;margin-top:28px}table{border-collapse:collapse;font-size:13px}
@@ -41,10 +43,21 @@ def write(run_dir: Path) -> Path:
                         "pick another with RUN=<run-id>")
     summary = json.loads(summary_path.read_text())
     recovery = _json(RunDir(run_dir).recovery) or summary.get("recovery") or {}
-    page = render(summary, recovery, epoch_rows(run_dir))
+    page = render({**summary, "slow_ranks": named_slow(run_dir, summary)}, recovery, epoch_rows(run_dir))
     path = run_dir / NAME
     path.write_text(page)
     return path
+
+
+def named_slow(run_dir: Path, summary: dict) -> list[dict] | None:
+    """The ranks named slow in every attempt (each attempt's summary names its own: a recovered run's earlier ones
+    are kept under ``attempt-<k>/`` and ``grow-<k>/``), each (rank, node) once."""
+    found: dict[tuple[int, str], dict] = {}
+    kept = [RunDir(where).summary for where in RunDir(run_dir).attempts()[:-1]]
+    for named in [(_json(path) or {}).get("slow_ranks") for path in kept] + [summary.get("slow_ranks")]:
+        for slow in named or ():
+            found.setdefault((slow["rank"], slow["node"]), slow)
+    return list(found.values()) or None
 
 
 def epoch_rows(run_dir: Path) -> list[dict]:
@@ -76,9 +89,10 @@ def render(summary: dict, recovery: dict, rows: list[dict]) -> str:
         parts.append(_section("timeline", "Timeline per node", f"{len(ledger.get('attempts', []))} attempt(s); "
                               f"{len(events)} recovery event(s)", plots.node_timeline(ledger, events),
                               _events_table(events)))
+        parts.append(_compute_section(summary, ledger))
     else:
         parts += [_section(s, s, "this run's summary has no ledger (a run from before the ledger)", None)
-                  for s in ("ledger", "timeline")]
+                  for s in ("ledger", "timeline", "compute")]
     none = "no per-epoch metrics in this run (metrics.jsonl is our trainer's; a user script writes none)"
     figures = (("loss", "Loss and accuracy per epoch", plots.loss_accuracy),
                ("step-time", "Step time per rank", plots.step_time_per_rank),
@@ -87,6 +101,31 @@ def render(summary: dict, recovery: dict, rows: list[dict]) -> str:
         parts.append(_section(key, title, f"{len(rows)} epoch(s)" if rows else none, draw(rows) if rows else None))
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>run {_e(summary['run_id'])}"
             f"</title><style>{STYLE}</style></head><body>{''.join(parts)}</body></html>\n")
+
+
+def slow_ranks(summary: dict, ledger: dict) -> list[dict]:
+    """The ranks the page marks: named slow while the job trained (the summary's ``slow_ranks``) or holding steps
+    back in the ledger's slow steps; ``{"rank", "node", "why"}`` each, once."""
+    why: dict[tuple[int, str], list[str]] = {}
+    for slow in summary.get("slow_ranks") or ():
+        why.setdefault((slow["rank"], slow["node"]), []).append(
+            f"named slow ({slow['ratio']:.1f}x the others' compute)")
+    for held in ledger.get("slow_steps_by_rank") or ():
+        if held["node"] is not None:
+            why.setdefault((held["rank"], held["node"]), []).append(
+                f"held steps back {duration(held['seconds'])}")
+    return [{"rank": rank, "node": node, "why": "; ".join(reasons)} for (rank, node), reasons in why.items()]
+
+
+def _compute_section(summary: dict, ledger: dict) -> str:
+    title = "Compute per rank"
+    if not any(a.get("compute") for a in ledger.get("attempts", [])):
+        return _section("compute", title, "no step-time windows in this run (STEPTIMES: our trainer's, under the "
+                        "orchestrator)", None)
+    marked = slow_ranks(summary, ledger)
+    note = ("; ".join(f"{m['node']} rank {m['rank']}: {m['why']}" for m in marked) if marked else
+            "no rank named slow and none held steps back")
+    return _section("compute", title, _e(note), plots.compute_per_rank(ledger, marked))
 
 
 def _section(key: str, title: str, note: str, png: bytes | None, extra: str = "") -> str:

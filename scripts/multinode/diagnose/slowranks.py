@@ -18,7 +18,8 @@ medians in :data:`WINDOWS` windows in a row:
   collection on one rank) is not a slow rank.
 
 Each rank is named once per attempt, in one line during the run and in the summary (``slow_ranks``). The lines
-are the orchestrator's to read: :meth:`SlowRanks.observe` keeps them off the console (the node's log has them).
+are the orchestrator's to read: :meth:`SlowRanks.observe` keeps them off the console (the node's log has them);
+:func:`windows` reads them back from a node's log for the ledger's slow steps (:mod:`multinode.diagnose.steplosses`).
 Pure but for the ``say`` it is given.
 """
 
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 import statistics
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from multinode.trainer import channel
+
 RATIO = 1.5
 WINDOWS = 3
 
@@ -94,3 +96,14 @@ class SlowRanks:
     def record(self) -> list[dict] | None:
         """The summary's ``slow_ranks`` (None when no rank was named)."""
         return [asdict(found) for found in self.named.values()] or None
+
+
+def windows(lines: Iterable[str], node: str) -> list[dict]:
+    """Every step-time window in ``lines`` (``node``'s log), in order, as the trainer printed it
+    (:class:`training.channel.StepTimes`) with ``node`` added; a record that is not a whole window is skipped."""
+    found = []
+    for data in channel.every(lines, channel.STEPTIMES):
+        window = channel.StepTimes.read(data)
+        if window is not None and window.steps > 0:
+            found.append({"node": node, **asdict(window)})
+    return found

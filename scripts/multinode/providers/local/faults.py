@@ -14,6 +14,9 @@ Root only (the nodes are network namespaces). :func:`multinode.providers.local.s
 * ``MULTINODE_REPLACE_DELAY=<seconds>`` in the orchestrator's environment (:func:`replace_delay`): every replacement
   takes that much longer, between removing what is left of the old node and making the new one -- an EC2 instance's
   launch and bootstrap, drilled here. ``replace`` sleeps it; :meth:`LocalProvider.replacement_estimate` says it.
+  :func:`set_replace_delay` writes ``<provider dir>/replace-delay``, which ``replace`` reads instead while it exists:
+  a delay that changes while a run goes on (``bench.spotday`` replays each event's own), which the provider's
+  estimate, read once from the environment, does not know -- as EC2's cannot.
 """
 
 from __future__ import annotations
@@ -31,12 +34,15 @@ from multinode.providers.local.meta import load_meta, net_plan, node_index
 
 REFUSE_FILE = "refuse-replacements"
 DELAY_ENV = REPLACE_DELAY.environ  # MULTINODE_REPLACE_DELAY, declared with the other settings
+DELAY_FILE = "replace-delay"
 
 
-def replace_delay(env=None) -> float:
-    """``MULTINODE_REPLACE_DELAY``: the seconds a replacement takes on top of making the node (0 unset); UserError in
-    one line for anything but a number of seconds >= 0."""
-    text = (os.environ if env is None else env).get(DELAY_ENV, "")
+def replace_delay(env=None, state: ClusterState | None = None) -> float:
+    """``MULTINODE_REPLACE_DELAY`` (or, given ``state``, its ``replace-delay`` file while it exists): the seconds a
+    replacement takes on top of making the node (0 unset); UserError in one line for anything but seconds >= 0."""
+    path = delay_path(state) if state is not None else None
+    text = path.read_text() if path is not None and path.exists() else (os.environ if env is None else env).get(
+        DELAY_ENV, "")
     if not text.strip():
         return REPLACE_DELAY.default
     try:
@@ -46,6 +52,24 @@ def replace_delay(env=None) -> float:
     if not delay >= 0:
         raise UserError(f"{DELAY_ENV}={text!r} must be 0 or more seconds a replacement takes, e.g. {DELAY_ENV}=120")
     return delay
+
+
+def delay_path(state: ClusterState) -> Path:
+    return state.provider_dir / DELAY_FILE
+
+
+def set_replace_delay(state: ClusterState, seconds: float | None) -> None:
+    """Every replacement from now on takes ``seconds`` (None: back to ``MULTINODE_REPLACE_DELAY``)."""
+    path = delay_path(state)
+    if seconds is None:
+        path.unlink(missing_ok=True)
+        return
+    if not seconds >= 0:
+        raise UserError(f"a replacement delay of {seconds} s: give 0 or more seconds")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(f"{seconds}\n")
+    os.replace(tmp, path)
 
 
 def node_pids(state: ClusterState, node: str) -> list[int]:
@@ -144,4 +168,4 @@ def take_refusal(state: ClusterState, node: str) -> None:
 
 
 __all__ = ["allow_replacements", "job_pids", "kill_node", "lose_node", "node_pids", "refuse_replacements",
-           "refusals_left", "set_link", "take_refusal"]
+           "refusals_left", "set_link", "set_replace_delay", "take_refusal"]

@@ -89,7 +89,7 @@ def replace_node(state: ClusterState, inventory: Inventory, name: str) -> Invent
     serves_metadata = bool(inventory.extra.get("metadata_endpoint")) and any(
         (node_dir(state, n) / "imds" / "server.pid").exists() for n in names)
     remove_node(state, plan, name)
-    time.sleep(faults.replace_delay())  # MULTINODE_REPLACE_DELAY: an instance's launch and bootstrap, drilled
+    time.sleep(faults.replace_delay(state=state))  # an instance's launch and bootstrap, drilled
     i = node_index(name)
     if isolated():
         localnet.create_node(plan, i)
