@@ -59,6 +59,31 @@ def test_a_notice_recovery_has_its_three_parts_and_no_step_trained_twice():
     assert "coordinated" in kinds and "periodic" in kinds
 
 
+def test_a_membership_change_inside_an_attempt_is_a_recovery_of_its_own_before_a_later_restart():
+    """The notice run as if its first attempt had also paused 0.2 s for a membership change (a made-up ``pause``
+    mark between two step marks): two recoveries in the order they began, the pause first and only its part, the
+    restart's three parts untouched; the pause's seconds come out of training."""
+    run = RUNS["notice"]
+    plain = _ledger(run)
+    first, *rest = run["jobs"]
+    steps = sorted((m for m in first["marks"] if m["mark"] in ("first_step", "steps", "last_step")),
+                   key=lambda m: m["at"])
+    at = (steps[0]["at"] + steps[-1]["at"]) / 2
+    paused = {"mark": "pause", "at": at, "seconds": 0.2, "kind": "lost", "step": steps[0]["step"]}
+    jobs = [JobMarks(first["attempt"], tuple(first["nodes"]), tuple(first["marks"]) + (paused,), first["resumed_step"],
+                     first["reached_step"])] + [JobMarks(j["attempt"], tuple(j["nodes"]), tuple(j["marks"]),
+                                                         j["resumed_step"], j["reached_step"]) for j in rest]
+    ledger = _ledger(run, jobs)
+    _adds_up(ledger)
+    assert [r["recovery"] for r in ledger["recoveries"]] == [1, 2]
+    pause, restart = ledger["recoveries"]
+    assert pause == {"recovery": 1, "detect": 0.0, "replace": 0.0, "restart": 0.0, "pause": 0.2}
+    assert {k: v for k, v in restart.items() if k != "recovery"} == {
+        k: v for k, v in plain["recoveries"][0].items() if k != "recovery"}
+    assert ledger["buckets"]["training"] == pytest.approx(plain["buckets"]["training"] - 0.2, abs=1e-3)
+    assert "(2 recoveries, " in goodput_line(ledger)
+
+
 def test_a_lost_attempt_accounts_the_steps_past_its_snapshot_as_trained_twice():
     """The same run as if node-1 had been lost: no coordinated checkpoint, the heartbeat saw step 235, and the next
     attempt resumed from the snapshot of step 200 (made-up variation of the recorded run)."""

@@ -59,7 +59,8 @@ class JobMarks:
 @dataclass
 class _Book:
     buckets: dict[str, float] = field(default_factory=lambda: dict.fromkeys(BUCKETS, 0.0))
-    recoveries: dict[int, dict[str, float]] = field(default_factory=dict)
+    # ("attempt", k): the restart into attempt k; ("pause", i): the i-th membership change. In the order they began.
+    recoveries: dict[tuple[str, int], dict[str, float]] = field(default_factory=dict)
     other: dict[str, float] = field(default_factory=dict)
     attempts: list[dict] = field(default_factory=list)
     steps_twice: int = 0
@@ -69,8 +70,10 @@ class _Book:
     full: int = 0  # the nodes asked: the most any attempt ran on
     world: int | None = None  # the ranks asked: the most any step-time window ran on
 
-    def recovery(self, number: int, part: str, seconds: float) -> None:
-        row = self.recoveries.setdefault(number, {"detect": 0.0, "replace": 0.0, "restart": 0.0, "pause": 0.0})
+    def recovery(self, key: tuple[str, int] | int, part: str, seconds: float) -> None:
+        """``key``: an attempt's number (the restart into it) or a ("pause", i) membership change."""
+        key = ("attempt", key) if isinstance(key, int) else key
+        row = self.recoveries.setdefault(key, {"detect": 0.0, "replace": 0.0, "restart": 0.0, "pause": 0.0})
         row[part] += seconds
         self.buckets["recovery"] += seconds
 
@@ -121,7 +124,7 @@ def account(spans: list[dict], jobs: list[JobMarks], wall: float, began_unix: fl
             "goodput": round(book.buckets["training"] / wall, 4) if wall > 0 else None,
             "buckets": {name: round(sec, 3) for name, sec in book.buckets.items()},
             "recoveries": [{"recovery": k, **{p: round(v, 3) for p, v in row.items()}}
-                           for k, row in sorted(book.recoveries.items())],
+                           for k, row in enumerate(book.recoveries.values(), start=1)],
             "steps_trained_twice": book.steps_twice, "other": {k: round(v, 3) for k, v in book.other.items()},
             "job_restarts": book.restarts,
             "healthy_step_ms": round(book.healthy, 3) if book.healthy is not None else None,
@@ -238,7 +241,7 @@ def _paused(book: _Book, marks: list[dict], t_first: float, t_last: float) -> fl
     inside = 0.0
     for m in (m for m in marks if m.get("mark") == "pause"):
         seconds = max(0.0, min(m["t"] + max(float(m.get("seconds", 0)), 0.0), t_last) - max(m["t"], t_first))
-        book.recovery(len(book.recoveries) + 1, "pause", seconds)
+        book.recovery(("pause", sum(kind == "pause" for kind, _ in book.recoveries)), "pause", seconds)
         inside += seconds
     return inside
 
