@@ -74,7 +74,8 @@ WAIT = ("import socket,time\nfor _ in range(100):\n    try:\n        c=socket.cr
 def test_cut_off_ends_a_survivor_s_blocked_recv_from_a_lost_node_at_once(cluster3):
     """RemoteRunner.cut_off on real nodes: node-0's recv from node-2 (which sent nothing and closed nothing, as a
     vanished machine) ends with ECONNABORTED when node-0's connections to node-2's address are destroyed, long before
-    its own 60 s timeout; a node not named keeps its connections."""
+    its own 60 s timeout; a node not named keeps its connections, and so does a connection to the port spared (the
+    job's store, when a membership change cuts the survivors' old group among themselves)."""
     from multinode.ssh.runner import RemoteRunner
 
     inv, port, tag = cluster3.inventory(), 29731, "MULTINODE_RUN_ID=cutoff-test"
@@ -92,7 +93,9 @@ def test_cut_off_ends_a_survivor_s_blocked_recv_from_a_lost_node_at_once(cluster
             assert _file_says(runner, out, "connected"), "node-0 never connected to node-2"
             runner.cut_off(["node-0"], ["node-1"])  # another node's connections: node-0's recv goes on
             assert not _file_says(runner, out, "Error", seconds=2)
-            runner.cut_off(["node-2"], ["node-0"])
+            runner.cut_off(["node-2"], ["node-0"], spare_port=port)  # the job's store: kept
+            assert not _file_says(runner, out, "Error", seconds=2)
+            runner.cut_off(["node-2"], ["node-0"], spare_port=port + 1)  # another port spared: this one cut
             assert _file_says(runner, out, "ConnectionAbortedError"), runner.run_on("node-0", f"cat {out}").stdout
         finally:
             runner.stop_all("cutoff-test")

@@ -161,7 +161,8 @@ class RemoteRunner(NodePool):
         names = list(names)
         if not ips or not names:
             return {}
-        spare = f" and not ( sport = :{spare_port} or dport = :{spare_port} )" if spare_port else ""
+        # ss's own parentheses, escaped for the sh -c that runs the line (bare, sh refused the whole line)
+        spare = f" and not \\( sport = :{spare_port} or dport = :{spare_port} \\)" if spare_port else ""
         destroy = "; ".join(f"ss -K dst {shlex.quote(ip)}{spare}" for ip in ips)
         line = (f'{{ if [ "$(id -u)" = 0 ]; then sh -c {shlex.quote(destroy)}; '
                 f'else sudo -n sh -c {shlex.quote(destroy)}; fi; }} >/dev/null 2>&1; true')
