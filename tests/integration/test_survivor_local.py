@@ -93,9 +93,9 @@ def test_cut_off_ends_a_survivor_s_blocked_recv_from_a_lost_node_at_once(cluster
             assert _file_says(runner, out, "connected"), "node-0 never connected to node-2"
             runner.cut_off(["node-0"], ["node-1"])  # another node's connections: node-0's recv goes on
             assert not _file_says(runner, out, "Error", seconds=2)
-            runner.cut_off(["node-2"], ["node-0"], spare_port=port)  # the job's store: kept
+            runner.cut_off([], ["node-0"], spare_port=port, peers=["node-2"])  # the job's store: kept
             assert not _file_says(runner, out, "Error", seconds=2)
-            runner.cut_off(["node-2"], ["node-0"], spare_port=port + 1)  # another port spared: this one cut
+            runner.cut_off([], ["node-0"], spare_port=port + 1, peers=["node-2"])  # another port spared: cut
             assert _file_says(runner, out, "ConnectionAbortedError"), runner.run_on("node-0", f"cat {out}").stdout
         finally:
             runner.stop_all("cutoff-test")

@@ -90,11 +90,11 @@ class Changes:
         """``name`` leaves the running job (module doc); ``pending`` loses it."""
         at = self.last_seen.get(name, time.time())  # the last sign of life, not its detection
         survivors = [n for n in self.members.names if n != name]
-        if not notice:
-            self.ctx.runner.cut_off([name], survivors)  # their collective with it fails now
-        # ... and their old group among themselves (the job's store kept): a survivor blocked on another survivor's
-        # part of the failed collective fails now too, instead of at the process-group timeout
-        self.ctx.runner.cut_off(survivors, survivors, spare_port=self.ctx.spec.rdzv_port)
+        # The survivors' connections to the lost node (their collective with it fails now) and, the job's store kept,
+        # their old group among themselves: a survivor blocked on another survivor's part of the failed collective
+        # fails now too, instead of at the process-group timeout. One command per survivor.
+        self.ctx.runner.cut_off([] if notice else [name], survivors, spare_port=self.ctx.spec.rdzv_port,
+                                peers=survivors)
         self.members.leave(name)
         pending.discard(name)
         self.leaving.add(name)

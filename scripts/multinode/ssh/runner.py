@@ -149,21 +149,26 @@ class RemoteRunner(NodePool):
         names = list(names or (n.name for n in self.inventory.nodes))
         return self.run_each({name: command for name in names}, timeout)
 
-    def cut_off(self, lost: Iterable[str], names: Iterable[str], spare_port: int | None = None) -> dict[str, CommandResult]:
+    def cut_off(self, lost: Iterable[str], names: Iterable[str], spare_port: int | None = None,
+                peers: Iterable[str] = ()) -> dict[str, CommandResult]:
         """On ``names``, close every TCP connection to the ``lost`` nodes' cluster addresses (``ss -K``: the
         kernel's socket destroy, as root or through ``sudo -n``). A machine that vanished sends no FIN or RST, so a
         rank blocked in a collective with it waits for the process-group timeout; its connections closed, the
         collective fails at once and our trainer's surviving ranks keep the last completed step
-        (training/survivor.py) without that wait. ``spare_port``: connections to or from that port are kept (the job's
-        store, when the survivors' own group is cut: a membership change). Best effort: where the kernel lacks socket
-        destroy (CONFIG_INET_DIAG_DESTROY) or root cannot be had, nothing changes and the timeout stands."""
-        ips = [n.private_ip for n in self.inventory.nodes if n.name in set(lost)]
-        names = list(names)
-        if not ips or not names:
-            return {}
+        (training/survivor.py) without that wait. ``peers``: nodes whose connections are cut too, in the same
+        command, but those to or from ``spare_port`` (the survivors' old group among themselves at a membership
+        change, the job's store kept; one round for both: a node slow to answer delays it once). Best effort: where
+        the kernel lacks socket destroy (CONFIG_INET_DIAG_DESTROY) or root cannot be had, nothing changes and the
+        timeout stands."""
+        by_name = {n.name: n.private_ip for n in self.inventory.nodes}
         # ss's own parentheses, escaped for the sh -c that runs the line (bare, sh refused the whole line)
         spare = f" and not \\( sport = :{spare_port} or dport = :{spare_port} \\)" if spare_port else ""
-        destroy = "; ".join(f"ss -K dst {shlex.quote(ip)}{spare}" for ip in ips)
+        cuts = [(by_name[n], "") for n in lost if n in by_name]
+        cuts += [(by_name[n], spare) for n in peers if n in by_name]
+        names = list(names)
+        if not cuts or not names:
+            return {}
+        destroy = "; ".join(f"ss -K dst {shlex.quote(ip)}{kept}" for ip, kept in cuts)
         line = (f'{{ if [ "$(id -u)" = 0 ]; then sh -c {shlex.quote(destroy)}; '
                 f'else sudo -n sh -c {shlex.quote(destroy)}; fi; }} >/dev/null 2>&1; true')
         return self.run_all(line, names, timeout=5)
