@@ -190,7 +190,7 @@ class Kept:
 @dataclass(frozen=True)
 class World:
     """The ranks went on in membership ``generation`` at ``step`` without a restart: ``world_size`` ranks (from
-    ``before``), ``seconds`` from the failed collective (or the pause) to the first step of the new world."""
+    ``before``), ``seconds`` from the last step completed before a loss (or the agreed step) to the first step of the new world."""
 
     generation: int
     step: int

@@ -95,14 +95,23 @@ def change(host: Host, what: Change) -> None:
     position = membership.synchronize(host, what.position)
     host.rejoined(position, host.step != step_before)
     host.agreement.restart(members(host.world))
-    seconds = round(time.time() - what.began, 3)
+    began = _paused_since(host, what)
+    seconds = round(time.time() - began, 3)
     log.info("membership generation %d: %d -> %d ranks at step %d, %.2f s after the pause (%s)", place.generation,
              before, place.world_size, host.step, seconds, what.why)
-    host.marks.pause(what.began, seconds, what.why)  # the ledger's: the survivors' pause
+    host.marks.pause(began, seconds, what.why)  # the ledger's: the survivors' pause
     if host.world.rank == 0:
         channel.send(channel.WORLD, {"generation": place.generation, "step": host.step,
                                      "world_size": place.world_size, "before": before, "seconds": seconds,
                                      "joined": list(written.joining), "why": what.why})
+
+
+def _paused_since(host: Host, what: Change) -> float:
+    """When the ranks stopped training: for a lost peer, the end of the last step completed (the failed step's work
+    and the wait in its collective until the peer's connections were cut are no training either); for an agreed
+    change, the step it was agreed at."""
+    last = getattr(host.marks, "last", None)
+    return min(what.began, last[0]) if what.why == "lost" and last else what.began
 
 
 def lost(err: BaseException, position, rng: dict | None) -> Change:

@@ -16,7 +16,8 @@ highest step it reached (the heartbeat, for a lost one). The buckets tile the wa
   done over the work the whole, healthy cluster would have done in the wall time;
 * **checkpoint**: the stalls of periodic and coordinated (a notice's) checkpoints;
 * **recovery**, per recovery: *pause* (a membership change inside an attempt: the surviving ranks' pause, from
-  the failed collective or the agreed step to their first step in the new world -- no process restarted), or
+  the last step completed before a loss, or the agreed step, to their first step in the new world -- no process
+  restarted), or
   *detect* (after the ended attempt's last step and checkpoint, to its end),
   *replace* (its sweep, summary and the replacement) and *restart* (the next attempt's pre-flight, sync and
   start to its first step);
@@ -210,7 +211,7 @@ def _generation(book: _Book, row: dict, job: JobMarks, following: JobMarks | Non
     train = max(0.0, t_last - t_first - stalled_in)
     tail = max(0.0, end - t_last - stalled_after)
     book.buckets["checkpoint"] += stalled_in + stalled_after
-    train -= _paused(book, marks, t_first, t_last)
+    train = max(0.0, train - _paused(book, marks, t_first, t_last))
     if start is not None and row["attempt"] == 0:
         book.buckets["start"] += t_first - start
     elif start is not None:
