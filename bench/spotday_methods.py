@@ -101,7 +101,8 @@ class Replay:
         self.watch.start()
         self.run = MethodRun(self.method, time.monotonic(), load=[round(os.getloadavg()[0], 1)])
         if self.trace is not None:
-            self.cloud = Cloud(self.cluster, self.trace, self.watch, self.run.t0, replaces=self.replaces).start()
+            self.cloud = Cloud(self.cluster, self.trace, self.watch, self.run.t0, replaces=self.replaces,
+                               run_id=self.method).start()
         return self.run
 
     def train(self, *extra: str, env: str = "") -> int:

@@ -11,10 +11,12 @@ method the same, and does what the cloud would do, through the local provider's 
 * ``rebalance``: the endpoint serves a rebalance recommendation;
 * ``no_capacity``: replacements are refused for its seconds (``faults.refuse_replacements``; :meth:`Cloud.capacity`
   for a method that makes its cluster again itself);
-* ``slow``: the node's job processes held to its CPU share for its seconds (``cpuquota.throttled``): those running
-  then, and their children. A job started again on the node meanwhile is not held: at 0.03 of a core its ranks
-  did not start within the process group's timeout, and ``ours`` ended there in the second full replay (the
-  restart "failed with every node answering", which recovery does not retry) -- a finding, not a spot day.
+* ``slow``: the job's processes on the node (those of the run id: ``MULTINODE_RUN_ID`` in their environment) held
+  to its CPU share for its seconds (``cpuquota.throttled``), with their children. Not held: the node's sshd and
+  the orchestrator's shells on it, and so a job started again there meanwhile -- at 0.03 of a core its ranks did not
+  reach the process group within its timeout (30 s, 10 s), and ``ours`` ended there in the second and third full
+  replays (the restart "failed with every node answering", which recovery does not retry): a finding, not what the
+  replay measures.
 
 An event on a node that has no instance at that moment (taken, or its cluster being made again) is skipped and
 recorded as such. Who replaces a taken instance is the method's (``replaces``, :data:`REPLACERS`); each
@@ -36,6 +38,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from bench.nodes import LocalCluster
 from bench.spotday_trace import Event, Trace
@@ -50,7 +53,7 @@ REPLACERS = ("orchestrator", "cloud", "method")
 class Cloud:
     """The trace's events on ``cluster`` from ``t0`` (monotonic) on (module doc)."""
 
-    def __init__(self, cluster: LocalCluster, trace: Trace, watch: Watch, t0: float, *, replaces: str,
+    def __init__(self, cluster: LocalCluster, trace: Trace, watch: Watch, t0: float, *, replaces: str, run_id: str,
                  say: Callable[[str], None] = print) -> None:
         from multinode.core.state import ClusterState
 
@@ -58,7 +61,7 @@ class Cloud:
             raise ValueError(f"replaces={replaces!r}: one of {', '.join(REPLACERS)}")
         self.cluster, self.trace, self.watch, self.t0 = cluster, trace, watch, t0
         self.state = ClusterState.for_cluster(cluster.name, root=cluster.home)
-        self.replaces, self.say = replaces, say
+        self.replaces, self.run_id, self.say = replaces, run_id, say
         self.refused_until = 0.0  # monotonic
         self.applied: list[dict] = []  # {"at", "kind", "node", "what"}, seconds since t0
         self.last_replacement: float | None = None  # the latest taken instance's replacement seconds
@@ -193,8 +196,9 @@ class Cloud:
     def _slow(self, event: Event) -> None:
         from multinode.providers.local.cpuquota import throttled
 
+        tag = f"MULTINODE_RUN_ID={self.run_id}".encode()
         try:
-            with throttled(self.state, f"node-{event.node}", event.share):
+            with throttled(self.state, f"node-{event.node}", event.share, pick=lambda pid: tag in _environ(pid)):
                 self._stop.wait(event.seconds)
         except OSError as err:  # the node taken meanwhile
             self._record(event, f"throttle ended early: {err}", "throttle ended")
@@ -223,3 +227,11 @@ class Cloud:
         while not self.capacity() and not self._stop.is_set():
             self._stop.wait(RETRY)
         return time.monotonic() - start
+
+
+def _environ(pid: int) -> list[bytes]:
+    """A process's environment as it was started (a shell's later ``export`` is not in it)."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []

@@ -11,7 +11,7 @@ moved, so they land in the group too.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from multinode.core.state import ClusterState
@@ -30,11 +30,12 @@ def _group_dir(name: str) -> tuple[Path, bool]:
 
 @contextlib.contextmanager
 def throttled(state: ClusterState, node: str, cpu_share: float, whole_node: bool = False,
-              period_us: int = PERIOD_US) -> Iterator[list[int]]:
-    """``node``'s job processes (every one but its sshd; ``whole_node``: its sshd too, so every session it starts
-    from now on -- the link check's probe -- runs in the group) limited to ``cpu_share`` of one CPU until the block
-    ends (yields their pids); then moved back to the root group and the group removed. ``period_us``: the quota's
-    period (the kernel takes 1 ms to 1 s; the quota at least 1 ms: docs.kernel.org/scheduler/sched-bwc.html)."""
+              period_us: int = PERIOD_US, pick: Callable[[int], bool] | None = None) -> Iterator[list[int]]:
+    """``node``'s job processes (every one but its sshd; those ``pick`` takes, given it; ``whole_node``: its sshd
+    too, so every session it starts from now on -- the link check's probe -- runs in the group) limited to
+    ``cpu_share`` of one CPU until the block ends (yields their pids); then moved back to the root group and the
+    group removed. ``period_us``: the quota's period (the kernel takes 1 ms to 1 s; the quota at least 1 ms:
+    docs.kernel.org/scheduler/sched-bwc.html)."""
     path, v2 = _group_dir(f"multinode-{state.name}-{node}-slow")
     path.mkdir(exist_ok=True)
     quota = max(1000, round(period_us * cpu_share))
@@ -45,7 +46,7 @@ def throttled(state: ClusterState, node: str, cpu_share: float, whole_node: bool
         (path / "cpu.cfs_quota_us").write_text(f"{quota}\n")
     moved = []
     try:
-        for pid in (node_pids if whole_node else job_pids)(state, node):
+        for pid in (p for p in (node_pids if whole_node else job_pids)(state, node) if pick is None or pick(p)):
             with contextlib.suppress(ProcessLookupError, OSError):  # a process that has just ended
                 (path / "cgroup.procs").write_text(f"{pid}\n")
                 moved.append(pid)
