@@ -205,3 +205,17 @@ def test_the_cpu_account_is_read_and_a_kernel_without_one_leaves_the_figure():
     assert other.capacity == pytest.approx(other.mbit_s / 0.1)
     unknown = links.parse(_without_cpu(answers))[0]
     assert all(x.cpu_wait is None and x.capacity == x.mbit_s for x in unknown)
+
+
+def test_a_link_of_a_starved_node_is_charged_to_its_cpu_whichever_end_its_figures_caught_waiting():
+    """The full suite's case: node-1 held to 3 % of a core waits 99 % on its own links, and node-2's link to it
+    is slow with node-2's end barely waiting: node-1's CPU is named, node-2 is not refused."""
+    rows = {("node-0", "node-1"): (75.0, 0.99, "node-1"), ("node-1", "node-2"): (270.0, 0.99, "node-1"),
+            ("node-1", "node-0"): (218.0, 0.99, "node-1"), ("node-2", "node-1"): (337.0, 0.05, "node-2")}
+    pairs = [(s, d) for s, ds in links.neighbours([f"node-{i}" for i in range(4)]).items() for d in ds]
+    ring = [Link(s, d, *(lambda m, w, n: (m, 0.1, w, n))(*rows.get((s, d), (9400.0 + 100 * i, 0.0, s))))
+            for i, (s, d) in enumerate(pairs)]
+    report = links.judge(ring, {})
+    assert report.verdict == "ok" and report.culprits == [], report.verdict
+    assert {x.waited for x in report.starved} == {"node-1"}
+    assert "337 Mbit/s" in links.busy_cpu(report.starved) and "node-2's CPU" not in links.busy_cpu(report.starved)
