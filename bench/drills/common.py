@@ -55,6 +55,9 @@ class Watcher:
             if any(re.search(pattern, line) for line in list(self.lines)):
                 return
             if ended:
+                other = also or self.partner
+                if other is not None:  # its last lines may still be on their way: its reader is a thread of its own
+                    other.thread.join(5)
                 raise TimeoutError(f"no {pattern!r}: the output ended without it\n{self.tail(also)}")
             time.sleep(0.1)
         raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{self.tail(also)}")
