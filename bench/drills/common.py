@@ -57,7 +57,8 @@ class Watcher:
             if ended:
                 other = also or self.partner
                 if other is not None:  # its last lines may still be on their way: its reader is a thread of its own
-                    other.thread.join(5)
+                    with contextlib.suppress(TimeoutError):
+                        other.join(5)
                 raise TimeoutError(f"no {pattern!r}: the output ended without it\n{self.tail(also)}")
             time.sleep(0.1)
         raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{self.tail(also)}")
