@@ -38,8 +38,8 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
+from bench.drills.common import environ
 from bench.nodes import LocalCluster
 from bench.spotday_trace import Event, Trace
 from bench.spotday_watch import Watch
@@ -198,7 +198,7 @@ class Cloud:
 
         tag = f"MULTINODE_RUN_ID={self.run_id}".encode()
         try:
-            with throttled(self.state, f"node-{event.node}", event.share, pick=lambda pid: tag in _environ(pid)):
+            with throttled(self.state, f"node-{event.node}", event.share, pick=lambda pid: tag in environ(pid)):
                 self._stop.wait(event.seconds)
         except OSError as err:  # the node taken meanwhile
             self._record(event, f"throttle ended early: {err}", "throttle ended")
@@ -227,11 +227,3 @@ class Cloud:
         while not self.capacity() and not self._stop.is_set():
             self._stop.wait(RETRY)
         return time.monotonic() - start
-
-
-def _environ(pid: int) -> list[bytes]:
-    """A process's environment as it was started (a shell's later ``export`` is not in it)."""
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return []

@@ -95,6 +95,14 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def environ(pid: int) -> list[bytes]:
+    """A process's environment as it was started (a shell's later ``export`` is not in it); [] once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
 def cmdline(pid: int) -> list[bytes]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
