@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -48,9 +49,24 @@ def _tail(path: Path | None, offset: int) -> str:
         return fh.read().decode(errors="replace")
 
 
-def _action(line: str) -> str:
+_SPACE = re.compile(r"\s*")
+
+
+def _entries(text: str) -> Iterator[dict]:
+    """The recorded requests in ``text``. moto's recorder writes an entry and its newline in two calls, so two requests
+    served at once (Terraform sends several) can put two entries on one line: read them as a stream of JSON values, not
+    as lines; a value cut off by the file's end (a request being recorded now) ends the stream."""
+    decoder, at = json.JSONDecoder(), 0
+    while (at := _SPACE.match(text, at).end()) < len(text):
+        try:
+            entry, at = decoder.raw_decode(text, at)
+        except json.JSONDecodeError:
+            return
+        yield entry
+
+
+def _action(entry: dict) -> str:
     """``METHOD path Action`` of one recorded request (a query-protocol body's Action, a JSON one's X-Amz-Target)."""
-    entry = json.loads(line)
     body = entry.get("body") or ""
     if entry.get("body_encoded"):
         body = base64.b64decode(body).decode(errors="replace")
@@ -71,7 +87,7 @@ class MotoServer(str):
 
     def since(self, mark: tuple[int, int] = (0, 0)) -> str:
         text = _tail(self.log, mark[0])
-        recorded = [_action(line) for line in _tail(self.requests, mark[1]).splitlines() if line.strip()]
+        recorded = [_action(entry) for entry in _entries(_tail(self.requests, mark[1]))]
         return text + (f"--- the requests, in order ({len(recorded)}) ---\n" + "\n".join(recorded) if recorded else "")
 
     def show_since(self, mark: tuple[int, int], what: str = "moto's log during this test") -> None:
