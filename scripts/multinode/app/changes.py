@@ -10,7 +10,11 @@ these events here; :mod:`multinode.app.members` writes what the ranks read).
   it to the attempt's sweep);
 * **survivors paused** (``KEPT`` records, one per surviving node): a node that neither sent one within
   :data:`KEPT_WINDOW` s nor is still being left (a notice's node exits 75; a node whose link was cut sends nothing)
-  leaves the same way -- the survivors say who survived;
+  leaves the same way -- the survivors say who survived. The run's look at the silent ones (their ranks' stacks and
+  an SSH probe, side by side) starts with the first ``KEPT`` and runs on a thread of its own, its answer an event
+  (``Looked``): the window and the look overlap, and while they run the loop takes every other event -- the
+  provider's word that the machine is gone, or its session's end, leaves the node at once (the look's timeouts on a
+  node that does not answer were ~5 s of the survivors' pause when they ran in turn on the loop);
 * **a replacement ready**: prepared (code, data, ENV file, the job's files) on a thread, its generation written to
   it, its part started; when its ranks say ``JOINING`` the generation is opened to the others, which change at
   their next agreement -- they pause only once the new ranks are ready;
@@ -27,12 +31,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
 from multinode.checks.preflight import probe_ssh
 from multinode.core.errors import NodeError
-from multinode.core.events import JobRecord, NodeEnded, NodeGone, ReplacementReady, Stalled
+from multinode.core.events import Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Stalled
 from multinode.app.watchers import frozen
 from multinode.trainer import channel
 
@@ -43,16 +48,21 @@ PROBE_SECONDS = 3.0  # a silent member's SSH probe
 class Changes:
     """The run's side of membership changes during one attempt (see the module doc). ``recovery`` is the run's
     :class:`~multinode.app.recover.Recovery` (its budget, timeline and replacements); ``prepare(node)`` readies a
-    replacement (the run's ``prepare_again``)."""
+    replacement (the run's ``prepare_again``); ``events``: the attempt's queue, where the look at silent members
+    puts its answer."""
 
     def __init__(self, ctx: RunContext, job: JobHandle, members: Members, recovery, prepare: Callable[[str], None],
-                 say: Callable[[str], None], last_seen: dict[str, float], capture=None) -> None:
+                 say: Callable[[str], None], last_seen: dict[str, float], capture=None, events: Events | None = None
+                 ) -> None:
         self.ctx, self.job, self.members, self.recovery, self.prepare = ctx, job, members, recovery, prepare
-        self.say, self.last_seen, self.capture = say, last_seen, capture
+        self.say, self.last_seen, self.capture, self.events = say, last_seen, capture, events or Events()
         self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
         self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
+        self.looks = 0  # the looks at silent members started in this attempt
+        self.looking: int | None = None  # the look under way or answered, for the change now (None: none)
+        self.looked: Looked | None = None  # its answer
         self._told: set[str] = set()
 
     def why_not(self, name: str) -> str | None:
@@ -76,6 +86,11 @@ class Changes:
             return True
         if isinstance(event, ReplacementReady):
             return self.take_ready(event)
+        if isinstance(event, Looked):
+            if event.number == self.looking:  # not a look of an earlier change
+                self.looked = event
+                self.tick(pending)
+            return True
         if isinstance(event, NodeGone):
             gone[event.node] = event.why
         if isinstance(event, (NodeEnded, NodeGone)) and event.node in self.leaving:
@@ -111,13 +126,14 @@ class Changes:
             if generation == 0:
                 self.members.supported = True
                 return
-            self.kept.clear()
+            self._settled()
             self.alive.clear()
             self.recovery.world_changed(event.data, time.time())
             for name in list(self.ready):  # a join that waited for this generation to form
                 self._open(name)
         elif event.kind == channel.KEPT:
             self.kept.setdefault(event.node, time.time())
+            self._look(self._silent(pending))
         elif event.kind == channel.JOINING:
             self.ready.append(event.node)
             self._open(event.node)
@@ -133,17 +149,23 @@ class Changes:
 
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
-        node exits 75); once the window is over, one whose ranks the stacks show frozen, or that does not answer SSH
-        (its link cut: it sends nothing). One that answers with live ranks is a survivor that has not seen the
-        change yet (blocked in the failed collective until its process-group timeout): it is waited for."""
+        node exits 75); once the window is over and the look (:meth:`_look`) has answered, one whose ranks the stacks
+        show frozen, or that does not answer SSH (its link cut: it sends nothing). One that answers with live ranks
+        is a survivor that has not seen the change yet (blocked in the failed collective until its process-group
+        timeout): it is waited for."""
         if not self.kept:
             return
         silent = [n for n in self.members.names if n not in self.kept and n not in self.alive]
-        if any(n in pending for n in silent) and time.time() - min(self.kept.values()) < KEPT_WINDOW:
-            return
-        named = self._named(silent, pending)
-        answers = probe_ssh(self.ctx.inv.only(pending & set(silent) - set(named)), timeout=PROBE_SECONDS) \
-            if pending & set(silent) - set(named) else {}
+        waiting = self._silent(pending)
+        if waiting:
+            if time.time() - min(self.kept.values()) < KEPT_WINDOW:
+                return
+            if self.looked is None or not set(waiting) <= set(self.looked.silent):
+                if self.looked is not None:  # a member silent since the look: look again
+                    self.looking = self.looked = None
+                self._look(waiting)
+                return
+        named, answers = (self.looked.named, self.looked.answers) if self.looked else ({}, {})
         for name in silent:
             ended = name not in pending
             if not ended and name not in named and answers.get(name, (False, ""))[0]:
@@ -154,12 +176,45 @@ class Changes:
             if self.why_not(name) is None:
                 self.lose(name, why, pending, notice=ended)
         if not [n for n in self.members.names if n not in self.kept and n not in self.alive]:
-            self.kept.clear()
+            self._settled()
 
-    def _named(self, silent: list[str], pending: set[str]) -> dict[str, str]:
+    def _silent(self, pending: set[str]) -> list[str]:
+        """The members that neither paused nor ended nor answered a look with live ranks."""
+        return [n for n in self.members.names if n not in self.kept and n not in self.alive and n in pending]
+
+    def _settled(self) -> None:
+        """The change settled: the next KEPT opens a new window and a new look."""
+        self.kept.clear()
+        self.looking = self.looked = None
+
+    def _look(self, silent: list[str]) -> None:
+        """The look at ``silent`` members, on a thread, unless one is under way or answered: their ranks' stacks and
+        an SSH probe side by side; the answer an event on the attempt's queue (``Looked``)."""
+        if self.looking is not None or not silent:
+            return
+        self.looks += 1
+        self.looking = self.looks
+        threading.Thread(target=self._looking_at, args=(self.looks, tuple(silent)), name=f"mn-look-{self.looks}",
+                         daemon=True).start()
+
+    def _looking_at(self, number: int, silent: tuple[str, ...]) -> None:
+        with ThreadPoolExecutor(2, thread_name_prefix="mn-look") as pool:
+            stacks = pool.submit(self._named, list(silent))
+            probe = pool.submit(probe_ssh, self.ctx.inv.only(list(silent)), timeout=PROBE_SECONDS)
+            try:
+                named = stacks.result()
+            except Exception:  # noqa: BLE001 -- no stacks: the SSH probe alone decides
+                named = {}
+            try:
+                answers = probe.result()
+            except Exception as err:  # noqa: BLE001 -- the probe itself failed: none of them answered
+                answers = {name: (False, f"the probe failed: {err}") for name in silent}
+        self.events.put(Looked(number, silent, named, answers))
+
+    def _named(self, silent: list[str]) -> dict[str, str]:
         """Why a silent node that has not ended is silent, when the live ranks' stacks say (a rank stopped or stuck
         in the kernel): {node: why}."""
-        if not any(n in pending for n in silent) or self.capture is None:
+        if self.capture is None:
             return {}
         head = self.members.names[0]
         found = frozen(self.capture(NodeError(head, "job", None, "the survivors paused"), ()), head)

@@ -101,8 +101,11 @@ class AttemptLoop:
         if self.recovery is not None and not members.enabled:
             self.recovery.say(f"a lost or noticed node restarts every process of this run: {members.reason}")
         if members.enabled and self.recovery is not None:
+            # The look at silent members runs on a thread of its own: the backend's look itself, not the run's
+            # (which keeps its capture as the attempt's, for a failure's summary).
+            look = lambda failure, lost: self.backend.reach.capture(self.ctx, failure, lost)  # noqa: E731
             self.changes = Changes(self.ctx, self.job, members, self.recovery, self.prepare, self.say,
-                                   self.last_seen, self.capture)
+                                   self.last_seen, look, self.events)
             self.recovery.replacements.listen(self.events)
         watch = GoneWatch(self.ask_gone, [n.name for n in self.ctx.inv.nodes], self.events).start()
         if self.watchdog is not None:

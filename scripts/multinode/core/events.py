@@ -87,7 +87,19 @@ class JobRecord:
     data: dict = field(default_factory=dict)
 
 
-Event = NodeEnded | JobEnded | JobError | NodeGone | Stalled | ReplacementReady | ReplacementRefused | JobRecord
+@dataclass(frozen=True)
+class Looked:
+    """The run's look at the members that went silent while the others paused (look ``number`` of the attempt):
+    ``named`` -- {node: why} of one whose ranks the stacks show frozen; ``answers`` -- {node: (answers SSH, its
+    answer or why not)}."""
+
+    number: int
+    silent: tuple[str, ...]
+    named: dict = field(default_factory=dict)
+    answers: dict = field(default_factory=dict)
+
+
+Event = NodeEnded | JobEnded | JobError | NodeGone | Stalled | ReplacementReady | ReplacementRefused | JobRecord | Looked
 
 
 class Events:
