@@ -198,7 +198,9 @@ class Cloud:
 
         tag = f"MULTINODE_RUN_ID={self.run_id}".encode()
         try:
-            with throttled(self.state, f"node-{event.node}", event.share, pick=lambda pid: tag in environ(pid)):
+            with throttled(self.state, f"node-{event.node}", event.share,
+                           pick=lambda pid: tag in environ(pid)) as held:
+                self._record(event, f"{len(held)} process(es) of the job held", "held")
                 self._stop.wait(event.seconds)
         except OSError as err:  # the node taken meanwhile
             self._record(event, f"throttle ended early: {err}", "throttle ended")

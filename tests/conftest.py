@@ -9,6 +9,7 @@ from __future__ import annotations
 import cpuaccount
 
 FIRST = (  # by their time in the suite's runs of 2026-11-26 (pytest --durations, this machine)
+    "test_spotday_quick.py",  # four methods on 4 nodes, one after the other: 8 min alone (2026-11-27), more in the suite
     "test_replace_delay_local.py",  # waits out a 120 s replacement, twice (MULTINODE_REPLACE_DELAY)
     "test_bench_quick.py",
     "test_drills.py",

@@ -154,13 +154,14 @@ class StepTimes:
     compute_ms: float
     comm_ms: float
     world: int | None = None  # the ranks the window's steps ran on (a membership change starts a new window)
+    step: int | None = None  # the training's step the window ended at (None: a trainer that does not say)
 
     @classmethod
     def read(cls, data: dict) -> "StepTimes | None":
         try:
-            world = data.get("world")
+            world, step = data.get("world"), data.get("step")
             return cls(int(data["rank"]), int(data["steps"]), float(data["step_ms"]), float(data["compute_ms"]),
-                       float(data["comm_ms"]), None if world is None else int(world))
+                       float(data["comm_ms"]), None if world is None else int(world), None if step is None else int(step))
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 

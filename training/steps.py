@@ -85,7 +85,7 @@ class Times(Listener):
         now = time.perf_counter()
         stats.samples += len(step.ids)
         stats.step_times.append(now - self.began)
-        trainer.steptimes.add(now - self.began, trainer.comm_seconds())
+        trainer.steptimes.add(now - self.began, trainer.comm_seconds(), trainer.step)
 
 
 class Beat(Listener):

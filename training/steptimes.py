@@ -4,10 +4,12 @@
 Every rank prints one record per window (at least :data:`WINDOW_SECONDS` and :data:`MIN_STEPS` steps;
 :class:`training.channel.StepTimes`)::
 
-    STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1, "world": 3}
+    STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1, "world": 3, "step": 1240}
 
 ``world`` is the number of ranks the steps ran on: a membership change makes a new window (the trainer's next
-world, :meth:`training.trainer.Trainer.join_world`). ``compute_ms`` is the median over the window of each step's time less its communication (the DDP buckets'
+world, :meth:`training.trainer.Trainer.join_world`), and renumbers the ranks; ``step`` is the training's step the
+window ended at (its steps are the ones before it), so the windows of every rank line up by step whoever had which
+rank when, and a node that joins a running job lines up with the others. ``compute_ms`` is the median over the window of each step's time less its communication (the DDP buckets'
 all-reduce, or the MPI data plane's), ``comm_ms`` the median communication. In synchronous data parallelism every
 rank's *step* takes as long as the slowest rank's, so the step time cannot tell a slow rank; its compute can: a
 slow rank computes longer and waits less, its peers compute as before and wait for it in the all-reduce.
@@ -39,12 +41,15 @@ class StepTimes:
         self.steps: list[float] = []
         self.comm: list[float] = []
         self.comm_total: float | None = None  # the communication seconds so far, at the end of the last step
+        self.step: int | None = None  # the training's step at the end of the last step
         self.since = time.monotonic()
 
-    def add(self, step_seconds: float, comm_total: float) -> None:
-        """One step's seconds, and the rank's communication seconds so far (the step's are the difference)."""
+    def add(self, step_seconds: float, comm_total: float, step: int | None = None) -> None:
+        """One step's seconds, and the rank's communication seconds so far (the step's are the difference);
+        ``step``: the training's step it took it to."""
         if not self.enabled:
             return
+        self.step = step
         comm = 0.0 if self.comm_total is None else comm_total - self.comm_total
         self.comm_total = comm_total
         self.steps.append(step_seconds)
@@ -57,7 +62,8 @@ class StepTimes:
             return
         compute = [s - c for s, c in zip(self.steps, self.comm)]
         row = {"rank": self.rank, "steps": len(self.steps), "step_ms": _ms(self.steps), "compute_ms": _ms(compute),
-               "comm_ms": _ms(self.comm), **({"world": self.world} if self.world is not None else {})}
+               "comm_ms": _ms(self.comm), **({"world": self.world} if self.world is not None else {}),
+               **({"step": self.step} if self.step is not None else {})}
         channel.send(channel.STEPTIMES, row, self.out)
         self.steps, self.comm, self.since = [], [], time.monotonic()
 

@@ -44,6 +44,8 @@ def test_the_quick_spot_day_replays_every_method_and_marks_the_slowed_rank(tmp_p
         applied = {e["kind"] for e in method["events"] if "effect" not in e}  # each event, as it was applied
         assert applied == (set() if name == "uninterrupted" else {"slow", "lost"}), (name, method["events"])
     ours = result["methods"]["ours"]
+    held_by = [e["what"] for e in ours["events"] if e.get("effect") == "held"]
+    assert len(held_by) == 1 and not held_by[0].startswith("0 "), ours["events"]  # the slowdown held the job's ranks
     held = [r["node"] for train in ours["trains"] for r in train["ledger"]["slow_steps_by_rank"] if r["node"]]
     assert held and held[0] == f"node-{slowed.node}", ours["trains"]
     page = Path(ours["reports"]["0"]).read_text()

@@ -117,6 +117,35 @@ def test_a_slow_window_is_attributed_to_the_rank_that_computes_longest_or_to_non
         assert lost.by_rank == {holder: pytest.approx(10 * 0.040)} and lost.missing == 0
 
 
+def test_a_slowed_node_is_held_responsible_though_a_loss_renumbered_the_ranks_and_a_node_joined():
+    """The quick spot day's shape: 4 nodes, node-2 (rank 2) slowed from step 100 to 180, node-1 lost at step 150 (its
+    last, partial window never printed), the survivors renumbered (node-2 rank 1, node-3 rank 2), node-1 back at step
+    200 as rank 3, its first window slow (its warm-up). Each window says the step it ended at, and the windows line
+    up by it (not by each rank number's own count, which put node-3's and node-1's windows in one series): node-2
+    holds the slow steps back, nobody else; the report's figure draws each rank of each node at its own steps."""
+    def at(rank, node, step, ms, compute, world):
+        return {"node": node, "rank": rank, "steps": 10, "step_ms": ms, "compute_ms": compute, "comm_ms": ms - compute,
+                "world": world, "step": step}
+
+    four, three = ("node-0", "node-1", "node-2", "node-3"), ("node-0", "node-2", "node-3")
+    windows_ = [at(r, n, s, 20.0, 15.0, 4) for s in range(10, 101, 10) for r, n in enumerate(four)]
+    windows_ += [at(r, n, s, 90.0, 85.0 if n == "node-2" else 10.0, 4) for s in range(110, 151, 10)
+                 for r, n in enumerate(four) if not (n == "node-1" and s == 150)]
+    windows_ += [at(r, n, s, 90.0, 85.0 if n == "node-2" else 10.0, 3) for s in range(160, 181, 10)
+                 for r, n in enumerate(three)]
+    windows_ += [at(r, n, s, 25.0, 20.0, 3) for s in range(190, 201, 10) for r, n in enumerate(three)]
+    windows_ += [at(r, n, s, 20.0, 15.0, 4) for s in range(210, 301, 10) for r, n in enumerate(three)]
+    windows_ += [at(3, "node-1", s, 20.0, 300.0 if s == 210 else 15.0, 4) for s in range(210, 301, 10)]
+    judged = steplosses.judge(windows_)
+    assert sum(j.steps for j in judged) == 300  # node-0's rank 0: every step, once
+    lost = steplosses.losses(judged, True, steplosses.healthy_ms([(True, judged)]), steplosses.full_world(windows_))
+    assert {node for _, node in lost.by_rank} == {"node-2"}, lost.by_rank
+    figure = steplosses.series(windows_, 0)
+    assert {(line["rank"], line["node"]) for line in figure.values()} == {
+        (0, "node-0"), (1, "node-1"), (2, "node-2"), (3, "node-3"), (1, "node-2"), (2, "node-3"), (3, "node-1")}
+    assert figure["1:node-2:0"]["step"] == list(range(160, 301, 10))
+
+
 def test_a_job_restarted_inside_its_attempt_is_accounted_generation_by_generation():
     """The plain run as if torchrun had restarted its workers at step 30 and they resumed from the snapshot of step
     20 (made-up marks): the gap is recovery, steps 21..30 are trained twice."""
@@ -164,6 +193,6 @@ def test_step_time_windows_are_read_back_from_a_node_log_with_the_node():
     lines = ['[rank1]: STEPTIMES {"rank": 1, "steps": 13, "step_ms": 150.17, "compute_ms": 136.7, "comm_ms": 13.9}',
              "[rank1]: epoch 3/10 ...", '[rank1]: STEPTIMES {"rank": 1, "steps": 13', "STEPTIMES {\"rank\": 1}"]
     assert windows(lines, "node-1") == [{"node": "node-1", "rank": 1, "steps": 13, "step_ms": 150.17,
-                                         "compute_ms": 136.7, "comm_ms": 13.9, "world": None}]
+                                         "compute_ms": 136.7, "comm_ms": 13.9, "world": None, "step": None}]
     said = ['[rank1]: STEPTIMES {"rank": 1, "steps": 5, "step_ms": 9.0, "compute_ms": 8.0, "comm_ms": 1.0, "world": 2}']
     assert windows(said, "node-2")[0]["world"] == 2  # the ranks its steps ran on (a survivors' world after a loss)

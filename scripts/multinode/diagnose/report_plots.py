@@ -168,7 +168,9 @@ def compute_per_rank(ledger: dict, named: list[dict]) -> bytes:
     with _figure(box, figsize=(10, 3.8)) as (_, ax):
         labelled: set[tuple[int, str]] = set()
         for attempt in ledger.get("attempts", []):
-            for rank, line in sorted((attempt.get("compute") or {}).items(), key=lambda kv: int(kv[0])):
+            lines = (attempt.get("compute") or {}).items()  # "rank" in each since the windows say their step
+            for rank, line in sorted(((line.get("rank", k), line) for k, line in lines),
+                                     key=lambda kv: (int(kv[0]), kv[1]["node"], kv[1]["step"][:1])):
                 key = (int(rank), line["node"])
                 why = marked.get(key)
                 label = None if key in labelled else f"rank {rank} on {line['node']}" + (f": {why}" if why else "")

@@ -5,8 +5,9 @@ The ledger's training bucket is the time from a job's first step to its last; a 
 than asked fills it with steps that each take longer than the run's own healthy step, so without these buckets
 goodput would not see them (a 3-node run with one node held to a fifth of a core: every rank's step from 60 to
 190 ms, the page said "goodput 98 %"). Each attempt's windows are read in the step coordinates of one reference
-rank (the one with the most steps; every rank of a synchronous job takes the same steps): for each of its windows,
-every rank's compute over the same steps (its windows that overlap them, weighted by the steps they share).
+rank (the one with the most steps; every rank of a synchronous job takes the same steps), lined up by the training's
+step each window ended at (a survivors' world renumbers the ranks; a node joins at the others' step): for each of its
+windows, every rank's compute over the same steps (its windows that overlap them, weighted by the steps they share).
 
 * The **usual step** of a set of windows is the steps-weighted mean step time of those within :data:`BAND` of their
   steps-weighted median; the run's **healthy step** is the usual step of its attempts on every node asked (the
@@ -75,38 +76,59 @@ class Losses:
                       training)
 
 
-def _spans(windows: list[dict]) -> dict[int, tuple[list[int], list[dict]]]:
-    """rank -> (the cumulative step count at the end of each of its windows, the windows), in log order."""
-    by_rank: dict[int, tuple[list[int], list[dict]]] = {}
+def _spans(windows: list[dict]) -> dict[tuple[int, str, int], tuple[list[int], list[dict]]]:
+    """(rank, node, generation) -> (the step at the end of each of its windows, the windows), in log order.
+
+    Where every window says the training's step it ended at (``step``: our trainer), the windows line up by it: a
+    survivors' world renumbers the ranks and a node that joins starts at the others' step, so a series is one rank
+    of one node, and a new *generation* of it starts where its step goes back (a job restarted in its processes, all
+    its ranks at once). A trainer that does not say: a series is a rank (node ``""``), its windows end at its steps
+    so far (every rank of a synchronous job takes the same steps)."""
+    by_key: dict[tuple[int, str, int], tuple[list[int], list[dict]]] = {}
+    stepped = all(window.get("step") is not None for window in windows)
+    generation: dict[tuple[int, str], tuple[int, int]] = {}  # (rank, node) -> (its generation, its last step)
     for window in windows:
-        ends, rows = by_rank.setdefault(window["rank"], ([], []))
-        ends.append((ends[-1] if ends else 0) + window["steps"])
+        if stepped:
+            ident = (window["rank"], window["node"])
+            number, last = generation.get(ident, (0, None))
+            number += last is not None and window["step"] <= last
+            generation[ident] = (number, window["step"])
+            ends, rows = by_key.setdefault((*ident, number), ([], []))
+            ends.append(window["step"])
+        else:
+            ends, rows = by_key.setdefault((window["rank"], "", 0), ([], []))
+            ends.append((ends[-1] if ends else 0) + window["steps"])
         rows.append(window)
-    return by_rank
+    return by_key
 
 
 def judge(windows: list[dict]) -> list[Judged]:
-    """The reference rank's windows of one attempt, each with whom it was held back by (module doc)."""
+    """The reference rank's windows of one attempt (the rank of one node with the most steps, every generation of
+    it), each with whom it was held back by (module doc): every series of the same generation over its steps."""
     spans = _spans(windows)
     if not spans:
         return []
-    reference = min(spans, key=lambda rank: (-spans[rank][0][-1], rank))
-    judged, start = [], 0
-    for end, row in zip(*spans[reference]):
-        computes = {key: ms for rank, (ends, rows) in spans.items()
-                    for key, ms in [_overlap(ends, rows, start, end)] if key is not None}
-        judged.append(Judged(row["steps"], row["step_ms"], _holder(computes), row.get("world")))
-        start = end
+    steps: dict[tuple[int, str], int] = {}
+    for rank, node, _ in spans:
+        steps[(rank, node)] = steps.get((rank, node), 0) + sum(row["steps"] for row in spans[(rank, node, _)][1])
+    reference = min(steps, key=lambda ident: (-steps[ident], ident))
+    judged = []
+    for key in sorted(k for k in spans if k[:2] == reference):
+        for end, row in zip(*spans[key]):
+            start = end - row["steps"]
+            computes = {found: ms for other, (ends, rows) in spans.items() if other[2] == key[2]
+                        for found, ms in [_overlap(ends, rows, start, end)] if found is not None}
+            judged.append(Judged(row["steps"], row["step_ms"], _holder(computes), row.get("world")))
     return judged
 
 
 def _overlap(ends: list[int], rows: list[dict], start: int, end: int) -> tuple[tuple[int, str] | None, float]:
-    """((rank, node), compute ms) of one rank over the steps ``start``..``end`` of the reference: its windows that
+    """((rank, node), compute ms) of one series over the steps ``start``..``end`` of the reference: its windows that
     overlap them, weighted by the steps they share (the ranks cut their windows a step or two apart)."""
     shared, total, key = 0.0, 0.0, None
     at = bisect.bisect_right(ends, start)
     while at < len(rows):
-        lo = ends[at - 1] if at else 0
+        lo = ends[at] - rows[at]["steps"]
         both = min(end, ends[at]) - max(start, lo)
         if both > 0:
             shared += both
@@ -192,10 +214,14 @@ def _losses(judged: list[Judged], full: bool, healthy: float | None) -> Losses:
 
 
 def series(windows: list[dict], offset: int) -> dict[str, dict]:
-    """Each rank's compute per window for the report's figure: ``{rank: {"node", "step": [...], "compute_ms":
-    [...]}}``, ``step`` the optimizer step at the window's end (``offset``: the step before the attempt's first)."""
+    """Each rank's compute per window for the report's figure: ``{key: {"rank", "node", "step": [...],
+    "compute_ms": [...]}}``, one per series of :func:`_spans` (a rank of a node, while its steps go forward),
+    ``step`` the optimizer step at the window's end (the window's own; for a trainer that does not say, ``offset``,
+    the step before the attempt's first, plus its steps so far)."""
     out: dict[str, dict] = {}
-    for rank, (ends, rows) in sorted(_spans(windows).items()):
-        out[str(rank)] = {"node": rows[0]["node"], "step": [offset + end for end in ends],
-                          "compute_ms": [round(row["compute_ms"], 3) for row in rows]}
+    for (rank, node, generation), (ends, rows) in sorted(_spans(windows).items()):
+        stepped = rows[0].get("step") is not None
+        key = f"{rank}:{node}:{generation}" if stepped else str(rank)
+        out[key] = {"rank": rank, "node": rows[0]["node"], "step": [end if stepped else offset + end for end in ends],
+                    "compute_ms": [round(row["compute_ms"], 3) for row in rows]}
     return out
