@@ -64,7 +64,6 @@ from multinode.diagnose.summary import Phases, RunSummary
 from multinode.plan.request import check_gpu_request
 from multinode.plan.runtime import runtime_for
 from multinode.providers import get_provider
-from multinode.ssh.runner import RemoteRunner, StopPolicy
 
 
 
@@ -97,19 +96,13 @@ class Run:
         if self.spec.dry_run:
             print(attempt.backend.describe(attempt.ctx, attempt.plan), file=self.out)
             return None
-        runner = RemoteRunner(attempt.ctx.inv, out=self.out, stop=StopPolicy(self.spec.grace))
-        runner.prewarm()  # every node's login shell starts now, while the rest is prepared
-        with runner:  # the connections closed, after the claim is given back, however the run ends
-            attempt.ctx.runner = runner
-            claim = attempt.backend.reach.claim(attempt.ctx)
-            claim.take()
+        with attempt.backend.reach.hold(attempt.ctx) as claim:  # connections and claim, given back however it ends
             self.phases.mark("claim")
             try:
                 summary = self.attempts(attempt, claim)
             finally:
                 if self.recovery is not None:  # the cluster stays whole: a replacement under way is let finish
                     self.recovery.replacements.finish(self.recovery.say)
-                claim.release()
         ending.report(summary, self.out, self.err, self.recovery.timeline.lines() if summary.recovery else [])
         return summary
 

@@ -11,6 +11,7 @@ a backend here gets one typed context, never the run itself.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TextIO
@@ -98,6 +99,9 @@ class Claim(Protocol):
 class Reach(Protocol):
     """What the run can see of the job's nodes. Where it reaches every node over SSH, all of it; where a scheduler
     owns nodes the run cannot reach (a SLURM site described by its login node), none of it, said once."""
+
+    def hold(self, ctx: RunContext) -> AbstractContextManager[Claim]:
+        """The run's connections opened (``ctx.runner``) and its claim taken, both given back on exit."""
 
     def claim(self, ctx: RunContext) -> Claim:
         """The cluster's claim for the run (not yet taken)."""

@@ -12,6 +12,9 @@ The run's template asks its backend's reach; it never tests which kind it has.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 from multinode.backends.base import RunContext
 from multinode.backends.claim import Claim
 from multinode.checks.links import link_check
@@ -22,9 +25,30 @@ from multinode.diagnose.capture import Capture, capture
 from multinode.diagnose.rank import own_failure
 from multinode.diagnose.summary import fetch_metrics
 from multinode.diagnose.watchdog import StallWatchdog
+from multinode.ssh.runner import RemoteRunner, StopPolicy
 
 
-class EveryNode:
+class Holding:
+    """The run's hold on what it reaches, the same for both kinds: its connections and the kind's claim."""
+
+    @contextlib.contextmanager
+    def hold(self, ctx: RunContext) -> Iterator[Claim]:
+        """The run's connections opened (with its stop policy: GRACE) and set as ``ctx.runner``, then the kind's
+        claim taken (:meth:`claim`); on exit the claim given back, then the connections closed, however the run
+        ends. A claim refused (the cluster busy) leaves nothing open."""
+        runner = RemoteRunner(ctx.inv, out=ctx.out, stop=StopPolicy(ctx.spec.grace))
+        runner.prewarm()  # every node's login shell starts now, while the rest is prepared
+        with runner:
+            ctx.runner = runner
+            claim = self.claim(ctx)
+            claim.take()
+            try:
+                yield claim
+            finally:
+                claim.release()
+
+
+class EveryNode(Holding):
     """The run reaches every node of the job over SSH (see the module doc)."""
 
     def claim(self, ctx: RunContext) -> Claim:
@@ -68,7 +92,7 @@ class EveryNode:
         return fetch_metrics(ctx.runner, ctx.inv, ctx.spec, ctx.run_dir)
 
 
-class LoginNodeOnly:
+class LoginNodeOnly(Holding):
     """The run reaches a scheduler's login node only (see the module doc)."""
 
     def __init__(self, unchecked: str) -> None:
