@@ -51,22 +51,29 @@ def rate(lines: list[tuple[float, str]]) -> float:
 
 def ledger_training(ledgers: list[dict]) -> tuple[float, float]:
     """(training seconds of every ``train``'s ledger added up, across trains as the ledger does across attempts;
-    those trained again). A ``train`` resumed from the snapshot of step s: the one before trained its steps after
-    s again (less), or, where its last mark came before s, trained the steps up to s after that mark, in what its
-    ledger took for teardown (more)."""
+    those trained again). A ``train`` resumed from the snapshot of step s trained again the steps after s that any
+    ``train`` before it had trained (less, never more than its own training: a relaunch that found no snapshot starts
+    at step 1 after a ``train`` that trained none), or, where the highest step trained so far came before s, the one
+    that trained last trained the steps up to s after its last mark, in what its ledger took for teardown (more).
+    Each at the time per step of the last ``train`` that trained more than one step."""
     total = again = 0.0
-    for before, after in zip([None] + ledgers[:-1], ledgers):
-        total += after["buckets"]["training"]
-        done = [a for a in before["attempts"] if "steps" in a] if before else []
-        resumed = next((a["steps"][0] - 1 for a in after["attempts"] if "steps" in a), None)
-        if not done or resumed is None:
-            continue
-        last, high = done[-1], max(a["steps"][1] for a in done)
-        per_step = (last["last_step"] - last["first_step"]) / max(1, last["steps"][1] - last["steps"][0])
-        twice = min(before["buckets"]["training"], max(0, high - resumed) * per_step)
-        kept = min(before["buckets"]["teardown"], max(0, resumed - high) * per_step)
-        total += kept - twice
-        again += twice
+    high, per_step, last = None, 0.0, None
+    for ledger in ledgers:
+        total += ledger["buckets"]["training"]
+        done = [a for a in ledger["attempts"] if "steps" in a]
+        resumed = done[0]["steps"][0] - 1 if done else None
+        if high is not None and resumed is not None:
+            twice = min(ledger["buckets"]["training"], max(0, high - resumed) * per_step)
+            kept = min(last["buckets"]["teardown"], max(0, resumed - high) * per_step)
+            total += kept - twice
+            again += twice
+        if done:
+            high = max(high or 0, max(a["steps"][1] for a in done))
+            last = ledger
+            timed = [a for a in done if a["steps"][1] > a["steps"][0]]
+            if timed:
+                a = timed[-1]
+                per_step = (a["last_step"] - a["first_step"]) / (a["steps"][1] - a["steps"][0])
     return total, again
 
 

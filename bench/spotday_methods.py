@@ -96,6 +96,7 @@ class Replay:
         self.watch = Watch(Instances(names), SampleLog(files))
         self.cloud: Cloud | None = None
         self.run: MethodRun | None = None
+        self.bucket: Path | None = None  # the restart method's bucket (a directory), for the replay's whole day
 
     def begin(self) -> MethodRun:
         self.watch.start()
@@ -153,6 +154,8 @@ class Replay:
             self.cloud.stop()
         self.watch.stop()
         self.cluster.down()
+        if self.bucket is not None:
+            shutil.rmtree(self.bucket, ignore_errors=True)
 
 
 def _json(path: Path) -> dict | None:
@@ -219,29 +222,29 @@ def restart(job: Job, trace: Trace, reports: Path | None = None) -> MethodRun:
 
 def _relaunch(replay: Replay) -> None:
     """SkyPilot's recovery (module doc): the last periodic snapshot to the bucket, the cluster down, made again
-    once capacity allows and its nodes have launched, the snapshot back on the new head."""
+    once capacity allows and its nodes have launched, the snapshot back on the new head. The bucket outlives the
+    clusters: where the nodes still there hold no snapshot (a relaunch that failed before its first, on a head then
+    taken), the bucket's last one is restored (it started again from step 1 in the full replay of 2026-11-27)."""
     cluster, start = replay.cluster, time.monotonic()
-    bucket = Path(tempfile.mkdtemp(prefix="mn-spotday-bucket-"))
-    try:
-        kept = _freshest_snapshot(replay)
-        if kept is not None:
-            for name in ("snapshot.pt", "snapshot.sha256"):
-                if (kept / name).exists():
-                    shutil.copy(kept / name, bucket / name)
-        cluster.cli("down", timeout=300)
-        replay.watch.poll()
-        replay.cloud.wait_capacity()
-        cluster.cli("up", "--nodes", str(NODES), timeout=300)
-        cluster._inventory = None
-        replay.watch.instances.booting.clear()
-        replay.watch.poll()
-        time.sleep(replay.cloud.last_replacement or 0.0)  # every new node launches at once: ready after its time
-        target = cluster.workdir(0) / "runs" / replay.method / "snapshots"
-        target.mkdir(parents=True, exist_ok=True)
-        for path in bucket.iterdir():
-            shutil.copy(path, target / path.name)
-    finally:
-        shutil.rmtree(bucket, ignore_errors=True)
+    if replay.bucket is None:
+        replay.bucket = Path(tempfile.mkdtemp(prefix="mn-spotday-bucket-"))
+    kept = _freshest_snapshot(replay)
+    if kept is not None:
+        for name in ("snapshot.pt", "snapshot.sha256"):
+            if (kept / name).exists():
+                shutil.copy(kept / name, replay.bucket / name)
+    cluster.cli("down", timeout=300)
+    replay.watch.poll()
+    replay.cloud.wait_capacity()
+    cluster.cli("up", "--nodes", str(NODES), timeout=300)
+    cluster._inventory = None
+    replay.watch.instances.booting.clear()
+    replay.watch.poll()
+    time.sleep(replay.cloud.last_replacement or 0.0)  # every new node launches at once: ready after its time
+    target = cluster.workdir(0) / "runs" / replay.method / "snapshots"
+    target.mkdir(parents=True, exist_ok=True)
+    for path in replay.bucket.iterdir():
+        shutil.copy(path, target / path.name)
     replay.run.gaps.append({"from": start, "to": time.monotonic(), "what": "whole cluster down and up again"})
 
 

@@ -110,6 +110,7 @@ class Trainer(ChangeHost):
             self.mpi = MpiGradients(self.model, world.comm, device)
             self.mpi.broadcast_parameters()
         self.runlog = RunLog(self.t.metrics_dir, world.rank, self.t.log_samples)
+        self.steptimes: StepTimes | None = None  # join_world's, for each world
         self.join_world()
         self.watcher = preempt.watch()  # spot notices and (with MULTINODE_GRACE) SIGTERM
         device_for_sum = device if world.backend == "nccl" else None
@@ -148,6 +149,8 @@ class Trainer(ChangeHost):
         self.val_loader = self._loader(self.workload.val)
         self.test_loader = self._loader(self.workload.test)
         self.runlog.rank = world.rank
+        if self.steptimes is not None:  # the old world's last, partial window: its steps count too (the ledger's)
+            self.steptimes.emit()
         self.steptimes = StepTimes(world.rank, world=world.world_size)  # every rank: compared while the job trains
         self.hosts = replica.hosts(self.gather) if self.t.snapshot_dir and world.backend else []
 

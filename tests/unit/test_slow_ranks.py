@@ -78,3 +78,11 @@ def test_the_trainer_prints_a_window_of_medians_only_under_the_orchestrator(monk
     row = json.loads(out.getvalue().removeprefix("STEPTIMES "))
     # compute = step - comm: 50, 30, 0, 50, 30 ms -> median 30
     assert row == {"rank": 3, "steps": 5, "step_ms": 50.0, "compute_ms": 30.0, "comm_ms": 15.0}
+    stepped = io.StringIO()
+    times = steptimes.StepTimes(1, stepped, window=60.0, world=3)  # the training's step said; a window cut short
+    for n in range(101, 104):
+        times.add(0.05, 0.0, n)
+    assert stepped.getvalue() == ""  # fewer than MIN_STEPS, within the window: not yet
+    times.emit()  # what join_world does with the old world's last window
+    row = json.loads(stepped.getvalue().removeprefix("STEPTIMES "))
+    assert (row["steps"], row["step"], row["world"]) == (3, 103, 3)

@@ -40,6 +40,12 @@ def test_trains_add_their_training_less_the_steps_the_next_one_trained_again():
                                                                                pytest.approx(20.0))
     assert ledger_training([first, _ledger(20.0, (111, 130), 5.0, 24.0)]) == (pytest.approx(129.0), 0.0)
     assert ledger_training([first]) == (99.0, 0.0)
+    # The whole-cluster restart of the spot day's replay (docs/benchmarks.json, 2026-11-27): a relaunch that failed
+    # after its first step (here 101), then one that found no snapshot and started at step 1: steps 1-101 were
+    # trained again, though the train just before it trained one (the sample log counted them; the ledgers did not).
+    failed = _ledger(0.0, (101, 101), 5.0, 5.0)
+    assert ledger_training([first, failed, _ledger(130.0, (1, 130), 5.0, 134.0)]) == (pytest.approx(128.0),
+                                                                                        pytest.approx(101.0))
 
 
 def _run(method: str, samples: int, wall: float, paid: float, **more) -> MethodRun:
