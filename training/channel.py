@@ -155,13 +155,17 @@ class StepTimes:
     comm_ms: float
     world: int | None = None  # the ranks the window's steps ran on (a membership change starts a new window)
     step: int | None = None  # the training's step the window ended at (None: a trainer that does not say)
+    step_mean_ms: float | None = None  # the means (what the steps took in all: steps x mean); None: not said
+    compute_mean_ms: float | None = None
 
     @classmethod
     def read(cls, data: dict) -> "StepTimes | None":
         try:
             world, step = data.get("world"), data.get("step")
+            means = [None if data.get(k) is None else float(data[k]) for k in ("step_mean_ms", "compute_mean_ms")]
             return cls(int(data["rank"]), int(data["steps"]), float(data["step_ms"]), float(data["compute_ms"]),
-                       float(data["comm_ms"]), None if world is None else int(world), None if step is None else int(step))
+                       float(data["comm_ms"]), None if world is None else int(world), None if step is None else int(step),
+                       *means)
         except (KeyError, TypeError, ValueError, AttributeError):
             return None
 

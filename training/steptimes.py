@@ -6,6 +6,9 @@ Every rank prints one record per window (at least :data:`WINDOW_SECONDS` and :da
 
     STEPTIMES {"rank": 2, "steps": 41, "step_ms": 48.2, "compute_ms": 45.1, "comm_ms": 3.1, "world": 3, "step": 1240}
 
+``step_mean_ms`` and ``compute_mean_ms`` are the window's means: the time its steps took is ``steps`` times the mean,
+not the median -- a few very slow steps (a rank held to a hundredth of a core takes seconds a step, so a window holds
+few of them beside the fast ones) leave the median where it was, and the ledger's slow steps would not see them.
 ``world`` is the number of ranks the steps ran on: a membership change makes a new window (the trainer's next
 world, :meth:`training.trainer.Trainer.join_world`), and renumbers the ranks; ``step`` is the training's step the
 window ended at (its steps are the ones before it), so the windows of every rank line up by step whoever had which
@@ -63,10 +66,15 @@ class StepTimes:
         compute = [s - c for s, c in zip(self.steps, self.comm)]
         row = {"rank": self.rank, "steps": len(self.steps), "step_ms": _ms(self.steps), "compute_ms": _ms(compute),
                "comm_ms": _ms(self.comm), **({"world": self.world} if self.world is not None else {}),
-               **({"step": self.step} if self.step is not None else {})}
+               **({"step": self.step} if self.step is not None else {}),
+               "step_mean_ms": _mean_ms(self.steps), "compute_mean_ms": _mean_ms(compute)}
         channel.send(channel.STEPTIMES, row, self.out)
         self.steps, self.comm, self.since = [], [], time.monotonic()
 
 
 def _ms(seconds: list[float]) -> float:
     return round(1000 * statistics.median(seconds), 3)
+
+
+def _mean_ms(seconds: list[float]) -> float:
+    return round(1000 * statistics.fmean(seconds), 3)

@@ -77,7 +77,9 @@ def test_the_trainer_prints_a_window_of_medians_only_under_the_orchestrator(monk
         times.add(step, total)
     row = json.loads(out.getvalue().removeprefix("STEPTIMES "))
     # compute = step - comm: 50, 30, 0, 50, 30 ms -> median 30
-    assert row == {"rank": 3, "steps": 5, "step_ms": 50.0, "compute_ms": 30.0, "comm_ms": 15.0}
+    # and the means: steps 50 ms on average, compute 32 ms
+    assert row == {"rank": 3, "steps": 5, "step_ms": 50.0, "compute_ms": 30.0, "comm_ms": 15.0,
+                   "step_mean_ms": 50.0, "compute_mean_ms": 32.0}
     stepped = io.StringIO()
     times = steptimes.StepTimes(1, stepped, window=60.0, world=3)  # the training's step said; a window cut short
     for n in range(101, 104):

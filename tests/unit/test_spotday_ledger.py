@@ -146,6 +146,25 @@ def test_a_slowed_node_is_held_responsible_though_a_loss_renumbered_the_ranks_an
     assert figure["1:node-2:0"]["step"] == list(range(160, 301, 10))
 
 
+def test_a_few_very_slow_steps_count_though_the_windows_median_did_not_move():
+    """A rank held to a hundredth of a core: 5 steps of 5 s among 25 paced ones of 256 ms in one window. The
+    window's median is the pace (no slow step by it); its mean says the 5 steps lost 5 x (5000 - 256) ms, and the
+    held rank's mean compute names it."""
+    def at(rank, step_ms, compute, mean, compute_mean):
+        return {"node": f"node-{rank}", "rank": rank, "steps": 30, "step_ms": step_ms, "compute_ms": compute,
+                "comm_ms": 1.0, "world": 3, "step": 60, "step_mean_ms": mean, "compute_mean_ms": compute_mean}
+
+    healthy = [{**at(r, 256.0, 250.0, 256.0, 250.0), "step": 30} for r in range(3)]
+    slow_mean = (25 * 256.0 + 5 * 5000.0) / 30
+    skewed = [at(0, 256.0, 250.0, slow_mean, 215.0), at(1, 256.0, 250.0, slow_mean, 1000.0),
+              at(2, 256.0, 250.0, slow_mean, 215.0)]
+    judged = steplosses.judge(healthy + skewed)
+    lost = steplosses.losses(judged, True, 256.0, 3)
+    assert lost.by_rank == {(1, "node-1"): pytest.approx(30 * (slow_mean - 256.0) / 1000)}
+    medians = [{k: v for k, v in w.items() if not k.endswith("_mean_ms")} for w in healthy + skewed]
+    assert steplosses.losses(steplosses.judge(medians), True, 256.0, 3).slow == 0.0  # what the medians saw
+
+
 def test_a_job_restarted_inside_its_attempt_is_accounted_generation_by_generation():
     """The plain run as if torchrun had restarted its workers at step 30 and they resumed from the snapshot of step
     20 (made-up marks): the gap is recovery, steps 21..30 are trained twice."""
@@ -193,6 +212,7 @@ def test_step_time_windows_are_read_back_from_a_node_log_with_the_node():
     lines = ['[rank1]: STEPTIMES {"rank": 1, "steps": 13, "step_ms": 150.17, "compute_ms": 136.7, "comm_ms": 13.9}',
              "[rank1]: epoch 3/10 ...", '[rank1]: STEPTIMES {"rank": 1, "steps": 13', "STEPTIMES {\"rank\": 1}"]
     assert windows(lines, "node-1") == [{"node": "node-1", "rank": 1, "steps": 13, "step_ms": 150.17,
-                                         "compute_ms": 136.7, "comm_ms": 13.9, "world": None, "step": None}]
+                                         "compute_ms": 136.7, "comm_ms": 13.9, "world": None, "step": None,
+                                         "step_mean_ms": None, "compute_mean_ms": None}]
     said = ['[rank1]: STEPTIMES {"rank": 1, "steps": 5, "step_ms": 9.0, "compute_ms": 8.0, "comm_ms": 1.0, "world": 2}']
     assert windows(said, "node-2")[0]["world"] == 2  # the ranks its steps ran on (a survivors' world after a loss)
