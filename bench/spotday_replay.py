@@ -194,12 +194,11 @@ class Cloud:
         self._record(event, f"a new instance after {event.replacement:g} s", "new instance")
 
     def _slow(self, event: Event) -> None:
-        from multinode.providers.local.cpuquota import PERIOD_US, throttled
+        from multinode.providers.local.cpuquota import throttled
 
         tag = f"MULTINODE_RUN_ID={self.run_id}".encode()
         try:
-            period = round(event.period * 1_000_000) if event.period else PERIOD_US
-            with throttled(self.state, f"node-{event.node}", event.share, period_us=period,
+            with throttled(self.state, f"node-{event.node}", event.share,
                            pick=lambda pid: tag in environ(pid)) as held:
                 self._record(event, f"{len(held)} process(es) of the job held", "held")
                 self._stop.wait(event.seconds)
