@@ -190,10 +190,12 @@ def acceptable(trace: Trace) -> bool:
     return len(trace.events) >= EVENTS and len(trace.kinds()) == len(KINDS)
 
 
-QUICK_SLOW_SHARE = 0.01  # the kernel's least quota (1 ms a 100 ms period): under the suite's load (2 cores, load 6),
-# 0.03 of a core left node-2's paced steps within their pace in ours' run of a cold suite (no slow step at all)
+# The slowdown ends 15 s before the loss: a node held so hard that its steps barely move, then lost at once, left no
+# slow step to see -- the survivors' pause runs from the last step completed before a loss, and took the slowdown in
+# (loaded runs of the quick replay: recovery 27 s and no slow step, at 0.01 of a core and at a millisecond a second).
+QUICK_SLOW_SHARE = 0.01  # the kernel's least quota in its 100 ms period (the full trace's 0.03 is milder)
 QUICK = Trace(0, NODES, 1.0, (Event(30.0, "slow", node=2, seconds=25.0, share=QUICK_SLOW_SHARE),
-                              Event(55.0, "lost", node=1, replacement=20.0)), quick=True)
+                              Event(70.0, "lost", node=1, replacement=20.0)), quick=True)
 """The suite's quick mode: two events, a 20 s replacement -- shortened, not the published figures; its numbers mean
 nothing."""
 
