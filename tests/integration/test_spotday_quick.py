@@ -2,8 +2,8 @@
 lost with a 20 s replacement -- replayed on 4 local nodes for each of the four methods. Numbers are never asserted
 (the quick mode's mean nothing); what must hold: every method trains every sample of every epoch (none missing),
 the events reached every interrupted method, every verdict is computed from the stored figures, the ledger holds
-the slowed node responsible for its slow steps and ours' run report marks it, named as the run named it, and each
-method's cluster leaves nothing behind."""
+the slowed node responsible for its slow steps and ours' run report marks it (named slow where the run named it),
+and each method's cluster leaves nothing behind."""
 
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ def test_the_quick_spot_day_replays_every_method_and_marks_the_slowed_rank(tmp_p
     assert held and held[0] == f"node-{slowed.node}", ours["trains"]
     page = Path(ours["reports"]["0"]).read_text()
     compute = re.search(r'<section id="compute">(.*?)</section>', page)[1]
-    assert re.search(rf"node-{slowed.node} rank \d+: named slow \([\d.]+x the others&#x27; compute\); held steps "
+    # "named slow" where the run named it while it trained (three slow windows in a row: slowranks.WINDOWS; held to
+    # 0.01 of a core for 25 s, a rank may print fewer -- live naming is drilled in test_slow_rank_local.py)
+    assert re.search(rf"node-{slowed.node} rank \d+: (named slow \([\d.]+x the others&#x27; compute\); )?held steps "
                      r"back", compute), compute
     assert (tmp_path / "spotday.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "## A spot day, replayed" in (tmp_path / "benchmarks.md").read_text()
