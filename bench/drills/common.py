@@ -95,19 +95,21 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
-def environ(pid: int) -> list[bytes]:
-    """A process's environment as it was started (a shell's later ``export`` is not in it); [] once it has ended."""
+def _proc_list(pid: int, what: str) -> list[bytes]:
+    """``/proc/<pid>/<what>``'s NUL-separated entries; [] once the process has ended."""
     try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return Path(f"/proc/{pid}/{what}").read_bytes().split(b"\0")
     except OSError:
         return []
+
+
+def environ(pid: int) -> list[bytes]:
+    """A process's environment as it was started (a shell's later ``export`` is not in it); [] once it has ended."""
+    return _proc_list(pid, "environ")
 
 
 def cmdline(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return []
+    return _proc_list(pid, "cmdline")
 
 
 def find_pid(state, node: str, agent: bool, script: bytes = b"user_allreduce.py") -> int:

@@ -48,14 +48,13 @@ PROBE_SECONDS = 3.0  # a silent member's SSH probe
 class Changes:
     """The run's side of membership changes during one attempt (see the module doc). ``recovery`` is the run's
     :class:`~multinode.app.recover.Recovery` (its budget, timeline and replacements); ``prepare(node)`` readies a
-    replacement (the run's ``prepare_again``); ``events``: the attempt's queue, where the look at silent members
-    puts its answer."""
+    replacement (the run's ``prepare_again``); ``capture``: the backend's look at the live ranks (None: none);
+    ``events``: the attempt's queue, where the look at silent members puts its answer."""
 
     def __init__(self, ctx: RunContext, job: JobHandle, members: Members, recovery, prepare: Callable[[str], None],
-                 say: Callable[[str], None], last_seen: dict[str, float], capture=None, events: Events | None = None
-                 ) -> None:
+                 say: Callable[[str], None], last_seen: dict[str, float], capture, events: Events) -> None:
         self.ctx, self.job, self.members, self.recovery, self.prepare = ctx, job, members, recovery, prepare
-        self.say, self.last_seen, self.capture, self.events = say, last_seen, capture, events or Events()
+        self.say, self.last_seen, self.capture, self.events = say, last_seen, capture, events
         self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened

@@ -28,8 +28,8 @@ Both are seconds of the windows' steps; the ledger takes the same shares of the 
 validates more), out of the training bucket (:mod:`multinode.diagnose.ledger`), so goodput means work done over
 the work the whole, healthy cluster would have done in the run's wall time. A window's step time (and each rank's
 compute) is its mean where the window says it: a window's median times its steps is below the steps' sum when a few
-steps are much slower (a skewed window), and a rank held to a hundredth of a core makes so few, so slow steps that
-the medians of the windows holding them did not move (the quick spot day in a loaded suite: no slow step at all);
+steps are much slower (a skewed window), as a rank held to a hundredth of a core makes them: a few steps of seconds
+beside many paced ones leave the medians where they were (tests/unit/test_spotday_ledger.py);
 the recorded run of tests/unit/fixtures/steplosses-slow-run.json has medians only: its windows' slow steps are 17.2
 s, 19.2 s of its training time, where the trainer's own epoch times say the steps lost 19.1 s. Pure: windows in,
 seconds out.
@@ -112,8 +112,8 @@ def judge(windows: list[dict]) -> list[Judged]:
     if not spans:
         return []
     steps: dict[tuple[int, str], int] = {}
-    for rank, node, _ in spans:
-        steps[(rank, node)] = steps.get((rank, node), 0) + sum(row["steps"] for row in spans[(rank, node, _)][1])
+    for (rank, node, _generation), (_ends, rows) in spans.items():
+        steps[(rank, node)] = steps.get((rank, node), 0) + sum(row["steps"] for row in rows)
     reference = min(steps, key=lambda ident: (-steps[ident], ident))
     judged = []
     for key in sorted(k for k in spans if k[:2] == reference):
@@ -121,7 +121,7 @@ def judge(windows: list[dict]) -> list[Judged]:
             start = end - row["steps"]
             computes = {found: ms for other, (ends, rows) in spans.items() if other[2] == key[2]
                         for found, ms in [_overlap(ends, rows, start, end)] if found is not None}
-            judged.append(Judged(row["steps"], _step_ms(row), _holder(computes), row.get("world")))
+            judged.append(Judged(row["steps"], _ms(row, "step"), _holder(computes), row.get("world")))
     return judged
 
 
@@ -135,7 +135,7 @@ def _overlap(ends: list[int], rows: list[dict], start: int, end: int) -> tuple[t
         both = min(end, ends[at]) - max(start, lo)
         if both > 0:
             shared += both
-            total += both * _compute_ms(rows[at])
+            total += both * _ms(rows[at], "compute")
             key = (rows[at]["rank"], rows[at]["node"])
         if ends[at] >= end:
             break
@@ -143,16 +143,11 @@ def _overlap(ends: list[int], rows: list[dict], start: int, end: int) -> tuple[t
     return (key, total / shared) if shared else (None, 0.0)
 
 
-def _step_ms(window: dict) -> float:
-    """A window's step time: its mean where it says it (the time its steps took, a few very slow ones included), else
-    its median."""
-    mean = window.get("step_mean_ms")
-    return window["step_ms"] if mean is None else mean
-
-
-def _compute_ms(window: dict) -> float:
-    mean = window.get("compute_mean_ms")
-    return window["compute_ms"] if mean is None else mean
+def _ms(window: dict, what: str) -> float:
+    """A window's ``what`` ("step" or "compute") per step: its mean where it says it (the time its steps took, a few
+    very slow ones included), else its median."""
+    mean = window.get(f"{what}_mean_ms")
+    return window[f"{what}_ms"] if mean is None else mean
 
 
 def _holder(computes: dict[tuple[int, str], float]) -> tuple[int, str] | None:
@@ -238,5 +233,5 @@ def series(windows: list[dict], offset: int) -> dict[str, dict]:
         stepped = rows[0].get("step") is not None
         key = f"{rank}:{node}:{generation}" if stepped else str(rank)
         out[key] = {"rank": rank, "node": rows[0]["node"], "step": [end if stepped else offset + end for end in ends],
-                    "compute_ms": [round(_compute_ms(row), 3) for row in rows]}
+                    "compute_ms": [round(_ms(row, "compute"), 3) for row in rows]}
     return out
