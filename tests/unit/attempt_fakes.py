@@ -17,17 +17,18 @@ from multinode.ssh.runner import StopPolicy
 
 
 class Answer:
-    def __init__(self, stdout: str = "stopped 1"):
-        self.exit_code, self.ok, self.stdout = 0, True, stdout
+    def __init__(self, stdout: str = "stopped 1", answered: bool = True):
+        self.exit_code, self.ok, self.stdout = (0, True, stdout) if answered else (None, False, "")
 
 
 class Sessions:
     """A runner whose node sessions end as ``ends[node]`` says: an exit code, or ``"lost"`` (the SSH session
-    raises), once ``release`` is set (or at once); every stop ends the sessions still open with ``stopped_code``."""
+    raises), once ``release`` is set (or at once); every stop ends the sessions still open with ``stopped_code``; the
+    ``silent`` nodes do not answer the stop (their machine went)."""
 
     def __init__(self, ends: dict[str, object], release: threading.Event | None = None, grace: float | None = None,
-                 stopped_code: object = 143):
-        self.ends, self.release, self.stopped_code = ends, release or threading.Event(), stopped_code
+                 stopped_code: object = 143, silent: tuple[str, ...] = ()):
+        self.ends, self.release, self.stopped_code, self.silent = ends, release or threading.Event(), stopped_code, silent
         self.stop, self.stops, self.said = StopPolicy(grace), [], []
         self.print_lock, self.out = threading.Lock(), io.StringIO()
         self.stopped = threading.Event()
@@ -49,7 +50,7 @@ class Sessions:
     def stop_all(self, run_id, extra_stop=None, names=None):
         self.stops.append(run_id)
         self.stopped.set()
-        return {name: Answer() for name in (names or self.ends)}
+        return {name: Answer(answered=name not in self.silent) for name in (names or self.ends)}
 
     def drop(self, name):
         self.dropped.append(name)

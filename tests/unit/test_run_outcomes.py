@@ -38,6 +38,17 @@ def test_a_node_s_own_exit_fails_the_job_and_a_lost_session_loses_its_node(tmp_p
     assert seen[-1] == ("node-1",)  # the look at the live ranks skips it
 
 
+def test_a_node_killed_whose_machine_then_stops_answering_is_lost_not_a_failure_of_the_job_s_own(tmp_path):
+    """A machine lost at once SIGKILLs its processes and only then takes its network: the exit (137) arrives over
+    SSH before the provider says "gone". The node's silence to the stop names it lost (a recovering run replaces it,
+    after its own probes); a node killed that answers the stop stays a failure (issue 48: the CI's noticed node that
+    died during the checkpoint ended the run as its own failure)."""
+    silent = run(tmp_path, Sessions({"node-0": 1, "node-1": 137, "node-2": 1}, silent=("node-1",)))
+    assert silent.kind == "failed" and silent.lost == ("node-1",) and silent.failure.returncode is not None
+    answers = run(tmp_path, Sessions({"node-0": 0, "node-1": 137}))
+    assert answers.kind == "failed" and answers.lost == ()
+
+
 def test_a_node_whose_machine_is_gone_is_lost_while_its_session_still_waits(tmp_path, monkeypatch):
     """A vanished machine ends no SSH session: the loop asks the provider every GONE_POLL seconds; the gone node is
     lost, its connection dropped, the survivors' links to it cut before the stop, and the stop skips it."""

@@ -221,13 +221,16 @@ class AttemptLoop:
         return Ending(kind, failure, self._lost())
 
     def _gang_stop(self, pending: set[str], name_failures: bool = True) -> None:
-        """Stop the job everywhere, then give the parts still running :data:`LOST_GRACE` to end. A part whose node
-        does not even answer the stop is unreachable (crashed, or cut off): dropped at once and (``name_failures``)
-        named lost, which makes it the likely root cause."""
-        answered = self.job.stop([n for n in self.job.parts if n not in self.gone])
-        unreachable = {name for name in pending if not answered.get(name, False)}
+        """Stop the job everywhere, then give the parts still running :data:`LOST_GRACE` to end. A node that
+        does not even answer the stop is unreachable -- crashed, cut off, or vanished just after its part ended (a
+        machine lost at once delivers its killed processes' exit, 137, before its SSH goes, and before the provider
+        says "gone") -- dropped at once and (``name_failures``) named lost, which makes it the likely root cause."""
+        asked = [n for n in self.job.parts if n not in self.gone]
+        answered = self.job.stop(asked)
+        silent = {name for name in asked if not answered.get(name, False)}  # running or not, its machine is silent
+        unreachable = silent | (pending & set(self.gone))
         self._wait_for(pending, unreachable, time.monotonic() + LOST_GRACE)
-        for name in sorted(pending):
+        for name in sorted(pending | silent):
             why = f"did not end within {LOST_GRACE:.0f} s of the stop"
             if name in unreachable:
                 why = f"is gone ({self.gone[name]})" if name in self.gone else \
