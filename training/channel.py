@@ -174,7 +174,8 @@ class StepTimes:
 class Kept:
     """A survivor's kept step: after a lost peer (or a noticed one's departure), the first rank of a node holds the
     last completed step in memory and waits for the run's new membership; ``position`` is where that step left it
-    (our trainer: [epoch, samples of it trained]; a user's loop: its own)."""
+    (our trainer: [epoch, samples of it trained]; a user's loop: its own); ``why``: ``"lost"`` (a collective failed on
+    a peer) or ``"leave"`` (the ranks agreed that the noticed nodes leave: they exit 75 by themselves)."""
 
     rank: int
     host: str
@@ -182,12 +183,13 @@ class Kept:
     position: list = field(default_factory=list)
     in_memory: bool = False
     error: str = ""
+    why: str = "lost"
 
     @classmethod
     def read(cls, data: dict) -> "Kept | None":
         try:
             return cls(int(data["rank"]), str(data["host"]), int(data["step"]), list(data.get("position") or []),
-                       bool(data.get("in_memory", False)), str(data.get("error", "")))
+                       bool(data.get("in_memory", False)), str(data.get("error", "")), str(data.get("why", "lost")))
         except (KeyError, TypeError, ValueError):
             return None
 

@@ -85,7 +85,8 @@ def change(host: Host, what: Change) -> None:
         raise membership.Left(f"{member.host} has a notice: its ranks leave the job at step {host.step}")
     if world.local_rank == 0 and what.why != "reform":  # the survivors of a departure say so: the run learns who
         channel.send(channel.KEPT, {"rank": world.rank, "host": member.host, "step": host.step,
-                                    "position": what.position, "in_memory": True, "error": what.error[:300]})
+                                    "position": what.position, "in_memory": True, "error": what.error[:300],
+                                    "why": what.why})
     member.leave_group()
     written = member.wait(member.generation, membership.reform_timeout())  # NoNewMembership: the fallback's
     place = member.place_in(written)  # Left: this node is not in the new world

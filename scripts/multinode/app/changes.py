@@ -132,7 +132,9 @@ class Changes:
                 self._open(name)
         elif event.kind == channel.KEPT:
             self.kept.setdefault(event.node, time.time())
-            self._look(self._silent(pending))
+            kept = channel.Kept.read(event.data)
+            if kept is None or kept.why != "leave":  # the noticed nodes leave by themselves: looked at only if late
+                self._look(self._silent(pending))
         elif event.kind == channel.JOINING:
             self.ready.append(event.node)
             self._open(event.node)
