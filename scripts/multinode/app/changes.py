@@ -10,11 +10,14 @@ these events here; :mod:`multinode.app.members` writes what the ranks read).
   it to the attempt's sweep);
 * **survivors paused** (``KEPT`` records, one per surviving node): a node that neither sent one within
   :data:`KEPT_WINDOW` s nor is still being left (a notice's node exits 75; a node whose link was cut sends nothing)
-  leaves the same way -- the survivors say who survived. The run's look at the silent ones (their ranks' stacks and
-  an SSH probe, side by side) starts with the first ``KEPT`` and runs on a thread of its own, its answer an event
-  (``Looked``): the window and the look overlap, and while they run the loop takes every other event -- the
-  provider's word that the machine is gone, or its session's end, leaves the node at once (the look's timeouts on a
-  node that does not answer were ~5 s of the survivors' pause when they ran in turn on the loop);
+  leaves the same way -- the survivors say who survived. With the first ``KEPT`` after a loss, a TCP connection to
+  each silent member's SSH port (:data:`REACH_SECONDS`, on a thread, its answer an event: ``Unreachable``): one that
+  takes none leaves at once, window or not (a cut link, a machine gone: the kernel of a live machine answers a
+  handshake however loaded). After the window, the run's look at the ones still silent -- their ranks' stacks and an
+  SSH probe, side by side, on a thread (``Looked``) -- tells a frozen node from a survivor still blocked in the failed
+  collective. Meanwhile the loop takes every other event: the provider's word that the machine is gone, or its
+  session's end, leaves the node at once (the look's timeouts on a node that does not answer were ~5 s of the
+  survivors' pause when they ran in turn on the loop; the look started at the first ``KEPT`` left 3 s);
 * **a replacement ready**: prepared (code, data, ENV file, the job's files) on a thread, its generation written to
   it, its part started; when its ranks say ``JOINING`` the generation is opened to the others, which change at
   their next agreement -- they pause only once the new ranks are ready;
@@ -35,14 +38,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
-from multinode.checks.preflight import probe_ssh
+from multinode.checks.preflight import probe_ssh, reach_tcp
 from multinode.core.errors import NodeError
-from multinode.core.events import Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Stalled
+from multinode.core.events import (Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Stalled,
+                                   Unreachable)
 from multinode.app.watchers import frozen
 from multinode.trainer import channel
 
 KEPT_WINDOW = 2.0  # seconds after the first survivor's KEPT for every other survivor's
 PROBE_SECONDS = 3.0  # a silent member's SSH probe
+# A silent member's TCP connection to its SSH port: its kernel answers at once however loaded the machine (a local
+# node at load 14 still completes a handshake in milliseconds; an EC2 peer in one zone, well under one): 1 s of no
+# answer is a cut link or a machine gone.
+REACH_SECONDS = 1.0
 
 
 class Changes:
@@ -61,7 +69,9 @@ class Changes:
         self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
         self.looks = 0  # the looks at silent members started in this attempt
         self.looking: int | None = None  # the look under way or answered, for the change now (None: none)
+        self.reaching: int | None = None  # the same for the TCP reach that comes first
         self.looked: Looked | None = None  # its answer
+        self.unreachable: dict[str, str] = {}  # its first part: silent members no TCP connection reaches
         self._told: set[str] = set()
 
     def why_not(self, name: str) -> str | None:
@@ -88,6 +98,11 @@ class Changes:
         if isinstance(event, Looked):
             if event.number == self.looking:  # not a look of an earlier change
                 self.looked = event
+                self.tick(pending)
+            return True
+        if isinstance(event, Unreachable):
+            if event.number == self.reaching:
+                self.unreachable.update(event.nodes)
                 self.tick(pending)
             return True
         if isinstance(event, NodeGone):
@@ -134,7 +149,7 @@ class Changes:
             self.kept.setdefault(event.node, time.time())
             kept = channel.Kept.read(event.data)
             if kept is None or kept.why != "leave":  # the noticed nodes leave by themselves: looked at only if late
-                self._look(self._silent(pending))
+                self._reach(self._silent(pending))
         elif event.kind == channel.JOINING:
             self.ready.append(event.node)
             self._open(event.node)
@@ -150,12 +165,16 @@ class Changes:
 
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
-        node exits 75); once the window is over and the look (:meth:`_look`) has answered, one whose ranks the stacks
-        show frozen, or that does not answer SSH (its link cut: it sends nothing). One that answers with live ranks
+        node exits 75) or no TCP connection reaches it (:meth:`_reach`); once the window is over and the look
+        (:meth:`_look`) has answered, one whose ranks the stacks show frozen, or that does not answer SSH. One that answers with live ranks
         is a survivor that has not seen the change yet (blocked in the failed collective until its process-group
         timeout): it is waited for."""
         if not self.kept:
             return
+        for name in [n for n in self._silent(pending) if n in self.unreachable]:  # no need to wait for the window
+            if self.why_not(name) is None:
+                self.lose(name, f"its SSH port takes no connection while its peers paused ({self.unreachable[name]})",
+                          pending)
         silent = [n for n in self.members.names if n not in self.kept and n not in self.alive]
         waiting = self._silent(pending)
         if waiting:
@@ -186,7 +205,8 @@ class Changes:
     def _settled(self) -> None:
         """The change settled: the next KEPT opens a new window and a new look."""
         self.kept.clear()
-        self.looking = self.looked = None
+        self.looking = self.looked = self.reaching = None
+        self.unreachable = {}
 
     def _look(self, silent: list[str]) -> None:
         """The look at ``silent`` members, on a thread, unless one is under way or answered: their ranks' stacks and
@@ -197,6 +217,23 @@ class Changes:
         self.looking = self.looks
         threading.Thread(target=self._looking_at, args=(self.looks, tuple(silent)), name=f"mn-look-{self.looks}",
                          daemon=True).start()
+
+    def _reach(self, silent: list[str]) -> None:
+        """Which of ``silent`` no TCP connection reaches, on a thread, unless asked already in this change: the
+        answer an event (``Unreachable``); those leave at once, without waiting for the window."""
+        if self.reaching is not None or not silent:
+            return
+        self.looks += 1
+        self.reaching = self.looks
+        threading.Thread(target=self._reaching, args=(self.looks, tuple(silent)), name=f"mn-reach-{self.looks}",
+                         daemon=True).start()
+
+    def _reaching(self, number: int, silent: tuple[str, ...]) -> None:
+        try:
+            cut = reach_tcp(self.ctx.inv.only(list(silent)), timeout=REACH_SECONDS)
+        except Exception:  # noqa: BLE001 -- no answer from this part: the look after the window decides
+            cut = {}
+        self.events.put(Unreachable(number, cut))
 
     def _looking_at(self, number: int, silent: tuple[str, ...]) -> None:
         with ThreadPoolExecutor(2, thread_name_prefix="mn-look") as pool:

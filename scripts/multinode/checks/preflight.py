@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import secrets
 import shlex
+import socket
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from multinode.core.errors import PreflightFailed
 from multinode.core.inventory import Inventory
@@ -243,6 +245,23 @@ def probe_ssh(inventory: Inventory, timeout: float = 5.0, command: str = "uptime
         name: (res.ok, res.stdout.strip() if res.ok else (res.error or res.stderr.strip() or f"exit {res.exit_code}"))
         for name, res in results.items()
     }
+
+
+def reach_tcp(inventory: Inventory, timeout: float = 1.0) -> dict[str, str]:
+    """{node: why} of the nodes whose SSH port takes no TCP connection within ``timeout`` s, asked side by side. The
+    node's kernel answers the handshake (from the listening socket's backlog) however busy or stopped its processes
+    are: no answer means no route to the machine, not a slow one."""
+    def reach(node) -> str | None:
+        try:
+            socket.create_connection((node.ssh_host, node.ssh_port), timeout=timeout).close()
+            return None
+        except OSError as err:
+            return f"no TCP connection to {node.ssh_host}:{node.ssh_port} within {timeout:g} s ({err or 'timed out'})"
+
+    nodes = list(inventory.nodes)
+    with ThreadPoolExecutor(max(1, len(nodes)), thread_name_prefix="mn-reach") as pool:
+        answers = list(pool.map(reach, nodes))
+    return {node.name: why for node, why in zip(nodes, answers) if why is not None}
 
 
 def start_mpi_sshds(runner: RemoteRunner, run_id: str, timeout: float = 30.0) -> None:

@@ -99,7 +99,18 @@ class Looked:
     answers: dict = field(default_factory=dict)
 
 
-Event = NodeEnded | JobEnded | JobError | NodeGone | Stalled | ReplacementReady | ReplacementRefused | JobRecord | Looked
+@dataclass(frozen=True)
+class Unreachable:
+    """The first part of look ``number``: the silent members whose SSH port takes no TCP connection (``nodes``:
+    {node: why}) -- the kernel completes a handshake however busy the machine, so such a node's link or machine
+    is gone."""
+
+    number: int
+    nodes: dict = field(default_factory=dict)
+
+
+Event = NodeEnded | JobEnded | JobError | NodeGone | Stalled | ReplacementReady | ReplacementRefused | JobRecord | \
+    Looked | Unreachable
 
 
 class Events:
