@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from multinode.app import changes as changes_mod
+from multinode.app import look as look_mod
 from multinode.app.changes import Changes
 from multinode.core.events import Events, JobRecord, Looked, NodeGone, Unreachable
 from multinode.trainer import channel
@@ -68,7 +69,7 @@ def probe(monkeypatch):
         state.release.wait(10)
         return {name: state.answer.get(name, (False, "Timeout opening channel")) for name in inventory}
 
-    monkeypatch.setattr(changes_mod, "probe_ssh", fake)
+    monkeypatch.setattr(look_mod, "probe_ssh", fake)
     return state
 
 
@@ -96,7 +97,7 @@ def reach(monkeypatch):
         state.asked.append((list(inventory), time.monotonic()))
         return {name: why for name, why in state.cut.items() if name in inventory}
 
-    monkeypatch.setattr(changes_mod, "reach_tcp", fake)
+    monkeypatch.setattr(look_mod, "reach_tcp", fake)
     return state
 
 
@@ -202,28 +203,21 @@ def test_after_a_notice_the_leaving_node_is_not_looked_at_unless_it_is_late(reac
     probe.release.set()
 
 
-def test_reach_tcp_names_the_node_whose_ssh_port_takes_no_connection():
-    """The real check on loopback: a listening port is reached (the kernel completes the handshake from the backlog
-    though nobody accepts it); a port nothing listens on is named, with why."""
-    import dataclasses
-    import socket
+def test_the_old_session_of_a_node_that_left_ends_after_its_replacement_is_back_and_changes_nothing(reach, probe,
+                                                                                                    monkeypatch):
+    """node-2 leaves on the TCP reach (its session still open), its replacement is ready at once (a local node), and
+    only then does the old session end: that end is the old part's, not a failure of the job (the recovery
+    benchmark's loss row once ended the attempt on it and restarted every process)."""
+    from multinode.core.events import NodeEnded, ReplacementReady
 
-    from conftest import make_inventory
-
-    from multinode.checks.preflight import reach_tcp
-
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    listening.listen(1)
-    closed = socket.socket()
-    closed.bind(("127.0.0.1", 0))  # bound, never listening: connections to it are refused
-    try:
-        inv = make_inventory(2)
-        ports = {"node-0": listening.getsockname()[1], "node-1": closed.getsockname()[1]}
-        inv = dataclasses.replace(inv, nodes=tuple(dataclasses.replace(n, public_ip="127.0.0.1", ssh_port=ports[n.name])
-                                                   for n in inv.nodes))  # the address SSH goes to
-        cut = reach_tcp(inv, timeout=1.0)
-        assert list(cut) == ["node-1"] and cut["node-1"].startswith(f"no TCP connection to 127.0.0.1:{ports['node-1']}")
-    finally:
-        listening.close()
-        closed.close()
+    changes, events, runner, recovery = _changes(30.0, monkeypatch)
+    recovery.timeline = SimpleNamespace(add=lambda *args, **kwargs: None)
+    pending = set(NODES)
+    reach.cut["node-2"] = "no TCP connection to 10.0.0.12:22 within 1 s (No route to host)"
+    _kept(changes, pending, "node-0", "node-1")
+    assert changes.take(events.take(5), pending, None, (), {})
+    assert runner.cut == [["node-2"]] and "node-2" not in changes.members.names
+    ready = ReplacementReady("node-2", SimpleNamespace(first=lambda n: None), time.time())
+    assert changes.take(ready, pending, None, (), {}) and "node-2" not in changes.leaving
+    assert changes.take(NodeEnded("node-2", None, lost=True), pending, None, (), {})
+    assert len(recovery.left) == 1

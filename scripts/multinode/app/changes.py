@@ -11,7 +11,7 @@ these events here; :mod:`multinode.app.members` writes what the ranks read).
 * **survivors paused** (``KEPT`` records, one per surviving node): a node that neither sent one within
   :data:`KEPT_WINDOW` s nor is still being left (a notice's node exits 75; a node whose link was cut sends nothing)
   leaves the same way -- the survivors say who survived. With the first ``KEPT`` after a loss, a TCP connection to
-  each silent member's SSH port (:data:`REACH_SECONDS`, on a thread, its answer an event: ``Unreachable``): one that
+  each silent member's SSH port (:mod:`multinode.app.look`, on a thread, its answer an event: ``Unreachable``): one that
   takes none leaves at once, window or not (a cut link, a machine gone: the kernel of a live machine answers a
   handshake however loaded). After the window, the run's look at the ones still silent -- their ranks' stacks and an
   SSH probe, side by side, on a thread (``Looked``) -- tells a frozen node from a survivor still blocked in the failed
@@ -34,11 +34,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
+from multinode.app import look
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
-from multinode.checks.preflight import probe_ssh, reach_tcp
 from multinode.core.errors import NodeError
 from multinode.core.events import (Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Stalled,
                                    Unreachable)
@@ -46,11 +45,6 @@ from multinode.app.watchers import frozen
 from multinode.trainer import channel
 
 KEPT_WINDOW = 2.0  # seconds after the first survivor's KEPT for every other survivor's
-PROBE_SECONDS = 3.0  # a silent member's SSH probe
-# A silent member's TCP connection to its SSH port: its kernel answers at once however loaded the machine (a local
-# node at load 14 still completes a handshake in milliseconds; an EC2 peer in one zone, well under one): 1 s of no
-# answer is a cut link or a machine gone.
-REACH_SECONDS = 1.0
 
 
 class Changes:
@@ -67,6 +61,7 @@ class Changes:
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
         self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
+        self.unended: set[str] = set()  # nodes that left while their old session still ran: its end is to come
         self.looks = 0  # the looks at silent members started in this attempt
         self.looking: int | None = None  # the look under way or answered, for the change now (None: none)
         self.reaching: int | None = None  # the same for the TCP reach that comes first
@@ -107,16 +102,21 @@ class Changes:
             return True
         if isinstance(event, NodeGone):
             gone[event.node] = event.why
+        if isinstance(event, NodeEnded) and event.node in self.unended:
+            self.unended.discard(event.node)  # the old session of a node that left, its replacement maybe back
+            return True
         if isinstance(event, (NodeEnded, NodeGone)) and event.node in self.leaving:
             return True  # a node that already left: its end, or its machine's, changes nothing more
         found = self.lost_node(event, capture, lost)
         if found is None or self.why_not(found[0]) is not None:
             return False
-        self.lose(found[0], found[1], pending)
+        self.lose(found[0], found[1], pending, ended=isinstance(event, NodeEnded))
         return True
 
-    def lose(self, name: str, why: str, pending: set[str], notice: bool = False) -> None:
-        """``name`` leaves the running job (module doc); ``pending`` loses it."""
+    def lose(self, name: str, why: str, pending: set[str], notice: bool = False, ended: bool = False) -> None:
+        """``name`` leaves the running job (module doc); ``pending`` loses it. Unless its part has ``ended`` (or it
+        left on a notice: it exited), its old session's end is still to come -- maybe after its replacement is back
+        in the job -- and changes nothing then."""
         at = self.last_seen.get(name, time.time())  # the last sign of life, not its detection
         survivors = [n for n in self.members.names if n != name]
         # The survivors' connections to the lost node (their collective with it fails now) and, the job's store kept,
@@ -127,6 +127,8 @@ class Changes:
         self.members.leave(name)
         pending.discard(name)
         self.leaving.add(name)
+        if not (notice or ended):
+            self.unended.add(name)
         self.job.depart(name)
         if not notice:
             self.job.drop(name)  # never waited on; what of it still runs goes with the machine its replacement ends
@@ -166,8 +168,8 @@ class Changes:
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
         node exits 75) or no TCP connection reaches it (:meth:`_reach`); once the window is over and the look
-        (:meth:`_look`) has answered, one whose ranks the stacks show frozen, or that does not answer SSH. One that answers with live ranks
-        is a survivor that has not seen the change yet (blocked in the failed collective until its process-group
+        (:meth:`_look`) has answered, one whose ranks the stacks show frozen, or that does not answer SSH. One that
+        answers with live ranks is a survivor that has not seen the change yet (blocked in the failed collective until its process-group
         timeout): it is waited for."""
         if not self.kept:
             return
@@ -215,8 +217,7 @@ class Changes:
             return
         self.looks += 1
         self.looking = self.looks
-        threading.Thread(target=self._looking_at, args=(self.looks, tuple(silent)), name=f"mn-look-{self.looks}",
-                         daemon=True).start()
+        look.look(self.ctx, self.capture, self.members.names[0], self.looks, tuple(silent), self.events)
 
     def _reach(self, silent: list[str]) -> None:
         """Which of ``silent`` no TCP connection reaches, on a thread, unless asked already in this change: the
@@ -225,38 +226,7 @@ class Changes:
             return
         self.looks += 1
         self.reaching = self.looks
-        threading.Thread(target=self._reaching, args=(self.looks, tuple(silent)), name=f"mn-reach-{self.looks}",
-                         daemon=True).start()
-
-    def _reaching(self, number: int, silent: tuple[str, ...]) -> None:
-        try:
-            cut = reach_tcp(self.ctx.inv.only(list(silent)), timeout=REACH_SECONDS)
-        except Exception:  # noqa: BLE001 -- no answer from this part: the look after the window decides
-            cut = {}
-        self.events.put(Unreachable(number, cut))
-
-    def _looking_at(self, number: int, silent: tuple[str, ...]) -> None:
-        with ThreadPoolExecutor(2, thread_name_prefix="mn-look") as pool:
-            stacks = pool.submit(self._named, list(silent))
-            probe = pool.submit(probe_ssh, self.ctx.inv.only(list(silent)), timeout=PROBE_SECONDS)
-            try:
-                named = stacks.result()
-            except Exception:  # noqa: BLE001 -- no stacks: the SSH probe alone decides
-                named = {}
-            try:
-                answers = probe.result()
-            except Exception as err:  # noqa: BLE001 -- the probe itself failed: none of them answered
-                answers = {name: (False, f"the probe failed: {err}") for name in silent}
-        self.events.put(Looked(number, silent, named, answers))
-
-    def _named(self, silent: list[str]) -> dict[str, str]:
-        """Why a silent node that has not ended is silent, when the live ranks' stacks say (a rank stopped or stuck
-        in the kernel): {node: why}."""
-        if self.capture is None:
-            return {}
-        head = self.members.names[0]
-        found = frozen(self.capture(NodeError(head, "job", None, "the survivors paused"), ()), head)
-        return {found[0]: found[1]} if found is not None and found[0] in silent else {}
+        look.reach(self.ctx, self.looks, tuple(silent), self.events)
 
     def lost_node(self, event, capture, lost: tuple[str, ...]) -> tuple[str, str] | None:
         """(node, why) when ``event`` loses a node of the job: its part killed or its session lost, its machine
