@@ -30,4 +30,3 @@ def test_reach_tcp_names_the_node_whose_ssh_port_takes_no_connection():
     finally:
         listening.close()
         closed.close()
-

@@ -28,7 +28,8 @@ class Sessions:
 
     def __init__(self, ends: dict[str, object], release: threading.Event | None = None, grace: float | None = None,
                  stopped_code: object = 143, silent: tuple[str, ...] = ()):
-        self.ends, self.release, self.stopped_code, self.silent = ends, release or threading.Event(), stopped_code, silent
+        self.ends, self.release, self.stopped_code = ends, release or threading.Event(), stopped_code
+        self.silent = silent
         self.stop, self.stops, self.said = StopPolicy(grace), [], []
         self.print_lock, self.out = threading.Lock(), io.StringIO()
         self.stopped = threading.Event()

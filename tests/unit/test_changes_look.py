@@ -17,7 +17,7 @@ import pytest
 from multinode.app import changes as changes_mod
 from multinode.app import look as look_mod
 from multinode.app.changes import Changes
-from multinode.core.events import Events, JobRecord, Looked, NodeGone, Unreachable
+from multinode.core.events import Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Unreachable
 from multinode.trainer import channel
 
 NODES = ["node-0", "node-1", "node-2"]
@@ -187,7 +187,8 @@ def test_after_a_notice_the_leaving_node_is_not_looked_at_unless_it_is_late(reac
     assert probe.asked == [] and reach.asked == []
     pending.discard("node-2")  # it exited 75
     changes.tick(pending)
-    assert probe.asked == [] and reach.asked == [] and recovery.left == [("node-2", "notice", "its ranks left on a notice")]
+    assert probe.asked == [] and reach.asked == []
+    assert recovery.left == [("node-2", "notice", "its ranks left on a notice")]
     assert runner.cut == [[]]  # a notice's node is not cut off: it left
 
     late, events, runner, recovery = _changes(0.1, monkeypatch)
@@ -208,8 +209,6 @@ def test_the_old_session_of_a_node_that_left_ends_after_its_replacement_is_back_
     """node-2 leaves on the TCP reach (its session still open), its replacement is ready at once (a local node), and
     only then does the old session end: that end is the old part's, not a failure of the job (the recovery
     benchmark's loss row once ended the attempt on it and restarted every process)."""
-    from multinode.core.events import NodeEnded, ReplacementReady
-
     changes, events, runner, recovery = _changes(30.0, monkeypatch)
     recovery.timeline = SimpleNamespace(add=lambda *args, **kwargs: None)
     pending = set(NODES)

@@ -169,8 +169,8 @@ class Changes:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
         node exits 75) or no TCP connection reaches it (:meth:`_reach`); once the window is over and the look
         (:meth:`_look`) has answered, one whose ranks the stacks show frozen, or that does not answer SSH. One that
-        answers with live ranks is a survivor that has not seen the change yet (blocked in the failed collective until its process-group
-        timeout): it is waited for."""
+        answers with live ranks is a survivor that has not seen the change yet (blocked in the failed collective
+        until its process-group timeout): it is waited for."""
         if not self.kept:
             return
         for name in [n for n in self._silent(pending) if n in self.unreachable]:  # no need to wait for the window

@@ -256,7 +256,7 @@ def reach_tcp(inventory: Inventory, timeout: float = 1.0) -> dict[str, str]:
             socket.create_connection((node.ssh_host, node.ssh_port), timeout=timeout).close()
             return None
         except OSError as err:
-            return f"no TCP connection to {node.ssh_host}:{node.ssh_port} within {timeout:g} s ({err or 'timed out'})"
+            return f"no TCP connection to {node.ssh_host}:{node.ssh_port} within {timeout:g} s ({str(err) or type(err).__name__})"
 
     nodes = list(inventory.nodes)
     with ThreadPoolExecutor(max(1, len(nodes)), thread_name_prefix="mn-reach") as pool:
