@@ -27,7 +27,7 @@ class FakeRunner:
     def __init__(self) -> None:
         self.cut: list[list[str]] = []
 
-    def cut_off(self, lost, survivors, spare_port=None, peers=None) -> None:
+    def cut_off(self, lost, survivors, spare_port=None, peers=None, background=False) -> None:
         self.cut.append(list(lost))
 
 

@@ -37,6 +37,13 @@ CONNECT_BACKOFF = (0.5, 1.0, 2.0, 4.0)  # seconds between connection attempts to
 SHELL_END_WAIT = 2.0  # at close, how long the nodes have to report their shells ended
 
 
+def _close(shells: list[NodeShell], conn: Connection | None) -> None:
+    for shell in shells:
+        shell.close()
+    if conn is not None:
+        conn.close()
+
+
 def _parallel(fn: Callable[[str], Any], names: Iterable[str], timeout: float | None) -> dict[str, tuple[bool, Any]]:
     """Run ``fn(name)`` for every name at once; {name: (finished, value or exception)} after ``timeout``."""
     results: dict[str, tuple[bool, Any]] = {}
@@ -141,15 +148,13 @@ class NodePool:
             self._known_hosts = None
 
     def drop(self, name: str) -> None:
-        """Forget (and close) a node's connection, e.g. after it stopped answering."""
+        """Forget a node's connection, e.g. after it stopped answering, and close it and its shells on a thread: a
+        close sends to the node (paramiko's channel close), which must not hold the caller when it does not answer."""
         with self._lock:
             conn = self._connections.pop(name, None)
             self._shells.pop(name, None)
             shells = self._open.pop(name, [])
-        for shell in shells:
-            shell.close()
-        if conn is not None:
-            threading.Thread(target=conn.close, daemon=True).start()
+        threading.Thread(target=_close, args=(shells, conn), name=f"mn-drop-{name}", daemon=True).start()
 
     def connect_all(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, str | None]:
         """Open every connection at once; {node: None if connected else why not}."""
