@@ -56,7 +56,7 @@ class Sessions:
     def drop(self, name):
         self.dropped.append(name)
 
-    def cut_off(self, lost, names, spare_port=None, peers=(), background=False):
+    def cut_off(self, lost, names, spare_port=None, peers=()):
         self.cut = (list(lost), list(names))
 
 

@@ -27,7 +27,7 @@ class FakeRunner:
     def __init__(self) -> None:
         self.cut: list[list[str]] = []
 
-    def cut_off(self, lost, survivors, spare_port=None, peers=None, background=False) -> None:
+    def cut_off(self, lost, survivors, spare_port=None, peers=None) -> None:
         self.cut.append(list(lost))
 
 
@@ -39,8 +39,9 @@ class FakeMembers:
     def usable(self, name):
         return None
 
-    def leave(self, name) -> None:
+    def leave(self, name, first=lambda: None) -> None:
         self.names.remove(name)
+        first()
 
 
 class FakeRecovery:

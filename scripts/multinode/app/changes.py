@@ -121,13 +121,15 @@ class Changes:
         survivors = [n for n in self.members.names if n != name]
         # The survivors' connections to the lost node (their collective with it fails now) and, the job's store kept,
         # their old group among themselves: a survivor blocked on another survivor's part of the failed collective
-        # fails now too, instead of at the process-group timeout. One command per survivor, on a thread: the loop
-        # takes the change's next events meanwhile (one benchmark run's loop was held 7.3 s in this method, the
-        # provider's word that the machine was gone waiting behind it -- the cut and the session's close, both now
-        # off the loop, were not told apart).
-        self.ctx.runner.cut_off([] if notice else [name], survivors, spare_port=self.ctx.spec.rdzv_port,
-                                peers=survivors, background=True)
-        self.members.leave(name)
+        # fails now too, instead of at the process-group timeout. One command per survivor, then the new generation
+        # written -- both on the members' writer thread, the loop taking the change's next events meanwhile (one
+        # benchmark run's loop was held 7.3 s in this method, the provider's word that the machine was gone waiting
+        # behind it). The cut comes first: a survivor that already had the new generation would form the new group
+        # while a slower survivor's cut still closes its connections to the others.
+        lost = [] if notice else [name]
+        self.members.leave(name, first=lambda: self.ctx.runner.cut_off(lost, survivors,
+                                                                       spare_port=self.ctx.spec.rdzv_port,
+                                                                       peers=survivors))
         pending.discard(name)
         self.leaving.add(name)
         if not (notice or ended):

@@ -24,6 +24,7 @@ and some node is left.
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 from multinode.backends.base import RunContext
 from multinode.core.nodepaths import run_dir as node_run_dir
@@ -42,6 +43,7 @@ class Members:
         self.formed = 0  # the newest generation the ranks said (WORLD) they formed
         self.names = [n.name for n in ctx.inv.nodes]  # the nodes in the job now, head first
         self.pending: dict[str, channel.Membership] = {}  # a joining node -> its generation, until it is ready
+        self._writer = ThreadPoolExecutor(1, thread_name_prefix="mn-members")  # the leaves' cuts and writes, in turn
 
     @classmethod
     def of(cls, ctx: RunContext, plan, say: Callable[[str], None]) -> "Members":
@@ -80,13 +82,20 @@ class Members:
         return self.ctx.runner.parallel(lambda name: self.ctx.runner.put_bytes(name, self.path(name), text), names,
                                         timeout=15)
 
-    def leave(self, name: str) -> channel.Membership:
-        """``name`` leaves: the next generation, without it, written to every other node."""
+    def leave(self, name: str, first: Callable[[], object] = lambda: None) -> channel.Membership:
+        """``name`` leaves: the next generation, without it, written to every other node -- on the writer thread
+        (in order, one change after the other), once ``first`` (the survivors' cut-off) has run; the account
+        changes now."""
         self.names.remove(name)
         self.generation += 1
         membership = channel.Membership(self.generation, self._hosts(self.names), self.nproc)
-        self._write(list(self.names), membership)
+        names = list(self.names)
+        self._writer.submit(lambda: (first(), self._write(names, membership)))
         return membership
+
+    def settle(self) -> None:
+        """Wait for the leaves' cuts and writes still under way (each bounded by its commands' timeouts)."""
+        self._writer.shutdown(wait=True)
 
     def join(self, name: str) -> channel.Membership:
         """``name`` (a replacement, prepared) joins: the next generation, with it, written to it alone."""

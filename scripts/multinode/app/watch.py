@@ -116,6 +116,7 @@ class AttemptLoop:
                 ending = self._loop(signals)
         finally:
             watch.stop()
+            members.settle()  # no generation of this attempt written after it ended (the next one clears them first)
             if self.watchdog is not None:
                 self.watchdog.stop()
             if self._notice_thread is not None:  # the job ended under the grow-back notice: its answer first

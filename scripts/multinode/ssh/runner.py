@@ -150,7 +150,7 @@ class RemoteRunner(NodePool):
         return self.run_each({name: command for name in names}, timeout)
 
     def cut_off(self, lost: Iterable[str], names: Iterable[str], spare_port: int | None = None,
-                peers: Iterable[str] = (), background: bool = False) -> dict[str, CommandResult]:
+                peers: Iterable[str] = ()) -> dict[str, CommandResult]:
         """On ``names``, close every TCP connection to the ``lost`` nodes' cluster addresses (``ss -K``: the
         kernel's socket destroy, as root or through ``sudo -n``). A machine that vanished sends no FIN or RST, so a
         rank blocked in a collective with it waits for the process-group timeout; its connections closed, the
@@ -159,8 +159,7 @@ class RemoteRunner(NodePool):
         command, but those to or from ``spare_port`` (the survivors' old group among themselves at a membership
         change, the job's store kept; one round for both: a node slow to answer delays it once). Best effort: where
         the kernel lacks socket destroy (CONFIG_INET_DIAG_DESTROY) or root cannot be had, nothing changes and the
-        timeout stands. ``background``: the command runs on a thread and nothing is returned (the addresses are
-        this inventory's, read now: a replacement that takes the lost node's name later is not cut)."""
+        timeout stands."""
         by_name = {n.name: n.private_ip for n in self.inventory.nodes}
         # ss's own parentheses, escaped for the sh -c that runs the line (bare, sh refused the whole line)
         spare = f" and not \\( sport = :{spare_port} or dport = :{spare_port} \\)" if spare_port else ""
@@ -174,9 +173,6 @@ class RemoteRunner(NodePool):
         destroy = "; ".join(f"ss -K -t dst {shlex.quote(ip)}{kept}" for ip, kept in cuts)
         line = (f'{{ if [ "$(id -u)" = 0 ]; then sh -c {shlex.quote(destroy)}; '
                 f'else sudo -n sh -c {shlex.quote(destroy)}; fi; }} >/dev/null 2>&1; true')
-        if background:
-            threading.Thread(target=self.run_all, args=(line, names, 5), name="mn-cut", daemon=True).start()
-            return {}
         return self.run_all(line, names, timeout=5)
 
     # --- files ------------------------------------------------------------------------
