@@ -40,9 +40,8 @@ class Waiting:
         self.host = socket.gethostname()
         self.times: deque[float] = deque(maxlen=HISTORY)
         self.began: float | None = None  # the step under way: when it began (monotonic)
-        self.number = 0  # its number (the trainer's step count: a step tried again after a change has the same)
-        self.begun = 0  # steps begun, counted here
-        self.said = 0  # the count of the last step said
+        self.number = 0  # its number
+        self.said = -1  # the last step said
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
@@ -54,7 +53,6 @@ class Waiting:
             self._thread.start()
         with self._lock:
             self.began, self.number = time.monotonic(), number
-            self.begun += 1
         try:
             yield
         finally:
@@ -73,9 +71,9 @@ class Waiting:
         """The record to say now, if the step under way has run past the bound and was not said yet."""
         with self._lock:
             bound = self.bound()
-            if self.began is None or bound is None or self.said == self.begun or now - self.began < bound:
+            if self.began is None or bound is None or self.said == self.number or now - self.began < bound:
                 return None
-            self.said = self.begun
+            self.said = self.number
             return {"rank": self.rank, "host": self.host, "step": self.number, "seconds": round(now - self.began, 3),
                     "what": self.what}
 

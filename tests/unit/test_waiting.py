@@ -16,7 +16,7 @@ def _timed(steps: list[float]) -> waiting.Waiting:
 
 def test_nothing_is_said_while_warming_up_or_between_steps():
     watch = _timed([0.1] * (waiting.WARMUP - 1))
-    watch.began, watch.number, watch.begun = 100.0, 7, 1
+    watch.began, watch.number = 100.0, 7
     assert watch.due(200.0) is None  # too few steps timed
     watch = _timed([0.1] * waiting.WARMUP)
     assert watch.due(200.0) is None  # no step under way
@@ -25,13 +25,13 @@ def test_nothing_is_said_while_warming_up_or_between_steps():
 def test_a_step_past_its_bound_is_said_once_and_the_bound_has_a_floor():
     watch = _timed([0.02] * 10)  # 5 x 0.02 s = 0.1 s: the floor holds
     assert watch.bound() == waiting.WAIT_FLOOR
-    watch.began, watch.number, watch.begun = 100.0, 7, 1
+    watch.began, watch.number = 100.0, 7
     assert watch.due(100.0 + waiting.WAIT_FLOOR - 0.01) is None
     record = watch.due(100.0 + waiting.WAIT_FLOOR + 0.01)
     assert record is not None and record["rank"] == 1 and record["step"] == 7 and "seconds" in record
     assert watch.due(130.0) is None  # said once for this step
-    watch.begun += 1  # the next step -- or the same step tried again after a change -- is said again
-    assert watch.due(130.0) is not None
+    watch.number = 8
+    assert watch.due(130.0) is not None  # the next step is said again
     slow = _timed([1.0] * 10)
     assert slow.bound() == waiting.WAIT_FACTOR * 1.0
 
@@ -52,6 +52,6 @@ def test_an_epochs_end_is_timed_against_the_earlier_ones_from_the_second_on():
     assert watch.bound() is None
     watch.times.append(2.0)
     assert watch.bound() == waiting.WAIT_FACTOR * 2.0
-    watch.began, watch.number, watch.begun = 0.0, 120, 1
+    watch.began, watch.number = 0.0, 120
     record = watch.due(waiting.WAIT_FACTOR * 2.0 + 0.1)
     assert record is not None and record["what"] == "epoch end" and record["step"] == 120
