@@ -154,7 +154,8 @@ class NodePool:
             conn = self._connections.pop(name, None)
             self._shells.pop(name, None)
             shells = self._open.pop(name, [])
-        threading.Thread(target=_close, args=(shells, conn), name=f"mn-drop-{name}", daemon=True).start()
+        if shells or conn is not None:
+            threading.Thread(target=_close, args=(shells, conn), name=f"mn-drop-{name}", daemon=True).start()
 
     def connect_all(self, names: Iterable[str] | None = None, timeout: float | None = None) -> dict[str, str | None]:
         """Open every connection at once; {node: None if connected else why not}."""
