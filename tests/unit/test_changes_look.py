@@ -17,7 +17,8 @@ import pytest
 from multinode.app import changes as changes_mod
 from multinode.app import look as look_mod
 from multinode.app.changes import Changes
-from multinode.core.events import Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Unreachable
+from multinode.core.events import (Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, ReplacementRefused,
+                                   Unreachable)
 from multinode.trainer import channel
 
 NODES = ["node-0", "node-1", "node-2"]
@@ -221,3 +222,29 @@ def test_the_old_session_of_a_node_that_left_ends_after_its_replacement_is_back_
     assert changes.take(ready, pending, None, (), {}) and "node-2" not in changes.leaving
     assert changes.take(NodeEnded("node-2", None, lost=True), pending, None, (), {})
     assert len(recovery.left) == 1
+
+
+def test_a_refused_replacement_of_a_node_that_left_is_said_and_asked_again(reach, probe, monkeypatch):
+    """A replacement refused while the survivors go on (no capacity, or its own error) was taken by nobody: the
+    attempt loop handed it to growing back, which knows only the nodes missing when the attempt began -- the run
+    ended a node short with nothing said (test_survivors_local, 4 runs of 11). Now it is on the timeline, said, and
+    asked again once RECOVER_WAIT has passed."""
+    changes, events, runner, recovery = _changes(30.0, monkeypatch)
+    added, said, asked = [], [], []
+    recovery.timeline = SimpleNamespace(add=lambda *args, **kwargs: added.append(args))
+    recovery.replacements = SimpleNamespace(ask=asked.append)
+    changes.say = said.append
+    changes.ctx.spec.recover_wait = 0.2
+    pending = set(NODES)
+    assert not changes.take(ReplacementRefused("node-2", "no capacity"), pending, None, (), {})  # not one that left
+    assert changes.take(NodeGone("node-2", "its network namespace is gone"), pending, None, (), {})
+    assert changes.take(ReplacementRefused("node-2", "no capacity"), pending, None, (), {})
+    assert added[-1] == ("replacement refused", "node-2: no capacity")
+    assert said[-1].startswith("node-2: no replacement (no capacity); the job goes on without it")
+    changes.tick(pending)
+    assert asked == []
+    deadline = time.monotonic() + 5
+    while not asked and time.monotonic() < deadline:
+        time.sleep(0.05)
+        changes.tick(pending)
+    assert asked == ["node-2"] and "node-2" in changes.leaving

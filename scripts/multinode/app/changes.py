@@ -39,8 +39,8 @@ from multinode.app import look
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
 from multinode.core.errors import NodeError
-from multinode.core.events import (Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady, Stalled,
-                                   Unreachable)
+from multinode.core.events import (Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady,
+                                   ReplacementRefused, Stalled, Unreachable)
 from multinode.app.watchers import frozen
 from multinode.trainer import channel
 
@@ -67,6 +67,7 @@ class Changes:
         self.reaching: int | None = None  # the same for the TCP reach that comes first
         self.looked: Looked | None = None  # its answer
         self.unreachable: dict[str, str] = {}  # its first part: silent members no TCP connection reaches
+        self.refused: dict[str, float] = {}  # nodes whose replacement was refused: when (monotonic), asked again
         self._told: set[str] = set()
 
     def why_not(self, name: str) -> str | None:
@@ -90,6 +91,8 @@ class Changes:
             return True
         if isinstance(event, ReplacementReady):
             return self.take_ready(event)
+        if isinstance(event, ReplacementRefused):
+            return self.take_refused(event)
         if isinstance(event, Looked):
             if event.number == self.looking:  # not a look of an earlier change
                 self.looked = event
@@ -176,6 +179,7 @@ class Changes:
         (:meth:`_look`) has answered, one whose ranks the stacks show frozen, or that does not answer SSH. One that
         answers with live ranks is a survivor that has not seen the change yet (blocked in the failed collective
         until its process-group timeout): it is waited for."""
+        self._ask_again()
         if not self.kept:
             return
         for name in [n for n in self._silent(pending) if n in self.unreachable]:  # no need to wait for the window
@@ -259,6 +263,23 @@ class Changes:
         self.recovery.timeline.add("node ready", event.node, at=event.at)
         threading.Thread(target=self._join, args=(event,), name=f"mn-join-{event.node}", daemon=True).start()
         return True
+
+    def take_refused(self, event: ReplacementRefused) -> bool:
+        """A replacement refused (no capacity, or its error) for a node that left in this attempt: said, on the
+        timeline, and asked again every RECOVER_WAIT seconds while the job goes on; False for another node's."""
+        if event.node not in self.leaving:
+            return False
+        self.recovery.timeline.add("replacement refused", f"{event.node}: {event.why}")
+        self.say(f"{event.node}: no replacement ({event.why}); the job goes on without it, asking again every "
+                 f"{self.ctx.spec.recover_wait:.0f} s")
+        self.refused[event.node] = time.monotonic()
+        return True
+
+    def _ask_again(self) -> None:
+        for name, at in list(self.refused.items()):
+            if time.monotonic() - at >= self.ctx.spec.recover_wait:
+                del self.refused[name]
+                self.recovery.replacements.ask(name)
 
     def _join(self, event: ReplacementReady) -> None:
         name = event.node
