@@ -219,7 +219,7 @@ def test_the_old_session_of_a_node_that_left_ends_after_its_replacement_is_back_
     assert changes.take(events.take(5), pending, None, (), {})
     assert runner.cut == [["node-2"]] and "node-2" not in changes.members.names
     ready = ReplacementReady("node-2", SimpleNamespace(first=lambda n: None), time.time())
-    assert changes.take(ready, pending, None, (), {}) and "node-2" not in changes.leaving
+    assert changes.take(ready, pending, None, (), {}) and "node-2" not in changes.joins.leaving
     assert changes.take(NodeEnded("node-2", None, lost=True), pending, None, (), {})
     assert len(recovery.left) == 1
 
@@ -233,7 +233,7 @@ def test_a_refused_replacement_of_a_node_that_left_is_said_and_asked_again(reach
     added, said, asked = [], [], []
     recovery.timeline = SimpleNamespace(add=lambda *args, **kwargs: added.append(args))
     recovery.replacements = SimpleNamespace(ask=asked.append)
-    changes.say = said.append
+    changes.joins.say = said.append
     changes.ctx.spec.recover_wait = 0.2
     pending = set(NODES)
     assert not changes.take(ReplacementRefused("node-2", "no capacity"), pending, None, (), {})  # not one that left
@@ -247,4 +247,4 @@ def test_a_refused_replacement_of_a_node_that_left_is_said_and_asked_again(reach
     while not asked and time.monotonic() < deadline:
         time.sleep(0.05)
         changes.tick(pending)
-    assert asked == ["node-2"] and "node-2" in changes.leaving
+    assert asked == ["node-2"] and "node-2" in changes.joins.leaving

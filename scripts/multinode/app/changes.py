@@ -18,9 +18,7 @@ these events here; :mod:`multinode.app.members` writes what the ranks read).
   collective. Meanwhile the loop takes every other event: the provider's word that the machine is gone, or its
   session's end, leaves the node at once (the look's timeouts on a node that does not answer were ~5 s of the
   survivors' pause when they ran in turn on the loop; the look started at the first ``KEPT`` left 3 s);
-* **a replacement ready**: prepared (code, data, ENV file, the job's files) on a thread, its generation written to
-  it, its part started; when its ranks say ``JOINING`` the generation is opened to the others, which change at
-  their next agreement -- they pause only once the new ranks are ready;
+* **a replacement ready, or refused**, and the new ranks' ``JOINING``: the node's way back, :mod:`multinode.app.joins`;
 * **the ranks' WORLD**: the new world trains -- on the timeline (``world 3 -> 2 at step S``, ``node-2 joined at
   step S``) and in the ledger (the survivors' pause).
 
@@ -31,16 +29,15 @@ the restart of every process -- takes over, as does a RECOVER budget spent.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
 from multinode.app import look
+from multinode.app.joins import Joins
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
 from multinode.core.errors import NodeError
-from multinode.core.events import (Events, JobRecord, Looked, NodeEnded, NodeGone, ReplacementReady,
-                                   ReplacementRefused, Stalled, Unreachable)
+from multinode.core.events import Events, JobRecord, Looked, NodeEnded, NodeGone, Stalled, Unreachable
 from multinode.app.watchers import frozen
 from multinode.trainer import channel
 
@@ -55,19 +52,17 @@ class Changes:
 
     def __init__(self, ctx: RunContext, job: JobHandle, members: Members, recovery, prepare: Callable[[str], None],
                  say: Callable[[str], None], last_seen: dict[str, float], capture, events: Events) -> None:
-        self.ctx, self.job, self.members, self.recovery, self.prepare = ctx, job, members, recovery, prepare
+        self.ctx, self.job, self.members, self.recovery = ctx, job, members, recovery
         self.say, self.last_seen, self.capture, self.events = say, last_seen, capture, events
         self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
-        self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
-        self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
+        self.joins = Joins(ctx, job, members, recovery, prepare, say)  # the way back of the nodes that left
         self.unended: set[str] = set()  # nodes that left while their old session still ran: its end is to come
         self.looks = 0  # the looks at silent members started in this attempt
         self.looking: int | None = None  # the look under way or answered, for the change now (None: none)
         self.reaching: int | None = None  # the same for the TCP reach that comes first
         self.looked: Looked | None = None  # its answer
         self.unreachable: dict[str, str] = {}  # its first part: silent members no TCP connection reaches
-        self.refused: dict[str, float] = {}  # nodes whose replacement was refused: when (monotonic), asked again
         self._told: set[str] = set()
 
     def why_not(self, name: str) -> str | None:
@@ -89,10 +84,8 @@ class Changes:
                 pending.add(event.node)
             self.take_record(event, pending)
             return True
-        if isinstance(event, ReplacementReady):
-            return self.take_ready(event)
-        if isinstance(event, ReplacementRefused):
-            return self.take_refused(event)
+        if self.joins.take(event):
+            return True
         if isinstance(event, Looked):
             if event.number == self.looking:  # not a look of an earlier change
                 self.looked = event
@@ -108,7 +101,7 @@ class Changes:
         if isinstance(event, NodeEnded) and event.node in self.unended:
             self.unended.discard(event.node)  # the old session of a node that left, its replacement maybe back
             return True
-        if isinstance(event, (NodeEnded, NodeGone)) and event.node in self.leaving:
+        if isinstance(event, (NodeEnded, NodeGone)) and event.node in self.joins.leaving:
             return True  # a node that already left: its end, or its machine's, changes nothing more
         found = self.lost_node(event, capture, lost)
         if found is None or self.why_not(found[0]) is not None:
@@ -134,7 +127,7 @@ class Changes:
                                                                        spare_port=self.ctx.spec.rdzv_port,
                                                                        peers=survivors))
         pending.discard(name)
-        self.leaving.add(name)
+        self.joins.leaving.add(name)
         if not (notice or ended):
             self.unended.add(name)
         self.job.depart(name)
@@ -153,25 +146,14 @@ class Changes:
             self._settled()
             self.alive.clear()
             self.recovery.world_changed(event.data, time.time())
-            for name in list(self.ready):  # a join that waited for this generation to form
-                self._open(name)
+            self.joins.formed()  # a join that waited for this generation to form
         elif event.kind == channel.KEPT:
             self.kept.setdefault(event.node, time.time())
             kept = channel.Kept.read(event.data)
             if kept is None or kept.why != "leave":  # the noticed nodes leave by themselves: looked at only if late
                 self._reach(self._silent(pending))
         elif event.kind == channel.JOINING:
-            self.ready.append(event.node)
-            self._open(event.node)
-
-    def _open(self, name: str) -> None:
-        """A new node's ranks are ready: its generation opened to the running nodes -- once every earlier generation
-        has formed (the running ranks take the newest generation written: one they skipped would leave a survivor
-        alone in it)."""
-        if self.members.formed < self.members.pending_after(name) or not self.members.open(name):
-            return
-        self.ready.remove(name)
-        self.say(f"{name} is ready: the running ranks take it in at their next agreement")
+            self.joins.joining(event.node)
 
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
@@ -179,7 +161,7 @@ class Changes:
         (:meth:`_look`) has answered, one whose ranks the stacks show frozen, or that does not answer SSH. One that
         answers with live ranks is a survivor that has not seen the change yet (blocked in the failed collective
         until its process-group timeout): it is waited for."""
-        self._ask_again()
+        self.joins.tick()
         if not self.kept:
             return
         for name in [n for n in self._silent(pending) if n in self.unreachable]:  # no need to wait for the window
@@ -253,43 +235,3 @@ class Changes:
             if found is not None:
                 return found[0], f"{found[1]} ({event.why})"
         return None
-
-    def take_ready(self, event: ReplacementReady) -> bool:
-        """A replacement for a node that left in this attempt: prepared and started on a thread; False for another
-        node's (growing back's)."""
-        if event.node not in self.leaving:
-            return False
-        self.leaving.discard(event.node)
-        self.recovery.timeline.add("node ready", event.node, at=event.at)
-        threading.Thread(target=self._join, args=(event,), name=f"mn-join-{event.node}", daemon=True).start()
-        return True
-
-    def take_refused(self, event: ReplacementRefused) -> bool:
-        """A replacement refused (no capacity, or its error) for a node that left in this attempt: said, on the
-        timeline, and asked again every RECOVER_WAIT seconds while the job goes on; False for another node's."""
-        if event.node not in self.leaving:
-            return False
-        self.recovery.timeline.add("replacement refused", f"{event.node}: {event.why}")
-        self.say(f"{event.node}: no replacement ({event.why}); the job goes on without it, asking again every "
-                 f"{self.ctx.spec.recover_wait:.0f} s")
-        self.refused[event.node] = time.monotonic()
-        return True
-
-    def _ask_again(self) -> None:
-        for name, at in list(self.refused.items()):
-            if time.monotonic() - at >= self.ctx.spec.recover_wait:
-                del self.refused[name]
-                self.recovery.replacements.ask(name)
-
-    def _join(self, event: ReplacementReady) -> None:
-        name = event.node
-        try:
-            self.ctx.inv = event.inventory.first(self.ctx.spec.nodes)
-            self.ctx.runner.retarget(self.ctx.inv)
-            self.prepare(name)
-            self.members.join(name)
-            self.job.rejoin(name)
-        except Exception as err:  # noqa: BLE001 -- a node that cannot be readied stays out; the job goes on
-            self.say(f"{name} is back but could not be readied ({err}); the job goes on without it")
-            return
-        self.say(f"{name} is back: its ranks start and join the running job")

@@ -1,0 +1,88 @@
+"""The way back into the running job for a node that left it in this attempt (the other half of a membership
+change, :mod:`multinode.app.changes`): its replacement's answer, and its ranks joining the others.
+
+* **ready** (:class:`~multinode.core.events.ReplacementReady`): on the timeline, then prepared (code, data, ENV
+  file, the job's files) on a thread, its generation written to it, its part started;
+* **refused** (no capacity, or the replacement's own error): said, on the timeline, and asked again every
+  RECOVER_WAIT seconds while the job goes on without it -- growing back (:mod:`multinode.app.growback`) knows only
+  the nodes missing when the attempt began, and the run once ended a node short with nothing said;
+* **its ranks say** ``JOINING``: its generation is opened to the running ranks -- once every earlier generation has
+  formed (they take the newest written: one they skipped would leave a survivor alone in it) -- which change at their
+  next agreement: they pause only once the new ranks are ready.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from multinode.app.members import Members
+from multinode.backends.base import JobHandle, RunContext
+from multinode.core.events import ReplacementReady, ReplacementRefused
+
+
+class Joins:
+    """The nodes that left in this attempt (``leaving``) and their way back (module doc). ``recovery``: the run's
+    :class:`~multinode.app.recover.Recovery` (its timeline and replacements); ``prepare(node)`` readies a
+    replacement (the run's ``prepare_again``)."""
+
+    def __init__(self, ctx: RunContext, job: JobHandle, members: Members, recovery, prepare: Callable[[str], None],
+                 say: Callable[[str], None]) -> None:
+        self.ctx, self.job, self.members, self.recovery, self.prepare, self.say = \
+            ctx, job, members, recovery, prepare, say
+        self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
+        self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
+        self.refused: dict[str, float] = {}  # nodes whose replacement was refused: when (monotonic), asked again
+
+    def take(self, event) -> bool:
+        """A replacement's answer for a node that left in this attempt; False for another node's (growing back's)
+        or another event."""
+        if not isinstance(event, (ReplacementReady, ReplacementRefused)) or event.node not in self.leaving:
+            return False
+        if isinstance(event, ReplacementRefused):
+            self.recovery.timeline.add("replacement refused", f"{event.node}: {event.why}")
+            self.say(f"{event.node}: no replacement ({event.why}); the job goes on without it, asking again every "
+                     f"{self.ctx.spec.recover_wait:.0f} s")
+            self.refused[event.node] = time.monotonic()
+            return True
+        self.leaving.discard(event.node)
+        self.recovery.timeline.add("node ready", event.node, at=event.at)
+        threading.Thread(target=self._join, args=(event,), name=f"mn-join-{event.node}", daemon=True).start()
+        return True
+
+    def tick(self) -> None:
+        """A refused replacement asked again once RECOVER_WAIT has passed."""
+        for name, at in list(self.refused.items()):
+            if time.monotonic() - at >= self.ctx.spec.recover_wait:
+                del self.refused[name]
+                self.recovery.replacements.ask(name)
+
+    def joining(self, name: str) -> None:
+        """``name``'s ranks are ready (``JOINING``): its generation opened when it can be."""
+        self.ready.append(name)
+        self.open(name)
+
+    def formed(self) -> None:
+        """A new generation formed: the joins that waited for it are opened."""
+        for name in list(self.ready):
+            self.open(name)
+
+    def open(self, name: str) -> None:
+        if self.members.formed < self.members.pending_after(name) or not self.members.open(name):
+            return
+        self.ready.remove(name)
+        self.say(f"{name} is ready: the running ranks take it in at their next agreement")
+
+    def _join(self, event: ReplacementReady) -> None:
+        name = event.node
+        try:
+            self.ctx.inv = event.inventory.first(self.ctx.spec.nodes)
+            self.ctx.runner.retarget(self.ctx.inv)
+            self.prepare(name)
+            self.members.join(name)
+            self.job.rejoin(name)
+        except Exception as err:  # noqa: BLE001 -- a node that cannot be readied stays out; the job goes on
+            self.say(f"{name} is back but could not be readied ({err}); the job goes on without it")
+            return
+        self.say(f"{name} is back: its ranks start and join the running job")
