@@ -21,6 +21,8 @@ kind           who          payload
 ``WORLD``      rank 0       the ranks went on in a new membership without a restart (:class:`World`); its
                             generation 0 says the job takes membership changes in its own processes
 ``JOINING``    a new rank   a rank the run started to join a running job is ready and waits in the rendezvous
+``WAITING``    every rank   its step has run far past its typical step: maybe a peer gone without a word
+                            (:mod:`training.waiting`; rank, host, step, seconds)
 ``CHECKPOINT_UPLOADED``      rank 0   a checkpoint reached the bucket: url, bytes, sha256, order, seconds
 ``CHECKPOINT_UPLOAD_FAILED`` rank 0   a checkpoint did not: order, error (boto3's code and message)
 =============  ===========  ==================================================================================
@@ -46,10 +48,10 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
-RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING = \
-    "RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD", "JOINING"
+RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, WAITING = \
+    "RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD", "JOINING", "WAITING"
 UPLOADED, UPLOAD_FAILED = "CHECKPOINT_UPLOADED", "CHECKPOINT_UPLOAD_FAILED"
-KINDS = (RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, UPLOADED, UPLOAD_FAILED)
+KINDS = (RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, WAITING, UPLOADED, UPLOAD_FAILED)
 LINE = re.compile(r"(?<![A-Z_])(" + "|".join(KINDS) + r") (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 # --- what the run gives every rank ------------------------------------------------------------------------------

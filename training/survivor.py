@@ -30,7 +30,7 @@ import os
 import re
 import socket
 
-from . import channel, reform, snapshot
+from . import channel, reform, snapshot, waiting
 
 log = logging.getLogger("training")
 
@@ -68,8 +68,11 @@ def keep(trainer, epoch: int, step, state_of):
         yield
         return
     rng, steps_before = snapshot.rng_state(), trainer.step
+    watch = waiting.of(trainer.world.rank).step(steps_before) if trainer.world.member is not None else \
+        contextlib.nullcontext()
     try:
-        yield
+        with watch:  # a step far past its typical time is said: the run looks for a peer gone without a word
+            yield
     except reform.Change:
         raise  # not a failure: the agreed change of the membership
     except Exception as err:
@@ -90,8 +93,11 @@ def keep_between(trainer, next_epoch: int, state_of):
     if not _keeps(trainer):
         yield
         return
+    watch = waiting.of(trainer.world.rank, "epoch end", warmup=1).step(trainer.step) \
+        if trainer.world.member is not None else contextlib.nullcontext()
     try:
-        yield
+        with watch:
+            yield
     except reform.Change:
         raise
     except Exception as err:

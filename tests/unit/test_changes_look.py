@@ -248,3 +248,25 @@ def test_a_refused_replacement_of_a_node_that_left_is_said_and_asked_again(reach
         time.sleep(0.05)
         changes.tick(pending)
     assert asked == ["node-2"] and "node-2" in changes.joins.leaving
+
+
+def test_a_rank_whose_step_waits_has_the_others_reached_and_one_no_connection_reaches_leaves(reach, probe,
+                                                                                           monkeypatch):
+    """node-0's rank says WAITING (its step far past its typical time; node-2's link cut, no KEPT from anyone yet:
+    the collective would wait for the process-group timeout): the other members are reached at once; node-2 takes
+    no connection and leaves, cut off, before any survivor has paused. A second WAITING while that reach is under
+    way asks nothing more; an answer that reaches everyone changes nothing."""
+    changes, events, runner, recovery = _changes(30.0, monkeypatch)
+    pending = set(NODES)
+    waiting = JobRecord("node-0", channel.WAITING, {"rank": 0, "step": 41, "seconds": 0.6})
+    assert changes.take(waiting, pending, None, (), {})
+    assert changes.take(JobRecord("node-1", channel.WAITING, {"rank": 1, "step": 41}), pending, None, (), {})
+    answer = events.take(5)
+    assert isinstance(answer, Unreachable) and [asked for asked, _ in reach.asked] == [["node-1", "node-2"]]
+    assert changes.take(answer, pending, None, (), {}) and runner.cut == [] and recovery.left == []
+    reach.cut["node-2"] = "no TCP connection to 10.0.0.12:22 within 1 s (timed out)"
+    assert changes.take(waiting, pending, None, (), {})
+    assert changes.take(events.take(5), pending, None, (), {})
+    assert runner.cut == [["node-2"]] and "node-2" not in pending and probe.asked == []
+    assert recovery.left == [("node-2", "lost", "its SSH port takes no connection while a peer's step waits "
+                                                "(no TCP connection to 10.0.0.12:22 within 1 s (timed out))")]

@@ -8,6 +8,10 @@ these events here; :mod:`multinode.app.members` writes what the ranks read).
   dropped (never waited on: a node that does not answer costs the others nothing), its replacement asked for --
   the provider's replacement ends the old machine and whatever of the job still runs on it (a refused one leaves
   it to the attempt's sweep);
+* **a rank's step waits** (``WAITING``, :mod:`training.waiting`: a step far past the rank's typical time): a TCP
+  connection to every other member's SSH port, on a thread; one that takes none leaves as a lost node does, before
+  any survivor's collective has failed -- a node whose link is cut while its machine runs ends no session, is not
+  gone to the provider and sends no FIN, and the survivors would wait for the process-group timeout to say ``KEPT``;
 * **survivors paused** (``KEPT`` records, one per surviving node): a node that neither sent one within
   :data:`KEPT_WINDOW` s nor is still being left (a notice's node exits 75; a node whose link was cut sends nothing)
   leaves the same way -- the survivors say who survived. With the first ``KEPT`` after a loss, a TCP connection to
@@ -63,6 +67,7 @@ class Changes:
         self.reaching: int | None = None  # the same for the TCP reach that comes first
         self.looked: Looked | None = None  # its answer
         self.unreachable: dict[str, str] = {}  # its first part: silent members no TCP connection reaches
+        self.suspecting: int | None = None  # the TCP reach a rank's WAITING asked for, under way
         self._told: set[str] = set()
 
     def why_not(self, name: str) -> str | None:
@@ -92,7 +97,9 @@ class Changes:
                 self.tick(pending)
             return True
         if isinstance(event, Unreachable):
-            if event.number == self.reaching:
+            if event.number == self.suspecting:
+                self._suspected(event, pending)
+            elif event.number == self.reaching:
                 self.unreachable.update(event.nodes)
                 self.tick(pending)
             return True
@@ -154,6 +161,8 @@ class Changes:
                 self._reach(self._silent(pending))
         elif event.kind == channel.JOINING:
             self.joins.joining(event.node)
+        elif event.kind == channel.WAITING:
+            self._suspect(event.node, pending)
 
     def tick(self, pending: set[str]) -> None:
         """Survivors paused: the members that sent no KEPT leave -- at once when each of them has ended (a notice's
@@ -218,6 +227,25 @@ class Changes:
         self.looks += 1
         self.reaching = self.looks
         look.reach(self.ctx, self.looks, tuple(silent), self.events)
+
+    def _suspect(self, waiter: str, pending: set[str]) -> None:
+        """A rank of ``waiter`` says its step waits (``WAITING``): which other member no TCP connection reaches, on a
+        thread, unless such a reach is under way; the answer an event (``Unreachable``, :meth:`_suspected`)."""
+        others = tuple(n for n in self.members.names if n != waiter and n in pending)
+        if self.suspecting is not None or not others:
+            return
+        self.looks += 1
+        self.suspecting = self.looks
+        look.reach(self.ctx, self.looks, others, self.events)
+
+    def _suspected(self, event: Unreachable, pending: set[str]) -> None:
+        """The reach a WAITING asked for: a member it did not reach leaves now -- where the job can take the change
+        in its processes; elsewhere the failed collective's timeout ends the attempt as before, unsaid here."""
+        self.suspecting = None
+        for name, why in event.nodes.items():
+            if name in self.members.names and name in pending and self.members.usable(name) is None \
+                    and self.recovery.may_recover():
+                self.lose(name, f"its SSH port takes no connection while a peer's step waits ({why})", pending)
 
     def lost_node(self, event, capture, lost: tuple[str, ...]) -> tuple[str, str] | None:
         """(node, why) when ``event`` loses a node of the job: its part killed or its session lost, its machine
