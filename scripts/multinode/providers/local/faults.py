@@ -30,7 +30,7 @@ from multinode.core.setting import Refused
 from multinode.core.settings import REPLACE_DELAY
 from multinode.core.state import ClusterState
 from multinode.providers.local import netns as localnet
-from multinode.providers.local.meta import load_meta, net_plan, node_index
+from multinode.providers.local.meta import load_meta, net_plan, node_change, node_index
 
 REFUSE_FILE = "refuse-replacements"
 DELAY_ENV = REPLACE_DELAY.environ  # MULTINODE_REPLACE_DELAY, declared with the other settings
@@ -114,7 +114,8 @@ def lose_node(state: ClusterState, node: str) -> int:
         raise UserError(f"NODE={node} is not a node of cluster {state.name!r}; its nodes are {', '.join(names)}")
     if not (load_meta(state) or {}).get("isolated", True):
         raise UserError("losing a node needs network namespaces (root); this cluster runs on loopback")
-    return localnet.destroy_node(plan, node_index(node), warn=False)
+    with node_change(state, node):  # whole before the run can replace it (a vanished machine is gone at once)
+        return localnet.destroy_node(plan, node_index(node), warn=False)
 
 
 def refusal_path(state: ClusterState) -> Path:

@@ -8,8 +8,11 @@ host key, pid file, log, copy-on-write home).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from multinode.core.errors import UserError
@@ -48,3 +51,16 @@ def login_user() -> str:
     import pwd
 
     return pwd.getpwuid(os.geteuid()).pw_name
+
+
+@contextlib.contextmanager
+def node_change(state: ClusterState, name: str) -> Iterator[None]:
+    """One change of node ``name``'s life at a time, across processes (``flock`` on ``provider/<node>.lock``, beside
+    the node's directory, which a replacement wipes): a replacement made by the run, the node lost by a drill.
+    Without it the run, quick to see the loss, removed what was left of the node and made the new one while the
+    drill was still deleting the old one's link and namespace -- by name, the new ones (a replacement started the
+    moment the old node's processes were gone lost its node 6 times in 6)."""
+    state.provider_dir.mkdir(parents=True, exist_ok=True)
+    with open(state.provider_dir / f"{name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield

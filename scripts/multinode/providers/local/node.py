@@ -26,7 +26,7 @@ from multinode.core.state import ClusterState
 from multinode.providers.local import faults, imds
 from multinode.providers.local import netns as localnet
 from multinode.providers.local.home import user_group
-from multinode.providers.local.meta import isolated, load_meta, net_plan, node_dir, node_index
+from multinode.providers.local.meta import isolated, load_meta, net_plan, node_change, node_dir, node_index
 from multinode.providers.local.netns import NetPlan
 from multinode.providers.local.sshd import start_sshds, stop_sshd_process, write_sshd_files
 
@@ -72,7 +72,13 @@ def remove_node(state: ClusterState, plan: NetPlan, name: str) -> None:
 def replace_node(state: ClusterState, inventory: Inventory, name: str) -> Inventory:
     """Remove what is left of ``name`` and make one new node under its name and IP (see the module doc); write the
     new inventory to state and return it. Raises CapacityRefused (nothing changed) when told to refuse
-    (:func:`faults.take_refusal`); UserError for a node that is not the cluster's or a SCHEDULER=slurm cluster."""
+    (:func:`faults.take_refusal`); UserError for a node that is not the cluster's or a SCHEDULER=slurm cluster.
+    Once a change of the node under way (a drilled loss) is done (:func:`meta.node_change`)."""
+    with node_change(state, name):
+        return _replace(state, inventory, name)
+
+
+def _replace(state: ClusterState, inventory: Inventory, name: str) -> Inventory:
     meta = load_meta(state)
     if meta is None:
         raise UserError(f"cluster {state.name!r} is not up; run 'make up' first")
