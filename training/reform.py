@@ -87,24 +87,47 @@ def change(host: Host, what: Change) -> None:
         channel.send(channel.KEPT, {"rank": world.rank, "host": member.host, "step": host.step,
                                     "position": what.position, "in_memory": True, "error": what.error[:300],
                                     "why": what.why})
+    parts = Parts()  # where the pause goes: seconds per part, in the log line and the WORLD record
     member.leave_group()
+    parts.mark("leave")
     written = member.wait(member.generation, membership.reform_timeout())  # NoNewMembership: the fallback's
+    parts.mark("wait")
     place = member.place_in(written)  # Left: this node is not in the new world
     member.form(place, world.backend, host.timeout)
+    parts.mark("form")
     host.world = World(Launch(world.launch.launcher, place.rank, place.world_size, world.local_rank,
                               world.launch.master_addr, world.launch.master_port), world.backend, None, member)
     position = membership.synchronize(host, what.position)
+    parts.mark("sync")
     host.rejoined(position, host.step != step_before)
     host.agreement.restart(members(host.world))
+    parts.mark("rebuild")
     began = _paused_since(host, what)
     seconds = round(time.time() - began, 3)
-    log.info("membership generation %d: %d -> %d ranks at step %d, %.2f s after the pause (%s)", place.generation,
-             before, place.world_size, host.step, seconds, what.why)
+    log.info("membership generation %d: %d -> %d ranks at step %d, %.2f s after the pause (%s; %s)", place.generation,
+             before, place.world_size, host.step, seconds, what.why, parts.said())
     host.marks.pause(began, seconds, what.why)  # the ledger's: the survivors' pause
     if host.world.rank == 0:
         channel.send(channel.WORLD, {"generation": place.generation, "step": host.step,
                                      "world_size": place.world_size, "before": before, "seconds": seconds,
-                                     "joined": list(written.joining), "why": what.why})
+                                     "joined": list(written.joining), "why": what.why, "parts": parts.seconds})
+
+
+class Parts:
+    """The seconds each part of a change took on this rank, marked as each ends (before the first: the pause up to
+    the change, not counted here)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._last = time.time()
+
+    def mark(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name] = round(now - self._last, 3)
+        self._last = now
+
+    def said(self) -> str:
+        return ", ".join(f"{name} {value:.2f} s" for name, value in self.seconds.items())
 
 
 def _paused_since(host: Host, what: Change) -> float:

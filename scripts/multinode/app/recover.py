@@ -132,9 +132,9 @@ class Recovery:
         what = f"{joined} joined" if joined else f"world {world.get('before')} -> {world.get('world_size')}"
         self.timeline.add("world changed", f"{what} at step {world.get('step')} ({world.get('seconds')} s after the "
                                            f"pause; no process restarted)", at=at)
-        self.say(f"{what} rank(s) at step {world.get('step')}, {world.get('seconds')} s after the pause, every "
-                 f"surviving process kept" if not joined else f"{joined} joined the running job at step "
-                 f"{world.get('step')}; the ranks paused {world.get('seconds')} s")
+        self.say((f"{what} rank(s) at step {world.get('step')}, {world.get('seconds')} s after the pause, every "
+                  f"surviving process kept" if not joined else f"{joined} joined the running job at step "
+                  f"{world.get('step')}; the ranks paused {world.get('seconds')} s") + _parts(world))
 
     def _back(self, name: str, at: float) -> None:
         self.timeline.add("node back", name, at=at)
@@ -286,3 +286,9 @@ class Recovery:
         """The ended attempt's logs and summary moved to ``attempt-<k>/`` or ``grow-<k>/`` (the next attempt writes
         the same names)."""
         RunDir(run_dir).keep(self.label)
+
+
+def _parts(world: dict) -> str:
+    """Where rank 0's pause went (its WORLD record's parts: leave, wait, form, sync, rebuild), or nothing."""
+    parts = world.get("parts")
+    return f" ({', '.join(f'{k} {v}' for k, v in parts.items())})" if isinstance(parts, dict) and parts else ""
