@@ -93,6 +93,8 @@ _WATCHES: dict[str, Waiting] = {}
 def of(rank: int, what: str = "step", warmup: int = WARMUP) -> Waiting:
     """This process's watch of ``what`` (one rank per process): its steps, or what runs between two epochs (the
     validation, the epoch's sums, the periodic snapshot: timed against the earlier epochs' own, after ``warmup``)."""
-    watch = _WATCHES.setdefault(what, Waiting(rank, what=what, warmup=warmup))
+    watch = _WATCHES.get(what)
+    if watch is None:  # made once: this is called at every step
+        watch = _WATCHES[what] = Waiting(rank, what=what, warmup=warmup)
     watch.rank = rank  # renumbered in a new world
     return watch
