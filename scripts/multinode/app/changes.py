@@ -70,11 +70,16 @@ class Changes:
         self.suspecting: int | None = None  # the TCP reach a rank's WAITING asked for, under way
         self._told: set[str] = set()
 
-    def why_not(self, name: str) -> str | None:
-        """None when ``name`` can leave without a restart; else why not (said once per reason)."""
+    def blocked(self, name: str) -> str | None:
+        """None when ``name`` can leave without a restart; else why not."""
         why = self.members.usable(name)
         if why is None and not self.recovery.may_recover():
             why = f"RECOVER={self.ctx.spec.recover} recoveries spent"
+        return why
+
+    def why_not(self, name: str) -> str | None:
+        """:meth:`blocked`, said once per reason."""
+        why = self.blocked(name)
         if why is not None and why not in self._told:
             self._told.add(why)
             self.say(f"{name}: {why}: the job restarts every process instead")
@@ -243,8 +248,7 @@ class Changes:
         in its processes; elsewhere the failed collective's timeout ends the attempt as before, unsaid here."""
         self.suspecting = None
         for name, why in event.nodes.items():
-            if name in self.members.names and name in pending and self.members.usable(name) is None \
-                    and self.recovery.may_recover():
+            if name in self.members.names and name in pending and self.blocked(name) is None:
                 self.lose(name, f"its SSH port takes no connection while a peer's step waits ({why})", pending)
 
     def lost_node(self, event, capture, lost: tuple[str, ...]) -> tuple[str, str] | None:
