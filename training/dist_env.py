@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Mapping
 
-from . import channel, membership
+from . import membership
 
 MPI_MARKERS = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")
 # NCCL's watchdog on a failed or timed-out collective: 2 = CleanUpOnly, the communicators aborted and the error raised
@@ -114,6 +114,7 @@ class World:
     backend: str | None  # torch process-group backend; None when single
     comm: Any = None  # mpi4py COMM_WORLD under mpirun
     member: Any = None  # training.membership.Member, with MULTINODE_MEMBERSHIP under the static launcher
+    joining: Any = None  # a new node's rank: the training.membership.Place it joins the running job at (join())
 
     @property
     def rank(self) -> int:
@@ -126,6 +127,17 @@ class World:
     @property
     def local_rank(self) -> int:
         return self.launch.local_rank
+
+    def join(self, timeout: float) -> None:
+        """A new node's rank, once it is ready to take its peers' state: says so and forms the group of the
+        generation that takes it in (:meth:`training.membership.Member.join`). Nothing for any other rank.
+
+        Called when everything the rank builds before the state's transfer is built (the trainer's model,
+        optimizer...): the running ranks pause when the run opens that generation, and what the new rank did
+        after saying JOINING they would wait for -- the first optimizer alone imports torch._dynamo, 1.4 s here."""
+        if self.joining is not None:
+            self.member.join(self.joining, self.backend, timeout)
+            self.joining = None
 
     def broadcast(self, obj, src: int = 0):
         """``obj`` as rank ``src`` has it, on every rank (itself where there is no process group)."""
@@ -203,7 +215,7 @@ def mpi_rendezvous(comm, rank: int, world_size: int, nodes: int, timeout: timede
 
 
 def init(launch: Launch, backend: str, timeout: float) -> World:
-    """Create the process group (nothing for one process)."""
+    """Create the process group (nothing for one process; a new node's rank forms it at :meth:`World.join`)."""
     import torch.distributed as dist
 
     comm = None
@@ -245,15 +257,14 @@ def init(launch: Launch, backend: str, timeout: float) -> World:
 def _with_membership(launch: Launch, backend: str, timeout: float) -> World:
     """The static launcher's ranks when the run may change the membership: the job's store hosted by rank 0 for the
     job's life, the group of this generation under its prefix (:mod:`training.membership`). A rank of a node started
-    to join a running job takes its place from the run's file, says it is ready (``JOINING``), and waits in the
-    rendezvous."""
+    to join a running job takes its place from the run's file, and joins when it is ready (:meth:`World.join`)."""
     member, place = membership.first_place(launch, membership.path_from_env())
     member.connect(launch.master_addr or "127.0.0.1", launch.master_port or 29500,
                    rank0=place.generation == 0 and place.rank == 0, timeout=timeout)
     if place.generation > 0:
         launch = Launch(launch.launcher, place.rank, place.world_size, launch.local_rank, launch.master_addr,
                         launch.master_port)
-        channel.send(channel.JOINING, {"generation": place.generation, "host": member.host, "rank": place.rank})
+        return World(launch, backend, None, member, joining=place)
     member.form(place, backend, timeout)
     return World(launch, backend, None, member)
 

@@ -77,11 +77,11 @@ class Elastic:
             dist.init_process_group(backend)
             self.world = dist_env.World(dist_env.Launch(launch.launcher, dist.get_rank(), dist.get_world_size(),
                                                         launch.local_rank), backend)
+        if self.world.joining is not None:  # a new node's rank: the script's state is built (``state``), it joins now
+            self.position = membership.join(self, self.timeout)
         member = self.world.member
         self.agreement = notice.Agreement(notice.watch(), notice.torch_all_reduce_max(), reform.members(self.world))
-        if member is not None and member.generation > 0:
-            self.position = membership.synchronize(self, None)
-        elif member is not None and self.world.rank == 0:
+        if member is not None and member.generation == 0 and self.world.rank == 0:
             channel.send(channel.WORLD, {"generation": 0, "step": 0, "world_size": self.world.world_size,
                                          "before": self.world.world_size, "seconds": 0.0})  # the job takes changes
         return self

@@ -144,6 +144,12 @@ class Member:
                                 timeout=timedelta(seconds=timeout))
         self.place = place
 
+    def join(self, place: Place, backend: str, timeout: float) -> None:
+        """A new node's rank: says it is ready (``JOINING``; the run opens ``place``'s generation once every new rank
+        has said so) and forms that generation's group with the running ranks."""
+        channel.send(channel.JOINING, {"generation": place.generation, "host": self.host, "rank": place.rank})
+        self.form(place, backend, timeout)
+
     def leave_group(self) -> None:
         """The current group given up (its peers may be gone): gloo closes its sockets, NCCL aborts its
         communicators. On a thread, waited for at most :data:`LEAVE_SECONDS`: after NCCL's watchdog has aborted a
@@ -177,6 +183,13 @@ def first_place(launch, path: Path, host: str | None = None) -> tuple[Member, Pl
     if written is not None and written.generation > 0:
         return member, member.place_in(written)
     return member, Place(0, launch.rank, launch.world_size, ())
+
+
+def join(host, timeout: float):
+    """A new node's rank, its own state built: in the running job (:meth:`~training.dist_env.World.join`), its peers'
+    state taken (:func:`synchronize`). Returns the agreed position."""
+    host.world.join(timeout)
+    return synchronize(host, None)
 
 
 def synchronize(host, position):

@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
         log.warning("--amp %s ignored: mixed precision is for GPUs, this run is on %s", t.amp, device.type)
     try:
         if workload is None:
+            world.join(cfg.distributed.timeout)  # a new node's rank: nothing to build first
             result.update(hello(world, device))
         else:
             code = run_workload(cfg, world, workload, device, plane, result)

@@ -98,9 +98,9 @@ class Trainer(ChangeHost):
         self.initial_test_loss: float | None = None  # before any training; kept in snapshots
         self.best, self.stale = float("inf"), 0  # early stopping (every rank); kept in snapshots
         self.uploader = upload.Uploader.from_env() if world.rank == 0 else None  # CHECKPOINT_URL: rank 0 uploads
-        joining = world.member is not None and world.member.generation > 0
-        if joining:  # a new node's rank in a running job: its state from a live peer (training/membership.py)
-            self.start_epoch, self.start_consumed = membership.synchronize(self, None)
+        joining = world.joining is not None
+        if joining:  # a new node's rank in a running job, built: in, and its state from a live peer (membership.py)
+            self.start_epoch, self.start_consumed = membership.join(self, cfg.distributed.timeout)
         else:
             resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's
             if resumed is not None and world.rank == 0:
