@@ -133,11 +133,12 @@ class Changes:
         # written -- both on the members' writer thread, the loop taking the change's next events meanwhile (one
         # benchmark run's loop was held 7.3 s in this method, the provider's word that the machine was gone waiting
         # behind it). The cut comes first: a survivor that already had the new generation would form the new group
-        # while a slower survivor's cut still closes its connections to the others.
-        lost = [] if notice else [name]
-        self.members.leave(name, first=lambda: self.ctx.runner.cut_off(lost, survivors,
-                                                                       spare_port=self.ctx.spec.rdzv_port,
-                                                                       peers=survivors))
+        # while a slower survivor's cut still closes its connections to the others. A notice cuts nothing: every rank
+        # stopped at the agreed step, none is in a collective -- its SSH round only delayed the write (5 s bound).
+        cut = (lambda: None) if notice else lambda: self.ctx.runner.cut_off([name], survivors,
+                                                                           spare_port=self.ctx.spec.rdzv_port,
+                                                                           peers=survivors)
+        self.members.leave(name, first=cut)
         pending.discard(name)
         self.joins.leaving.add(name)
         if not (notice or ended):
