@@ -227,8 +227,8 @@ def test_the_old_session_of_a_node_that_left_ends_after_its_replacement_is_back_
 def test_a_refused_replacement_of_a_node_that_left_is_said_and_asked_again(reach, probe, monkeypatch):
     """A replacement refused while the survivors go on (no capacity, or its own error) was taken by nobody: the
     attempt loop handed it to growing back, which knows only the nodes missing when the attempt began -- the run
-    ended a node short with nothing said (test_survivors_local, 4 runs of 11). Now it is on the timeline, said, and
-    asked again once RECOVER_WAIT has passed."""
+    ended a node short with nothing said (test_survivors_local, 4 runs of 11). Now it is on the timeline, said (once
+    per node, as growing back says it), and asked again once RECOVER_WAIT has passed."""
     changes, events, runner, recovery = _changes(30.0, monkeypatch)
     added, said, asked = [], [], []
     recovery.timeline = SimpleNamespace(add=lambda *args, **kwargs: added.append(args))
@@ -248,6 +248,9 @@ def test_a_refused_replacement_of_a_node_that_left_is_said_and_asked_again(reach
         time.sleep(0.05)
         changes.tick(pending)
     assert asked == ["node-2"] and "node-2" in changes.joins.leaving
+    told = (len(added), len(said))  # refused again (a shortage lasts minutes): asked again, said once per node
+    assert changes.take(ReplacementRefused("node-2", "no capacity"), pending, None, (), {})
+    assert (len(added), len(said)) == told and "node-2" in changes.joins.refused
 
 
 def test_a_rank_whose_step_waits_has_the_others_reached_and_one_no_connection_reaches_leaves(reach, probe,

@@ -3,9 +3,9 @@ change, :mod:`multinode.app.changes`): its replacement's answer, and its ranks j
 
 * **ready** (:class:`~multinode.core.events.ReplacementReady`): on the timeline, then prepared (code, data, ENV
   file, the job's files) on a thread, its generation written to it, its part started;
-* **refused** (no capacity, or the replacement's own error): said, on the timeline, and asked again every
-  RECOVER_WAIT seconds while the job goes on without it -- growing back (:mod:`multinode.app.growback`) knows only
-  the nodes missing when the attempt began, and the run once ended a node short with nothing said;
+* **refused** (no capacity, or the replacement's own error): said and on the timeline (once per node), and asked
+  again every RECOVER_WAIT seconds while the job goes on without it -- growing back (:mod:`multinode.app.growback`)
+  knows only the nodes missing when the attempt began, and the run once ended a node short with nothing said;
 * **its ranks say** ``JOINING``: its generation is opened to the running ranks -- once every earlier generation has
   formed (they take the newest written: one they skipped would leave a survivor alone in it) -- which change at their
   next agreement: they pause only once the new ranks are ready.
@@ -34,6 +34,7 @@ class Joins:
         self.leaving: set[str] = set()  # nodes that left in this attempt, not (yet) back
         self.ready: list[str] = []  # new nodes whose ranks said JOINING, their generation not yet opened
         self.refused: dict[str, float] = {}  # nodes whose replacement was refused: when (monotonic), asked again
+        self.told: set[str] = set()  # nodes whose refusal was said: once each (as growing back); asks go on quietly
 
     def take(self, event) -> bool:
         """A replacement's answer for a node that left in this attempt; False for another node's (growing back's)
@@ -41,12 +42,15 @@ class Joins:
         if not isinstance(event, (ReplacementReady, ReplacementRefused)) or event.node not in self.leaving:
             return False
         if isinstance(event, ReplacementRefused):
-            self.recovery.timeline.add("replacement refused", f"{event.node}: {event.why}")
-            self.say(f"{event.node}: no replacement ({event.why}); the job goes on without it, asking again every "
-                     f"{self.ctx.spec.recover_wait:.0f} s")
+            if event.node not in self.told:
+                self.told.add(event.node)
+                self.recovery.timeline.add("replacement refused", f"{event.node}: {event.why}")
+                self.say(f"{event.node}: no replacement ({event.why}); the job goes on without it, asking again "
+                         f"every {self.ctx.spec.recover_wait:.0f} s")
             self.refused[event.node] = time.monotonic()
             return True
         self.leaving.discard(event.node)
+        self.told.discard(event.node)
         self.recovery.timeline.add("node ready", event.node, at=event.at)
         threading.Thread(target=self._join, args=(event,), name=f"mn-join-{event.node}", daemon=True).start()
         return True
