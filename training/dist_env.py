@@ -134,7 +134,8 @@ class World:
 
         Called when everything the rank builds before the state's transfer is built (the trainer's model,
         optimizer...): the running ranks pause when the run opens that generation, and what the new rank did
-        after saying JOINING they would wait for -- the first optimizer alone imports torch._dynamo, 1.4 s here."""
+        after saying JOINING they would wait for -- the first optimizer alone imports torch._dynamo (1.4 s in
+        cProfile on the 2-core machine of docs/benchmarks.md)."""
         if self.joining is not None:
             self.member.join(self.joining, self.backend, timeout)
             self.joining = None
