@@ -21,6 +21,7 @@ from multinode.core.errors import CapacityRefused
 from multinode.core.inventory import Inventory
 from multinode.providers.local import faults
 from multinode.providers.local.imds import start_endpoint
+from multinode.providers.local.meta import net_plan
 from multinode.providers.local.provider import LocalProvider
 
 pytestmark = pytest.mark.integration
@@ -108,8 +109,18 @@ def test_replace_one_node_keeps_the_others(cluster):
     for name in ns.values():
         mark(name)
 
+    # The bridge's MAC stays put when a port comes or goes: node-2's host-side veth given the lowest MAC (a bridge
+    # left to itself takes it at once), then replaced. A moved MAC left every node's ARP entry for the gateway
+    # stale, their packets to the host dropped ~6.5 s (docs/recovery.md).
+    plan = net_plan(state)
+    bridge = Path("/sys/class/net") / plan.bridge
+    mac = (bridge / "address").read_text().strip()
+    subprocess.run(["ip", "link", "set", plan.veth(2), "address", "02:00:00:00:00:01"], check=True)
+    assert (bridge / "address").read_text().strip() == mac == plan.bridge_mac
+
     after = provider.replace(state, before, "node-2")
 
+    assert (bridge / "address").read_text().strip() == mac and (bridge / "addr_assign_type").read_text().strip() == "3"
     inodes2, sshds2 = snapshot(cluster.name)
     for name in ("node-0", "node-1"):
         assert (inodes2[ns[name]], sshds2[ns[name]]) == (inodes[ns[name]], sshds[ns[name]]), name

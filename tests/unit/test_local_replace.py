@@ -74,3 +74,10 @@ def test_a_node_keeps_its_mac_address_across_replacements():
     plan = NetPlan("kh", 3, "10.201.7.0/24", 1500)
     assert plan.mac(2) == NetPlan("kh", 3, "10.201.7.0/24", 1500).mac(2) == f"02:{plan.tag[:2]}:{plan.tag[2:4]}:{plan.tag[4:]}:00:02"
     assert len({plan.mac(i) for i in range(64)}) == 64 and plan.mac(0) != NetPlan("other", 3, plan.subnet, 1500).mac(0)
+
+
+def test_the_bridge_has_its_own_mac_apart_from_every_node():
+    """Set at creation, so it never follows its ports (a lost node's veth took it along: netns.NetPlan.bridge_mac)."""
+    plan = NetPlan("kh", 3, "10.201.7.0/24", 1500)
+    assert plan.bridge_mac == NetPlan("kh", 3, "10.201.7.0/24", 1500).bridge_mac
+    assert plan.bridge_mac not in {plan.mac(i) for i in range(64)} and int(plan.bridge_mac[:2], 16) & 2
