@@ -273,4 +273,3 @@ def test_a_rank_whose_step_waits_has_the_others_reached_and_one_no_connection_re
     assert runner.cut == [["node-2"]] and "node-2" not in pending and probe.asked == []
     assert recovery.left == [("node-2", "lost", "its SSH port takes no connection while a peer's step waits "
                                                 "(no TCP connection to 10.0.0.12:22 within 1 s (timed out))")]
-

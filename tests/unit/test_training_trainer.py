@@ -62,7 +62,6 @@ def test_main_exits_3_after_a_requested_stop_and_resumes(tmp_path, monkeypatch, 
     assert json.loads(line[len("RESULT "):])["epochs_run"] == 2
 
 
-
 def test_a_new_rank_builds_its_trainer_before_it_says_it_is_ready(tmp_path, monkeypatch):
     """The running ranks pause when the run opens the generation that takes a new rank in, which it does once the new
     rank said JOINING (membership.join): what the new rank builds after that, they wait for. Its optimizer among them
