@@ -72,6 +72,14 @@ def judge(result: dict) -> list[dict]:
     return verdicts
 
 
+def wall_floor(result: dict) -> float:
+    """The lowest the wall target's ratio can be on this trace: the uninterrupted run's wall over the whole-cluster
+    restart's. A method that trains no faster than the job untouched (the trace's slowdowns and missing nodes only
+    add to it) cannot finish in less than the uninterrupted run's wall."""
+    m = result["methods"]
+    return round(m["uninterrupted"]["wall_s"] / m["restart"]["wall_s"], 4)
+
+
 def _row(name: str, f: dict) -> list[str]:
     return [LABELS[name], f"{f['wall_s']:.0f}", f"{f['node_seconds']:.0f}", str(f["useful_samples"]),
             f"{f['useful_per_s_vs_uninterrupted']:.3f}", f"{f['useful_per_node_s_vs_uninterrupted']:.3f}",
@@ -109,6 +117,10 @@ def section(result: dict) -> str:
         "", " ".join(doc[2].split()),
         "", "Verdicts (computed by `bench.spotday.judge`):", "",
         *(f"- {v['claim']}: **{describe(v)}**" for v in result.get("verdicts", judge(result))),
+        "", f"The wall target's floor on this trace (`bench.spotday.wall_floor`): the uninterrupted run's wall over "
+            f"the whole-cluster restart's, {wall_floor(result):.3f}; no method finishes the same work faster than the "
+            f"job untouched, so the target ({WALL}) is "
+            + ("within reach on this trace." if WALL.met(wall_floor(result)) else "out of reach on this trace."),
         "", "![the methods' timelines](spotday.png)", ""])
 
 

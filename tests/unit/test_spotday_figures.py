@@ -91,6 +91,15 @@ def test_every_target_is_judged_from_the_stored_figures(tmp_path):
     assert len(verdicts) == 7
 
 
+def test_the_wall_targets_floor_is_the_uninterrupted_runs_wall_over_the_restarts():
+    def method(wall):
+        return {"wall_s": wall}
+
+    assert spotday.wall_floor({"methods": {"uninterrupted": method(900), "restart": method(1800)}}) == 0.5
+    assert not spotday.WALL.met(spotday.wall_floor({"methods": {"uninterrupted": method(975.4),
+                                                                "restart": method(1500)}}))
+
+
 def test_the_timelines_are_one_picture(tmp_path):
     methods = {"uninterrupted": figures(_run("uninterrupted", 10, 100.0, 400.0)),
                "ours": figures(_run("ours", 10, 120.0, 450.0))}
