@@ -164,6 +164,34 @@ def test_a_node_whose_ranks_froze_is_named_and_replaced_under_the_stall_watchdog
     assert re.match(r"node-2 \(its rank 2 is stopped \(state T", lost[0]), lost
 
 
+def test_a_notice_on_the_head_restarts_every_process_and_says_why_in_one_line(cluster3):
+    """A spot notice on node-0, whose rank 0 holds the job's store: every rank stops at the agreed step (the
+    coordinated checkpoint), the run says in one line why the survivors could not go on in their processes, node-0
+    is replaced and the job starts again from the checkpoint, no step trained twice."""
+    from multinode.providers.local.imds import stop_endpoint
+
+    epochs = 20
+    proc = cluster3.popen("train", "--nodes", "2", "--run-id=keep-head", "--recover=1", f"--env={IMDS_ENV}",
+                          f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples")
+    try:
+        with watched(proc) as (out, err):
+            out.wait_for(rf"\[rank0\]: .*epoch 3/{epochs} ", timeout=RUN_BOUND, also=err)
+            assert cluster3.cli("preempt", "--node", "0", timeout=60).returncode == 0
+            code = proc.wait(timeout=RUN_BOUND)
+    finally:
+        for node in ("node-0", "node-1"):
+            stop_endpoint(cluster3.state, node)
+    text = "".join(out.lines)
+    assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
+    lines = [line for line in text.splitlines() if "the job restarts every process instead" in line]
+    assert len(lines) == 1 and lines[0].endswith("node-0: node-0 is the head: its rank 0 holds the job's store: the "
+                                                 "job restarts every process instead"), text[-3000:]
+    assert list(cluster3.state.run_dir("keep-head").glob("attempt-*")), "the job was not started again"
+    assert "the job started again from the coordinated checkpoint of step" in text, text[-3000:]
+    record = summary(cluster3, "keep-head")  # node-0's sample log went with its machine: the ledger's count
+    assert record["ledger"]["steps_trained_twice"] == 0 and record["result"]["epochs"] == epochs, record["ledger"]
+
+
 @pytest.mark.parametrize("how, reason", [(("--mode", "mpi"), "MODE=mpi"), (("--launcher", "torchrun"),
                                                                             "LAUNCHER=torchrun")])
 def test_mpi_and_torchrun_say_in_one_line_that_a_change_restarts_every_process(cluster3, how, reason):

@@ -126,6 +126,9 @@ class AttemptLoop:
                 self.recovery.replacements.listen(None)
             self.job.close()
         outcome = self.job.outcome(ending)
+        if self.changes is not None and outcome.kind == "preempted" and ending.stopped_by is None \
+                and not self.grow.notified:  # a node's notice stopped every rank: one that could not leave alone
+            self.changes.why_not(self.changes.members.names[0])
         if self.confirm is not None and outcome.lost:  # a recovering run replaces only what is lost indeed
             lost = self.confirm(self.ctx, list(outcome.lost), {**self.gone, **self.frozen})
             outcome = replace(outcome, lost=tuple(lost), why_lost=lost)
