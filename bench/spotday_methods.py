@@ -149,6 +149,21 @@ class Replay:
         run.samples = list(self.watch.samples.lines)
         return run
 
+    def keep_logs(self) -> Path | None:
+        """A failed replay's run logs (every train's node logs, stacks, summaries), copied out of the cluster's home
+        before :meth:`down` removes it; where they are, said."""
+        runs = self.cluster.home / self.cluster.name / "runs"
+        if not runs.is_dir():
+            return None
+        kept = Path(tempfile.mkdtemp(prefix=f"mn-spotday-{self.method}-failed-"))
+        try:
+            shutil.copytree(runs, kept / "runs", symlinks=True, ignore=shutil.ignore_patterns("*.sock"))
+        except OSError as err:  # the replay's own failure is the one to raise
+            print(f"spotday: {self.method}: its runs' logs could not be kept ({err})", flush=True)
+            return None
+        print(f"spotday: {self.method}: the replay failed; its runs' logs are kept in {kept / 'runs'}", flush=True)
+        return kept / "runs"
+
     def down(self) -> None:
         if self.cloud is not None:
             self.cloud.stop()
@@ -171,6 +186,9 @@ def _replay(method: str, job: Job, trace: Trace | None, replaces: str, reports: 
         replay.begin()
         body(replay)
         return replay.finish()
+    except BaseException:
+        replay.keep_logs()
+        raise
     finally:
         replay.down()
 
