@@ -92,6 +92,7 @@ def section(result: dict) -> str:
     from bench.report import md_table
 
     t = result["trace"]
+    floor = wall_floor(result)
     events = "; ".join(f"+{e['at']:g} s {e['kind']}" + (f" node-{e['node']}" if "node" in e else "")
                        for e in t["events"])
     doc = __doc__.split("\n\n")
@@ -118,9 +119,9 @@ def section(result: dict) -> str:
         "", "Verdicts (computed by `bench.spotday.judge`):", "",
         *(f"- {v['claim']}: **{describe(v)}**" for v in result.get("verdicts", judge(result))),
         "", f"The wall target's floor on this trace (`bench.spotday.wall_floor`): the uninterrupted run's wall over "
-            f"the whole-cluster restart's, {wall_floor(result):.3f}; no method finishes the same work faster than the "
-            f"job untouched, so the target ({WALL}) is "
-            + ("within reach on this trace." if WALL.met(wall_floor(result)) else "out of reach on this trace."),
+            f"the whole-cluster restart's, {floor:.3f}; no method finishes the same work faster than the job "
+            f"untouched, so the target ({WALL}) is " + ("within reach" if WALL.met(floor) else "out of reach")
+            + " on this trace.",
         "", "![the methods' timelines](spotday.png)", ""])
 
 

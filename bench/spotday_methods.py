@@ -159,6 +159,7 @@ class Replay:
         try:
             shutil.copytree(runs, kept / "runs", symlinks=True, ignore=shutil.ignore_patterns("*.sock"))
         except OSError as err:  # the replay's own failure is the one to raise
+            shutil.rmtree(kept, ignore_errors=True)
             print(f"spotday: {self.method}: its runs' logs could not be kept ({err})", flush=True)
             return None
         print(f"spotday: {self.method}: the replay failed; its runs' logs are kept in {kept / 'runs'}", flush=True)
