@@ -85,6 +85,7 @@ def recoveries(run) -> dict[str, int]:
         kinds["node replaced"] += events.count("node ready")
         kinds["went on without a node"] += events.count("going on without it")
         kinds["grew back"] += events.count("node back")
+        kinds["started again after a collective failed"] += events.count("collective failed")
         ledger = (train["summary"] or {}).get("ledger") or {}
         kinds["worker group restarted (torchrun)"] += len(ledger.get("job_restarts") or ())
         kinds["coordinated checkpoints"] += sum(1 for a in ledger.get("attempts", []) for c in a["checkpoints"]

@@ -56,6 +56,10 @@ LINE = re.compile(r"(?<![A-Z_])(" + "|".join(KINDS) + r") (\{.*\})(?:\[\d+,\d+\]
 
 # --- what the run gives every rank ------------------------------------------------------------------------------
 EXIT_PREEMPTED = 75  # a rank (or node) that stopped on a notice with its checkpoint: sysexits.h EX_TEMPFAIL, "retry"
+# A rank whose collective failed with nothing of its own wrong -- a peer gone, or slower than the process-group
+# timeout -- its last step kept where it could be: sysexits.h EX_PROTOCOL, "remote error in protocol". RECOVER starts
+# every process again when no node exited any other way (multinode.app.decide).
+EXIT_PEER_FAILED = 76
 RUN_ID_ENV = "MULTINODE_RUN_ID"  # every process of the run carries it (the sweep and the watchdog find them by it)
 GRACE_ENV = "MULTINODE_GRACE"  # SIGTERM is a notice; seconds until SIGKILL (docs/preemption.md)
 NOTICES_ENV = "MULTINODE_NOTICES"  # off: no notice source at all

@@ -29,6 +29,7 @@ import logging
 import os
 import re
 import socket
+import traceback
 
 from . import channel, reform, snapshot, waiting
 
@@ -45,6 +46,29 @@ def lost_peer(err: BaseException) -> bool:
     import torch.distributed as dist
 
     return isinstance(err, dist.DistError) or (isinstance(err, RuntimeError) and bool(PEER_GONE.search(str(err))))
+
+
+def peer_failed(err: BaseException) -> bool:
+    """Whether ``err`` comes of a collective that failed (:func:`lost_peer`), itself or anywhere in what caused it --
+    the survivors' fallback raises its own error from the failed collective's -- so the rank exits
+    ``channel.EXIT_PEER_FAILED``, not as a failure of its own."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if lost_peer(err):
+            return True
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def said_peer_failed(timeout: float) -> int:
+    """The error being handled, as an uncaught one prints it (the run's culprit line reads it), one line, and
+    ``channel.EXIT_PEER_FAILED``: the rank's exit code when :func:`peer_failed` -- RECOVER may start every process
+    again (``multinode.app.decide``)."""
+    traceback.print_exc()
+    log.error("a collective failed with nothing of this rank's own wrong (a peer gone, or slower than the "
+              "process-group timeout, %g s): exit %d", timeout, channel.EXIT_PEER_FAILED)
+    return channel.EXIT_PEER_FAILED
 
 
 @contextlib.contextmanager

@@ -60,6 +60,7 @@ import torch.distributed as dist  # noqa: E402
 
 from . import channel, dist_env  # noqa: E402
 from .config import Config, ConfigError, load  # noqa: E402
+from .survivor import peer_failed, said_peer_failed  # noqa: E402
 
 
 def make_deterministic() -> None:
@@ -242,7 +243,12 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
         return 2
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    world = dist_env.init(launch, backend, cfg.distributed.timeout)
+    try:
+        world = dist_env.init(launch, backend, cfg.distributed.timeout)
+    except Exception as err:  # the job's store or group not formed: a peer gone, or slower than the timeout
+        if launch.launcher == "mpirun" or not peer_failed(err):
+            raise
+        return said_peer_failed(cfg.distributed.timeout)
     setup_logging(world.rank)
     log = logging.getLogger("training")
     t = cfg.training
@@ -261,6 +267,10 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
         if world.rank == 0:
             channel.send(channel.RESULT, result)
         ok = result.get("collective_ok", True)
+    except Exception as err:
+        if world.backend is None or world.comm is not None or not peer_failed(err):
+            raise  # mpirun's runtime ends every rank of a job that lost one: nothing to start again
+        return said_peer_failed(cfg.distributed.timeout)
     finally:
         if world.backend is not None and dist.is_initialized():
             dist.destroy_process_group()
@@ -268,14 +278,12 @@ def main(argv: list[str] | None = None, launch: dist_env.Launch | None = None) -
 
 
 def exit_now(code: int) -> None:
-    """End the process with ``code`` once its output is out, skipping the interpreter's teardown.
-
-    After every rank printed its last line and destroyed its process group, a rank sometimes still died in
-    the C++ teardown at interpreter exit: ``terminate called without an active exception``, exit 134 (seen three
-    times on 2026-11-24 with torch 2.13 + gloo, once in our own trainer, after ``RESULT``; pytorch issue 190489
-    and the abandoned atexit fix of pytorch PR 179291 describe the same abort). A finished rank has nothing left
-    for that teardown to do, so it leaves with ``os._exit`` after flushing its logs, its streams and MPI (mpi4py
-    finalizes at exit otherwise, and mpirun calls a rank that skipped ``MPI_Finalize`` a failure)."""
+    """End the process with ``code`` once its output is out, skipping the interpreter's teardown: after every rank
+    printed its last line and destroyed its process group, a rank sometimes still died in the C++ teardown at
+    interpreter exit (``terminate called without an active exception``, exit 134: seen three times on 2026-11-24
+    with torch 2.13 + gloo, after ``RESULT``; pytorch issue 190489 and the abandoned atexit fix of pytorch PR 179291
+    describe it). It leaves with ``os._exit`` after flushing its logs, its streams and MPI (mpi4py finalizes at exit
+    otherwise, and mpirun calls a rank that skipped ``MPI_Finalize`` a failure)."""
     logging.shutdown()
     mpi = sys.modules.get("mpi4py.MPI")
     if mpi is not None and mpi.Is_initialized() and not mpi.Is_finalized():

@@ -14,10 +14,12 @@ docs/benchmarks.md), not a bound asserted here."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -190,6 +192,93 @@ def test_a_notice_on_the_head_restarts_every_process_and_says_why_in_one_line(cl
     assert "the job started again from the coordinated checkpoint of step" in text, text[-3000:]
     record = summary(cluster3, "keep-head")  # node-0's sample log went with its machine: the ledger's count
     assert record["ledger"]["steps_trained_twice"] == 0 and record["result"]["epochs"] == epochs, record["ledger"]
+
+
+def test_a_head_frozen_past_the_collective_timeout_starts_every_process_again(cluster3):
+    """node-0's rank (the head: its rank 0 holds the job's store) SIGSTOPped past the process-group timeout (10 s),
+    inside its step's all-reduce: node-1's collective times out and it pauses; the look sees node-0's rank in a
+    collective, waits for it, and no new world is written (the head cannot leave); node-1 waits out its reform
+    timeout (10 s), keeps its last step in its snapshot and exits 76 -- a collective failed, nothing of its own --
+    and the culprit line names node-0's stopped rank; the run starts every process again on the same two nodes from
+    the survivors' snapshot and finishes. Before, node-1 exited 1 and the run ended failed with no node lost (run
+    on the code before the change), as the spot day's full replay once did with its head held to 0.03 of a core."""
+    epochs = 16
+    proc = cluster3.popen("train", "--nodes", "2", "--run-id=keep-frozen-head", "--recover=1", "--pg-timeout=10",
+                          "--env=MULTINODE_REFORM_TIMEOUT=10",
+                          f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples")
+    with watched(proc) as (out, err):
+        out.wait_for(rf"\[rank0\]: .*epoch 3/{epochs} ", timeout=RUN_BOUND, also=err)
+        frozen = rank_pids(cluster3, "node-0")
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            out.wait_for(r"every process starts again on the same 2 node\(s\)", timeout=RUN_BOUND, also=err)
+        finally:
+            for pid in frozen:  # the run's stop reaches it as any other rank
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        code = proc.wait(timeout=RUN_BOUND)
+    text = "".join(out.lines)
+    assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
+    assert "node-1 failed (exited with code 76, its collective failed: a peer gone or slower than PG_TIMEOUT): " \
+           "stopping the job on every node" in text, text[-3000:]
+    assert "a collective failed with every node answering (a peer slower than the process-group timeout, or the " \
+           "network between them): every process starts again on the same 2 node(s)" in text, text[-3000:]
+    assert list(cluster3.state.run_dir("keep-frozen-head").glob("attempt-*")), "the job was not started again"
+    first = json.loads((cluster3.state.run_dir("keep-frozen-head") / "attempt-0" / "summary.json").read_text())
+    assert first["outcome"] == "failed" and first["exit_codes"]["node-1"] == 76, first  # its collective, not its own
+    assert re.match(r"node-0: hung: rank 0 \(pid \d+\) is stopped \(state T", first["failure"]), first["failure"]
+    record = summary(cluster3, "keep-frozen-head")
+    assert [e["event"] for e in record["recovery"]["events"]][0] == "collective failed", record["recovery"]
+    assert "the job started again from the surviving ranks' snapshot of step" in text, text[-3000:]
+    assert record["ledger"]["steps_trained_twice"] == 0 and record["result"]["epochs"] == epochs, record["ledger"]
+    assert record["result"]["test_accuracy"] >= 0.95, record["result"]
+
+
+def _paused(cluster, run_id: str, node: str) -> None:
+    """Until ``node``'s rank has said KEPT (its pause; the record the run reads, in the run's log of the node)."""
+    log = cluster.state.run_dir(run_id) / f"{node}.log"
+    deadline = time.monotonic() + RUN_BOUND
+    while "KEPT {" not in (log.read_text() if log.exists() else ""):
+        if time.monotonic() > deadline:  # the hang guard, as every wait's here: not a bound on the drill
+            raise TimeoutError(f"{node} never paused (no KEPT in {log})")
+        time.sleep(0.2)
+
+
+def test_a_head_frozen_for_a_while_pauses_everyone_and_the_job_forms_again_in_its_processes(cluster3):
+    """node-0's rank SIGSTOPped past the process-group timeout (10 s), then let go once node-1 has paused: its own
+    collective then fails (node-1 left the group) and it pauses too. Every member paused with none gone: the run
+    writes the next generation with the same two nodes, said in one line naming node-0 as the last to pause, and the
+    job goes on in the same processes -- no restart, every sample once per epoch. Before, nothing was written and
+    both waited out the reform timeout (60 s), the restart path's fallback."""
+    epochs = 16
+    proc = cluster3.popen("train", "--nodes", "2", "--run-id=keep-slow-head", "--recover=1", "--pg-timeout=10",
+                          f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples")
+    with watched(proc) as (out, err):
+        out.wait_for(rf"\[rank0\]: .*epoch 3/{epochs} ", timeout=RUN_BOUND, also=err)
+        before = {n: rank_pids(cluster3, n) for n in ("node-0", "node-1")}
+        for pid in before["node-0"]:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            _paused(cluster3, "keep-slow-head", "node-1")
+        finally:
+            for pid in before["node-0"]:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        out.wait_for(r"world 2 -> 2 rank\(s\) at step \d+", timeout=RUN_BOUND, also=err)
+        after = {n: rank_pids(cluster3, n) for n in ("node-0", "node-1")}
+        code = proc.wait(timeout=RUN_BOUND)
+    text = "".join(out.lines)
+    assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
+    assert all(before[n] and before[n] == after[n] for n in before), (before, after)  # the same processes
+    assert "every node's ranks paused with none gone (node-0 last: a collective failed, a peer slower than " \
+           "PG_TIMEOUT=10 s or the network between them); the same 2 node(s) form the job again in their processes" \
+           in text, text[-3000:]
+    assert not list(cluster3.state.run_dir("keep-slow-head").glob("attempt-*")), "the run restarted its job"
+    record = summary(cluster3, "keep-slow-head")
+    assert [e["event"] for e in record["recovery"]["events"]] == ["collective failed", "world changed"], record
+    every_sample_once(cluster3, "keep-slow-head", epochs)
+    assert record["result"]["test_accuracy"] >= 0.95 and record["result"]["ranks_weights_equal"], record["result"]
 
 
 @pytest.mark.parametrize("how, reason", [(("--mode", "mpi"), "MODE=mpi"), (("--launcher", "torchrun"),

@@ -35,22 +35,39 @@ class FakeRunner:
 class FakeMembers:
     def __init__(self) -> None:
         self.names = list(NODES)
-        self.formed = 0
+        self.formed = self.generation = 0
+        self.pending: dict = {}
+        self.supported = True
+        self.again_written: list[list[str]] = []
 
     def usable(self, name):
         return None
 
     def leave(self, name, first=lambda: None) -> None:
         self.names.remove(name)
+        self.generation += 1
         first()
+
+    def again(self) -> None:
+        self.generation += 1
+        self.again_written.append(list(self.names))
 
 
 class FakeRecovery:
     def __init__(self) -> None:
         self.left: list[tuple[str, str, str]] = []
+        self.reformed_why: list[str] = []
+        self.worlds: list[int] = []
+        self.budget = 1
 
     def may_recover(self) -> bool:
-        return True
+        return len(self.left) + len(self.reformed_why) < self.budget
+
+    def reformed(self, why, at, nodes) -> None:
+        self.reformed_why.append(why)
+
+    def world_changed(self, world, at) -> None:
+        self.worlds.append(world["generation"])
 
     def left_in_process(self, name, kind, why, at, survivors) -> None:
         self.left.append((name, kind, why))
@@ -78,7 +95,8 @@ def probe(monkeypatch):
 def _changes(window: float, monkeypatch) -> tuple[Changes, Events, FakeRunner, FakeRecovery]:
     monkeypatch.setattr(changes_mod, "KEPT_WINDOW", window)
     runner, recovery, events = FakeRunner(), FakeRecovery(), Events()
-    ctx = SimpleNamespace(spec=SimpleNamespace(rdzv_port=29500, recover=1), runner=runner, inv=FakeInventory())
+    ctx = SimpleNamespace(spec=SimpleNamespace(rdzv_port=29500, recover=1, pg_timeout=30), runner=runner,
+                          inv=FakeInventory())
     job = SimpleNamespace(depart=lambda name: None, drop=lambda name: None)
     made = Changes(ctx, job, FakeMembers(), recovery, prepare=lambda name: None, say=lambda line: None,
                    last_seen={}, capture=None, events=events)
@@ -273,3 +291,48 @@ def test_a_rank_whose_step_waits_has_the_others_reached_and_one_no_connection_re
     assert runner.cut == [["node-2"]] and "node-2" not in pending and probe.asked == []
     assert recovery.left == [("node-2", "lost", "its SSH port takes no connection while a peer's step waits "
                                                 "(no TCP connection to 10.0.0.12:22 within 1 s (timed out))")]
+
+
+def test_every_member_paused_with_none_gone_forms_the_job_again_with_the_same_members(reach, probe, monkeypatch):
+    """A peer slower than the process-group timeout (a throttled CPU; the spot day's head held to 0.03 of a core):
+    the others' collective times out and they pause; the slow one answers with live ranks, is waited for, and pauses
+    when its own collective fails. Every member paused and none left: the same members form the next generation
+    (once), a recovery that names the last to pause -- before, nothing was written, every rank waited out the reform
+    timeout and the run ended failed with no node lost."""
+    changes, events, runner, recovery = _changes(0.0, monkeypatch)
+    pending = set(NODES)
+    probe.answer["node-0"] = (True, "up 3 hours")
+    probe.release.set()
+    _kept(changes, pending, "node-1", "node-2")
+    assert changes.take(events.take(5), pending, None, (), {})  # the reach: node-0 takes a connection
+    changes.tick(pending)
+    assert changes.take(events.take(5), pending, None, (), {})  # the look: node-0's ranks live, waited for
+    assert "node-0" in changes.alive and changes.members.again_written == [] and recovery.left == []
+    time.sleep(0.01)
+    _kept(changes, pending, "node-0")  # its collective failed too: every member paused
+    assert changes.members.again_written == [NODES] and runner.cut == []
+    assert recovery.reformed_why == ["every node's ranks paused with none gone (node-0 last: a collective failed, a "
+                                     "peer slower than PG_TIMEOUT=30 s or the network between them)"]
+    _kept(changes, pending, "node-1")  # a late record of the same pause: nothing more
+    assert len(changes.members.again_written) == 1
+    changes.take(JobRecord("node-0", channel.WORLD, {"generation": 1, "world_size": 3, "before": 3}), pending, None,
+                 (), {})  # the new world trains: the next pause is a new one
+    assert changes.paused == {} and changes.members.formed == 1 and recovery.worlds == [1]
+
+
+def test_no_new_generation_where_a_node_left_or_recover_is_spent(reach, probe, monkeypatch):
+    """A node lost in the change: its leave wrote the survivors' generation, the others' pauses ask nothing more;
+    RECOVER spent: nothing written (the ranks wait out the reform timeout; the restart path's decision ends it)."""
+    changes, events, runner, recovery = _changes(30.0, monkeypatch)
+    recovery.budget = 2
+    pending = set(NODES)
+    reach.cut["node-2"] = "no TCP connection"
+    _kept(changes, pending, "node-0")
+    assert changes.take(events.take(5), pending, None, (), {})  # node-2 leaves
+    _kept(changes, pending, "node-1")
+    assert changes.members.again_written == [] and recovery.reformed_why == []
+
+    spent, events, runner, recovery = _changes(0.0, monkeypatch)
+    recovery.budget = 0
+    _kept(spent, set(NODES), *NODES)
+    assert spent.members.again_written == [] and recovery.reformed_why == []

@@ -17,6 +17,9 @@ SLOW = History(recoveries=0, budget=2, nodes=3, wait=0.0)  # the replacement tak
     (Ended("interrupted", stopped_by="SIGINT"), FRESH, "end", (), ""),
     (Ended("preempted", stopped_by="SIGTERM", noticed=("node-1",)), FRESH, "end", (), ""),  # the user stopped it
     (Ended("failed"), FRESH, "end", (), ""),  # every node answers: the job's own failure
+    (Ended("failed", peers_failed=True), FRESH, "restart", (), "collective"),  # only its collectives failed
+    (Ended("failed", peers_failed=True), SLOW, "restart", (), "collective"),  # the same nodes: nothing to replace
+    (Ended("failed", peers_failed=True), SPENT, "end", (), "collective"),
     (Ended("stalled"), FRESH, "end", (), ""),
     (Ended("lost", lost=("node-2",)), FRESH, "replace", ("node-2",), "lost"),
     (Ended("stalled", lost=("node-2",)), FRESH, "replace", ("node-2",), "lost"),

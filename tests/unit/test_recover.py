@@ -19,6 +19,7 @@ from multinode.core.config import LaunchSpec
 from multinode.core.errors import CapacityRefused, NodeError, UserError
 from multinode.core.outcome import Outcome
 from multinode.core.state import ClusterState
+from multinode.trainer.channel import EXIT_PEER_FAILED
 
 
 class Provider:
@@ -197,6 +198,28 @@ def test_a_failure_with_every_node_answering_is_the_job_s_own_and_not_retried(tm
     failed = NodeError("node-1", "job", 1, "exited with code 1")
     assert rec.after(SimpleNamespace(inv=rec.cluster), *_ended("failed", failed), None, None) is None
     assert not rec.recovered and rec.timeline.events == []
+
+
+def test_a_failure_of_the_collectives_alone_starts_every_process_again_on_the_same_nodes(tmp_path):
+    """The first node to fail exited EXIT_PEER_FAILED (its collective failed: a peer slower than the process-group
+    timeout) and nobody failed their own way: the same nodes again, nothing replaced, said in one line; the steps
+    lost counted from the highest heartbeat."""
+    provider = Provider()
+    rec = _recovery(tmp_path, provider)
+    failed = NodeError("node-1", "job", EXIT_PEER_FAILED, "exited with code 76")
+    outcome = Outcome("failed", {"node-0": 143, "node-1": EXIT_PEER_FAILED, "node-2": EXIT_PEER_FAILED},
+                      failure=failed, failures=(failed,))
+    beats = SimpleNamespace(run_each=lambda commands, timeout: {
+        name: SimpleNamespace(stdout="41\n" if name == "node-0" else "40\n") for name in commands})
+    nodes = rec.after(SimpleNamespace(inv=rec.cluster, runner=beats), outcome, SimpleNamespace(preempted=None), None,
+                      None)
+    assert [n.name for n in nodes.nodes] == ["node-0", "node-1", "node-2"] and provider.asked == []
+    assert (rec.pending.cause, rec.pending.nodes, rec.pending.last_step) == ("collective", [], 41)
+    assert [e["event"] for e in rec.timeline.events] == ["collective failed"]
+    assert rec.said[0].startswith("a collective failed with every node answering") and rec.said[0].endswith(
+        "every process starts again on the same 3 node(s)") and rec.said[1].startswith("recovery 1/1 of run")
+    again = rec.after(SimpleNamespace(inv=nodes, runner=beats), outcome, SimpleNamespace(preempted=None), None, None)
+    assert again is None  # RECOVER=1 spent: the run ends
 
 
 def test_a_lost_node_is_replaced_from_the_outcome_without_asking_again(tmp_path):

@@ -16,6 +16,7 @@ from multinode.core.config import LaunchSpec
 from multinode.core.errors import EXIT_PREEMPTED, NodeError
 from multinode.core.events import Stalled
 from multinode.core.outcome import OUTCOMES, Outcome
+from multinode.trainer.channel import EXIT_PEER_FAILED
 
 
 def run(tmp_path, runner: Sessions, **options) -> Outcome:
@@ -70,6 +71,24 @@ def test_a_stall_is_its_own_kind_and_stops_every_node(tmp_path):
     stalled = attempt.run()
     assert stalled.kind == "stalled" and stalled.failure.message.startswith("no progress for 15 s")
     assert runner.stops == ["r1"] and stalled.exit_code == 1
+
+
+def test_only_collectives_failed_when_the_first_failure_is_a_peer_s_and_nobody_failed_their_own_way(tmp_path):
+    """A node's ranks exit EXIT_PEER_FAILED (76) when their collective failed with nothing of their own wrong: a
+    recovering run starts every process again only where the first node to fail said so, none was lost, and the
+    others ended well, the same way or by the run's stop (143; 137 where a rank outlived its grace)."""
+    slow = run(tmp_path, Sessions({"node-0": 0, "node-1": EXIT_PEER_FAILED}))
+    assert slow.kind == "failed" and slow.failure.node == "node-1" and slow.peers_failed
+    for codes in ({"node-0": 143, "node-1": 76, "node-2": 76, "node-3": 137}, {"node-0": None, "node-1": 76}):
+        first = next(name for name, code in codes.items() if code == EXIT_PEER_FAILED)
+        made = Outcome("failed", codes, failure=NodeError(first, "job", EXIT_PEER_FAILED, "exited with code 76"))
+        assert made.peers_failed, codes
+    own = Outcome("failed", {"node-0": 76, "node-1": 1}, failure=NodeError("node-0", "job", 76, "exited"))
+    assert not own.peers_failed  # a rank's own failure beside it: the job's bug, not retried
+    killed_first = Outcome("failed", {"node-0": 76, "node-1": 137}, failure=NodeError("node-1", "job", 137, "killed"))
+    assert not killed_first.peers_failed  # the first to fail was killed (an OOM): not the collectives alone
+    lost = run(tmp_path, Sessions({"node-0": EXIT_PEER_FAILED, "node-1": "lost"}))
+    assert lost.lost == ("node-1",) and not lost.peers_failed, lost  # a lost node: recovery's other branch
 
 
 def test_exit_codes_follow_the_kind_and_an_interruption_its_signal():

@@ -79,3 +79,31 @@ def test_a_new_rank_builds_its_trainer_before_it_says_it_is_ready(tmp_path, monk
     world = World(Launch("single"), None, joining="its place")
     Trainer(cfg, world, build(cfg.training), torch.device("cpu"), "ddp").close()
     assert built == {"model": True, "optimizer": True, "scheduler": True, "scaler": True, "plan": True}
+
+
+def test_a_rank_whose_collective_failed_tells_it_from_a_failure_of_its_own():
+    """A rank exits channel.EXIT_PEER_FAILED (76) when its error comes of a failed collective -- gloo's own words, or
+    the survivors' fallback raised from one (the reform timeout: its RuntimeError, from NoNewMembership, raised while
+    handling the Change the collective's error caused) -- and as before for anything else."""
+    from training import membership, reform
+    from training.survivor import peer_failed
+
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.11]")
+    assert peer_failed(gloo) and not peer_failed(ValueError("a bad batch")) and not peer_failed(KeyError("x"))
+    try:
+        try:
+            try:
+                raise reform.lost(gloo, (3, 64), None) from gloo
+            except reform.Change:
+                raise membership.NoNewMembership("no membership newer than generation 0 within 60 s")
+        except membership.NoNewMembership as err:
+            raise RuntimeError(f"{err}: the restart path takes over") from err
+    except RuntimeError as fallback:
+        assert peer_failed(fallback)
+    try:
+        try:
+            raise gloo
+        except RuntimeError:
+            raise ValueError("a user's handler failed while the collective's error was handled")
+    except ValueError as handled:
+        assert peer_failed(handled)  # the collective's failure came first: what the user's code met

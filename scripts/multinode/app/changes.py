@@ -59,6 +59,7 @@ class Changes:
         self.ctx, self.job, self.members, self.recovery = ctx, job, members, recovery
         self.say, self.last_seen, self.capture, self.events = say, last_seen, capture, events
         self.kept: dict[str, float] = {}  # survivors paused in this change: node -> when its KEPT came
+        self.paused: dict[str, float] = {}  # every node that paused since the newest generation formed: -> when
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.joins = Joins(ctx, job, members, recovery, prepare, say)  # the way back of the nodes that left
         self.unended: set[str] = set()  # nodes that left while their old session still ran: its end is to come
@@ -158,13 +159,16 @@ class Changes:
                 return
             self._settled()
             self.alive.clear()
+            self.paused.clear()
             self.recovery.world_changed(event.data, time.time())
             self.joins.formed()  # a join that waited for this generation to form
         elif event.kind == channel.KEPT:
             self.kept.setdefault(event.node, time.time())
+            self.paused.setdefault(event.node, time.time())
             kept = channel.Kept.read(event.data)
             if kept is None or kept.why != "leave":  # the noticed nodes leave by themselves: looked at only if late
                 self._reach(self._silent(pending))
+            self._again()
         elif event.kind == channel.JOINING:
             self.joins.joining(event.node)
         elif event.kind == channel.WAITING:
@@ -205,6 +209,21 @@ class Changes:
                 self.lose(name, why, pending, notice=ended)
         if not [n for n in self.members.names if n not in self.kept and n not in self.alive]:
             self._settled()
+
+    def _again(self) -> None:
+        """Every member paused and none left, nothing newer written (no leave or join under way): a collective
+        failed with every node answering -- a peer slower than the process-group timeout, the last to pause -- and
+        the same members form the next generation in their processes (a recovery), instead of each waiting out the
+        reform timeout and the restart path."""
+        members = self.members
+        if set(members.names) - set(self.paused) or members.generation > members.formed or members.pending or \
+                not members.supported or not self.recovery.may_recover():
+            return
+        last = max(self.paused, key=self.paused.get)
+        members.again()
+        self.recovery.reformed(f"every node's ranks paused with none gone ({last} last: a collective failed, a peer "
+                               f"slower than PG_TIMEOUT={self.ctx.spec.pg_timeout} s or the network between them)",
+                               min(self.paused.values()), len(members.names))
 
     def _silent(self, pending: set[str]) -> list[str]:
         """The members that neither paused nor ended nor answered a look with live ranks."""

@@ -3,8 +3,12 @@
     decide(Ended, History) -> Decision(end | replace | shrink | grow back, nodes, why)
 
 * **end** -- the job succeeded; the orchestrator was stopped (interrupted, or preempted by its own signal: the user
-  asked, nothing to recover); a failure with no node lost (the job's own: recovery does not retry bugs); RECOVER
-  spent; no node left to go on with;
+  asked, nothing to recover); a failure with no node lost (the job's own: recovery does not retry bugs) unless
+  only its collectives failed; RECOVER spent; no node left to go on with;
+* **restart** -- only the job's collectives failed, every node answering (a node's ranks exited
+  ``EXIT_PEER_FAILED``, none in a way of its own: a peer slower than the process-group timeout -- a throttled
+  CPU, a rank frozen for a while -- or the network between them): every process started again on the same nodes,
+  from the freshest snapshot (the survivors' last step where they wrote it), as torchrun's restarts would;
 * **grow back** -- the attempt's own grow-back notice ended it (every missing node was back): the next attempt
   runs on the whole cluster, from the checkpoint the notice wrote (or the freshest snapshot, if the notice met
   the job where it takes none);
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ACTIONS = ("end", "replace", "shrink", "grow back")
+ACTIONS = ("end", "replace", "shrink", "grow back", "restart")
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class Ended:
     lost: tuple[str, ...] = ()  # nodes lost (no SSH, gone), confirmed
     noticed: tuple[str, ...] = ()  # the node(s) a notice named (rank 0's PREEMPTED report, and the batch's others)
     grew: bool = False  # the attempt's own grow-back notice ended it
+    peers_failed: bool = False  # only its collectives failed (Outcome.peers_failed)
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class History:
 class Decision:
     action: str  # one of ACTIONS
     nodes: tuple[str, ...] = ()  # the nodes to replace
-    cause: str = ""  # "notice" | "lost" | "grow"
+    cause: str = ""  # "notice" | "lost" | "grow" | "collective"
     why: str = ""
 
     def __post_init__(self) -> None:
@@ -71,10 +76,15 @@ def decide(ended: Ended, history: History) -> Decision:
         cause = "notice"
     elif ended.lost:
         nodes, cause = ended.lost, "lost"
+    elif ended.peers_failed:
+        nodes, cause = (), "collective"
     else:
         return Decision("end", why=f"the job {ended.kind} with every node answering: its own failure, not retried")
     if history.recoveries >= history.budget:
         return Decision("end", nodes, cause, f"RECOVER={history.budget} recoveries spent")
+    if cause == "collective":
+        return Decision("restart", cause=cause, why="a collective failed with every node answering (a peer slower "
+                                                    "than the process-group timeout, or the network between them)")
     if not nodes:
         return Decision("end", why="a notice that names no node of the attempt")
     action = "replace" if history.wait > 0 else "shrink"

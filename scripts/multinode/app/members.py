@@ -11,6 +11,8 @@ and its writes:
 
 * :meth:`Members.leave`: a node lost or noticed leaves; generation + 1, without its host, to the others (the
   survivors, paused, wait for exactly this);
+* :meth:`Members.again`: every member paused and none left (a peer slower than the process-group timeout):
+  generation + 1, the same hosts, to every node;
 * :meth:`Members.join`: a replacement joins; generation + 1, with its host, to it alone first (its ranks start
   with it and say ``JOINING`` when ready), then (:meth:`Members.open`) to the others, which change at their next
   agreement -- so the running ranks pause only once the new ones are ready.
@@ -91,6 +93,15 @@ class Members:
         membership = channel.Membership(self.generation, self._hosts(self.names), self.nproc)
         names = list(self.names)
         self._writer.submit(lambda: (first(), self._write(names, membership)))
+        return membership
+
+    def again(self) -> channel.Membership:
+        """Every member paused and none left (a collective failed, every node answering): the next generation, the
+        same hosts, written to every node -- on the writer thread, after any change still under way."""
+        self.generation += 1
+        membership = channel.Membership(self.generation, self._hosts(self.names), self.nproc)
+        names = list(self.names)
+        self._writer.submit(lambda: self._write(names, membership))
         return membership
 
     def settle(self) -> None:

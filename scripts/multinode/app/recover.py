@@ -4,30 +4,25 @@
                                           \\-> refused or slow (RECOVER_WAIT) -> go on without it
     attempt on fewer nodes -> (grow-back's notice, every node back) -> next attempt on the whole cluster
 
-The attempts are the run's (:class:`multinode.app.run.Run` loops over them, holding its claim and its connections);
-every attempt is of the same run id (the nodes' snapshots live under it), so pre-flight, sync and setup are the
-run's own -- incremental, so on the nodes that kept their state they cost a check, and only the new node receives
-the code. :meth:`Recovery.after` reads how an attempt ended (its :class:`~multinode.core.outcome.Outcome` and
-summary) and answers with the next attempt's nodes, or None for the end of the run:
+The attempts are the run's (:class:`multinode.app.run.Run`), all of one run id (the nodes' snapshots live under
+it): pre-flight, sync and setup are incremental, only a new node receives the code. :meth:`Recovery.after` reads
+how an attempt ended (its :class:`~multinode.core.outcome.Outcome`, summary) and answers with the next attempt's
+nodes, or None for the end of the run:
 
-1. **what was lost** is the outcome's: a preempted attempt names the node that got the notice (rank 0's report,
-   by host name), a failed, stalled or lost one the nodes the attempt's loop found lost and confirmed (no SSH, or
-   the provider's word that the machine is gone); the decision is :func:`multinode.app.decide.decide`, pure: a
-   failure with every node answering is the job's own (recovery does not retry bugs), a job the orchestrator's own
-   stop signal ended is not recovered;
-2. **replace it** (the provider's ``replace``: a new namespace, or one new instance; the other nodes untouched),
-   waiting at most ``RECOVER_WAIT`` seconds, or not at all when it takes longer than a restart of the job
-   (:mod:`multinode.app.replacements`: wait or shrink); a refusal or a slow one leaves the run to
-   **go on with the nodes it has** -- our trainer keeps the global batch by accumulation and re-shards the rest
-   of the epoch (``training/sampler.py``), so the result does not depend on how many nodes finished it;
-3. **resume**: the next attempt (a new head if node-0 was the lost one) starts from the freshest complete
-   snapshot on any surviving node. While it runs on fewer nodes, :meth:`Recovery.grow_back` gives the attempt's
-   loop the missing ones to take back (:mod:`multinode.app.growback`); once they are back, the loop gives the job
-   the notice.
+1. **what was lost** is the outcome's: the noticed node (rank 0's report, by host name), or the nodes the attempt's
+   loop found lost and confirmed (no SSH, or the provider's word that the machine is gone); the decision is
+   :func:`multinode.app.decide.decide`, pure: a failure with every node answering is the job's own (not retried)
+   unless only its collectives failed (every process again, on the same nodes);
+2. **replace it** (the provider's ``replace``; the other nodes untouched), waiting at most ``RECOVER_WAIT`` s, or
+   not at all when it takes longer than a restart (:mod:`multinode.app.replacements`); a refusal or a slow one
+   leaves the run to **go on with the nodes it has** at the same global batch (``training/sampler.py``);
+3. **resume**: the next attempt (a new head if node-0 was lost) starts from the freshest complete snapshot on any
+   surviving node; on fewer nodes, :meth:`Recovery.grow_back` gives the loop the missing ones to take back
+   (:mod:`multinode.app.growback`), then the job the notice.
 
 The :class:`~multinode.app.timeline.Timeline` (notice or loss -> checkpoint -> replacement asked -> node ready -> job
-started again, each with its time, and the steps lost) goes into the run's summary and ``recovery.json``. Each
-attempt's logs and summary are kept under ``attempt-<k>/`` (``grow-<k>/``) of the run directory.
+started again, with times and the steps lost) goes into the summary and ``recovery.json``; each attempt's logs
+under ``attempt-<k>/`` (``grow-<k>/``).
 """
 
 from __future__ import annotations
@@ -61,7 +56,7 @@ class Loss:
     """Why an attempt ended: the nodes to replace, and what the run knew about its last step."""
 
     nodes: list[str]
-    cause: str  # "notice" | "lost" | "grow"
+    cause: str  # "notice" | "lost" | "grow" | "collective"
     last_step: int | None  # the step every rank stopped at (notice), or the highest heartbeat (lost)
 
 
@@ -96,8 +91,7 @@ class Recovery:
     # --- while an attempt runs ---------------------------------------------------------
 
     def grow_back(self, ctx: RunContext) -> GrowBack:
-        """The attempt's grow-back (its loop runs it): the nodes of the cluster the attempt runs without, asked for
-        every RECOVER_WAIT seconds until they are back (nothing when none is missing)."""
+        """The attempt's grow-back (its loop runs it): the nodes it runs without, asked for every RECOVER_WAIT s."""
         here = {n.name for n in ctx.inv.nodes}
         missing = [n.name for n in self.cluster.first(self.spec.nodes).nodes if n.name not in here]
         if not missing:
@@ -107,8 +101,7 @@ class Recovery:
                                     self._grew)
         return self.growing
 
-    def _grew(self, nodes: int, at: float) -> None:
-        """The grow-back notice reached the job (on ``nodes`` nodes): on the timeline, when it was given."""
+    def _grew(self, nodes: int, at: float) -> None:  # the grow-back notice reached the job: on the timeline
         self.timeline.add("notice", f"growing back: SIGTERM with GRACE to the ranks on {nodes} node(s)", at=at)
 
     def may_recover(self) -> bool:
@@ -125,6 +118,13 @@ class Recovery:
         self.timeline.add("notice" if cause == "notice" else "node lost", f"{name} ({why})", at=at)
         self.timeline.add("replacement asked", name)
         self.replacements.ask(name)
+
+    def reformed(self, why: str, at: float, nodes: int) -> None:
+        """Every rank paused, no node gone (:meth:`multinode.app.changes.Changes._again`): a recovery in-process."""
+        self.attempt += 1
+        self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}: {why}; the same {nodes} "
+                 f"node(s) form the job again in their processes")
+        self.timeline.add("collective failed", why, at=at)
 
     def world_changed(self, world: dict, at: float) -> None:
         """The ranks' WORLD record of a new generation: on the timeline."""
@@ -157,7 +157,7 @@ class Recovery:
         report = summary.preempted or {}
         noticed = tuple(n.name for n in ctx.inv.nodes if report.get("noticed_on") in (n.hostname, n.name))
         wait = wait_seconds(self.estimate and self.estimate.seconds, self.restart_seconds, self.spec.recover_wait)
-        decision = decide(Ended(outcome.kind, outcome.stopped_by, outcome.lost, noticed, grew),
+        decision = decide(Ended(outcome.kind, outcome.stopped_by, outcome.lost, noticed, grew, outcome.peers_failed),
                           History(self.attempt, self.spec.recover, len(ctx.inv.nodes), wait))
         if decision.action == "end":
             return None
@@ -189,7 +189,12 @@ class Recovery:
         self.timeline.add("no checkpoint", "the job failed as the notice came: going on from the freshest snapshot")
 
     def _loss(self, ctx: RunContext, outcome: Outcome, decision: Decision, report: dict) -> Loss:
-        """The decision's nodes as a Loss, on the timeline: a notice (and its checkpoint) or the nodes lost."""
+        """The decision's nodes as a Loss, on the timeline: a notice (and its checkpoint), the nodes lost, or none
+        (only the collectives failed: the same nodes again, from the freshest snapshot)."""
+        if decision.cause == "collective":
+            self.timeline.add("collective failed", decision.why)
+            self.say(f"{decision.why}: every process starts again on the same {len(ctx.inv.nodes)} node(s)")
+            return Loss([], "collective", self._last_step(ctx, [n.name for n in ctx.inv.nodes]))
         lost = [n for n in decision.nodes if n in outcome.lost]
         why = outcome.why_lost.get(lost[0], "no SSH") if lost else ""
         if decision.cause == "notice":

@@ -184,7 +184,9 @@ class AttemptLoop:
         its failure. The part is no longer pending unless relaunched."""
         failure = event.error
         if failure is None and event.exit_code not in (0, None, EXIT_PREEMPTED):
-            failure = self.job.fail_node(event.node, f"exited with code {event.exit_code}", lost=False)
+            peer = ", its collective failed: a peer gone or slower than PG_TIMEOUT" \
+                if event.exit_code == channel.EXIT_PEER_FAILED else ""
+            failure = self.job.fail_node(event.node, f"exited with code {event.exit_code}{peer}", lost=False)
         if failure is not None and self.rejoin is not None and \
                 self.rejoin.allows(event, self.relaunches.get(event.node, 0)):
             self.relaunches[event.node] = self.relaunches.get(event.node, 0) + 1

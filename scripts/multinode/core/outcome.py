@@ -22,7 +22,12 @@ import signal
 from dataclasses import dataclass, field
 
 from multinode.core.errors import EXIT_JOB_FAILED, EXIT_PREEMPTED, NodeError, signal_exit
+from multinode.trainer.channel import EXIT_PEER_FAILED
 
+# A node's exit code that says nothing of its own failure: ended well, its collective failed, or stopped by the run
+# (SIGTERM, then SIGKILL: 128 + the signal, or minus it where Python reports a child killed by one).
+BY_THE_JOB_OR_STOP = {0, None, EXIT_PREEMPTED, EXIT_PEER_FAILED, 128 + signal.SIGTERM, 128 + signal.SIGKILL,
+                      -signal.SIGTERM, -signal.SIGKILL}
 OUTCOMES = ("succeeded", "preempted", "failed", "lost", "stalled", "interrupted")
 FAILURES = ("failed", "lost", "stalled")  # the kinds with a root cause to find
 
@@ -86,6 +91,15 @@ class Outcome:
     @property
     def is_failure(self) -> bool:
         return self.kind in FAILURES
+
+    @property
+    def peers_failed(self) -> bool:
+        """A failure in the job's collectives alone: the first node to fail exited ``EXIT_PEER_FAILED`` (its ranks'
+        collective failed: a peer gone, or slower than the process-group timeout), no node was lost, and every
+        other node ended well, the same way, or by the run's own stop (SIGTERM, then SIGKILL) -- no rank failed in
+        a way of its own that a restart would meet again."""
+        return (self.kind == "failed" and not self.lost and self.failure is not None
+                and self.failure.returncode == EXIT_PEER_FAILED and set(self.exit_codes.values()) <= BY_THE_JOB_OR_STOP)
 
 
 def ended_by_itself(exit_codes: dict[str, int | None]) -> bool:

@@ -19,7 +19,8 @@ PHASE_COLOUR = {"claim": "wait", "pre-flight": "pre-flight", "link check": "pre-
 EVENT_MARK = {"notice": ("v", "#e53935"), "node lost": ("X", "#b71c1c"), "checkpoint written": ("s", "#1e88e5"),
               "replacement asked": ("^", "#fb8c00"), "node ready": ("o", "#43a047"),
               "job started again": (">", "#2e7d32"), "going on without it": ("D", "#6d4c41"),
-              "node back": ("o", "#00897b"), "replacement refused": ("x", "#6d4c41")}
+              "node back": ("o", "#00897b"), "replacement refused": ("x", "#6d4c41"),
+              "collective failed": ("P", "#8e24aa")}
 
 
 @contextlib.contextmanager
