@@ -1,6 +1,6 @@
 """What a recovering run does after an attempt ends: a pure function of how it ended and what came before.
 
-    decide(Ended, History) -> Decision(end | replace | shrink | grow back, nodes, why)
+    decide(Ended, History) -> Decision(end | replace | shrink | grow back | restart, nodes, why)
 
 * **end** -- the job succeeded; the orchestrator was stopped (interrupted, or preempted by its own signal: the user
   asked, nothing to recover); a failure with no node lost (the job's own: recovery does not retry bugs) unless
