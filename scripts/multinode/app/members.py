@@ -85,23 +85,19 @@ class Members:
                                         timeout=15)
 
     def leave(self, name: str, first: Callable[[], object] = lambda: None) -> channel.Membership:
-        """``name`` leaves: the next generation, without it, written to every other node -- on the writer thread
-        (in order, one change after the other), once ``first`` (the survivors' cut-off) has run; the account
-        changes now."""
+        """``name`` leaves: the next generation, without it, written to every other node (:meth:`again`)."""
         self.names.remove(name)
+        return self.again(first)
+
+    def again(self, first: Callable[[], object] = lambda: None) -> channel.Membership:
+        """The next generation of the members now -- the same hosts when every member paused and none left (a
+        collective failed, every node answering) -- written to every one of them on the writer thread (in order,
+        one change after the other), once ``first`` (a leave's cut-off of the survivors) has run; the account
+        changes now."""
         self.generation += 1
         membership = channel.Membership(self.generation, self._hosts(self.names), self.nproc)
         names = list(self.names)
         self._writer.submit(lambda: (first(), self._write(names, membership)))
-        return membership
-
-    def again(self) -> channel.Membership:
-        """Every member paused and none left (a collective failed, every node answering): the next generation, the
-        same hosts, written to every node -- on the writer thread, after any change still under way."""
-        self.generation += 1
-        membership = channel.Membership(self.generation, self._hosts(self.names), self.nproc)
-        names = list(self.names)
-        self._writer.submit(lambda: self._write(names, membership))
         return membership
 
     def settle(self) -> None:
