@@ -11,6 +11,7 @@ moved, so they land in the group too.
 from __future__ import annotations
 
 import contextlib
+import errno
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -52,8 +53,22 @@ def throttled(state: ClusterState, node: str, cpu_share: float, whole_node: bool
                 moved.append(pid)
         yield moved
     finally:
-        root = path.parent / "cgroup.procs"
+        _remove(path)
+
+
+def _remove(path: Path, rounds: int = 50) -> None:
+    """Every process of the group moved back to the root group, then the group removed. A process of the group may
+    fork while the others are moved (an sshd starting a session, a launcher its worker): its child is born in the
+    group and the rmdir fails with EBUSY, so the move is done again, a bounded number of rounds."""
+    root = path.parent / "cgroup.procs"
+    for _ in range(rounds):
         for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, OSError):
+            with contextlib.suppress(ProcessLookupError, OSError):  # a process that has just ended
                 root.write_text(f"{pid}\n")
-        path.rmdir()
+        try:
+            path.rmdir()
+            return
+        except OSError as err:
+            if err.errno != errno.EBUSY:
+                raise
+    path.rmdir()  # still busy after every round: the error names the group
