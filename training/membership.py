@@ -136,10 +136,19 @@ class Member:
                                    timeout=timedelta(seconds=timeout), wait_for_workers=False)
 
     def form(self, place: Place, backend: str, timeout: float) -> None:
-        """The process group of ``place``'s generation (every rank of it must call this)."""
+        """The process group of ``place``'s generation (every rank of it must call this). Each rank first says it
+        is here and waits for every other, up to the reform timeout: a survivor may still sit in the failed group's
+        collective for up to the process-group timeout (a peer lost with its network, no reset sent: the collective
+        ends only when the timeout does) while the others are here already, and the group's own rendezvous waits no
+        longer than that timeout -- the others gave up just as it arrived (the spot day's quick replay, a cold run
+        of 2026-11-29: node-2's and node-3's ranks timed out on generation 1's rendezvous after 30 s, as the head's
+        all-reduce on the lost node-1 did)."""
         import torch.distributed as dist
 
         store = dist.PrefixStore(f"gen{place.generation}/", self.store)
+        store.set(f"here/{place.rank}", "1")
+        store.wait([f"here/{rank}" for rank in range(place.world_size)],
+                   timedelta(seconds=max(timeout, reform_timeout())))
         dist.init_process_group(backend, store=store, rank=place.rank, world_size=place.world_size,
                                 timeout=timedelta(seconds=timeout))
         self.place = place
