@@ -59,16 +59,16 @@ def throttled(state: ClusterState, node: str, cpu_share: float, whole_node: bool
 def _remove(path: Path, rounds: int = 50) -> None:
     """Every process of the group moved back to the root group, then the group removed. A process of the group may
     fork while the others are moved (an sshd starting a session, a launcher its worker): its child is born in the
-    group and the rmdir fails with EBUSY, so the move is done again, a bounded number of rounds."""
+    group and the rmdir fails with EBUSY, so the move is done again, a bounded number of rounds (the last one's
+    error, naming the group, is raised)."""
     root = path.parent / "cgroup.procs"
-    for _ in range(rounds):
+    for left in range(rounds - 1, -1, -1):
         for pid in (path / "cgroup.procs").read_text().split():
-            with contextlib.suppress(ProcessLookupError, OSError):  # a process that has just ended
+            with contextlib.suppress(OSError):  # a process that has just ended
                 root.write_text(f"{pid}\n")
         try:
             path.rmdir()
             return
         except OSError as err:
-            if err.errno != errno.EBUSY:
+            if err.errno != errno.EBUSY or not left:
                 raise
-    path.rmdir()  # still busy after every round: the error names the group
