@@ -21,10 +21,10 @@ from bench.drills.preempt import IMDS_ENV
 pytestmark = pytest.mark.integration
 
 # The 2-node phase must outlast the 120 s replacement: each step paced to at least PACE seconds (the trainer's
-# --min-step-seconds: asleep for the rest), about 13 steps an epoch, so 60 epochs last at least 234 s while the CPU,
+# --min-step-seconds: asleep for the rest), about 13 steps an epoch, so 20 epochs last at least 234 s while the CPU,
 # shared with the rest of the suite, mostly idles: the CPU a run costs goes with its steps, not its seconds (unpaced,
-# 400 epochs of digits kept 2 cores busy for minutes; paced at 0.1 s, 150 epochs cost 3 times these 60's steps).
-EPOCHS, PACE = 60, 0.3
+# 400 epochs of digits kept 2 cores busy for minutes; 60 epochs at 0.3 s, the same 234 s, cost 3 times these steps).
+EPOCHS, PACE = 20, 0.9
 DELAY = 120
 FIRST = {"notice": ["notice", "checkpoint written"], "lost": ["node lost"]}
 
@@ -37,7 +37,7 @@ def test_a_slow_replacement_goes_on_with_two_nodes_at_once_and_grows_back_when_r
     proc = cluster3.popen("train", "--nodes", "3", f"--run-id={run_id}", "--recover=1",
                           "--recover-restart", "--recover-wait=5",
                           f"--pg-timeout={PG_TIMEOUT}", f"--env={IMDS_ENV}",
-                          f"--args=--workload digits {EPOCHS} 20 --log-samples --min-step-seconds {PACE}",
+                          f"--args=--workload digits {EPOCHS} 10 --log-samples --min-step-seconds {PACE}",
                           MULTINODE_REPLACE_DELAY=str(DELAY))
     with watched(proc) as (out, err):
         out.wait_for(r"\[rank0\]: .*epoch 2/", timeout=240)
