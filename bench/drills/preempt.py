@@ -20,8 +20,12 @@ from pathlib import Path
 from bench.drills.common import PG_TIMEOUT, RUN_BOUND, cmdline, watched
 from bench.verdicts import Target, paired, word
 
-EPOCHS, SAVE_EVERY = 40, 4  # long enough that a notice polled every 5 s always lands mid-run
-NOTICE_AFTER_EPOCH = 2  # rank 0 has printed "epoch 2/40": the notice is armed then, 0-2 s later at random
+# Long enough that a notice polled every 5 s always lands mid-run, whatever the machine: each step paced to at least
+# PACE s (the trainer's --min-step-seconds, asleep for the rest; the weights are those of an unpaced run), about 14
+# steps an epoch, so the 13 epochs after the notice last at least 18 s. The CPU a run costs goes with its steps: 40
+# unpaced epochs cost the suite close to three times these.
+EPOCHS, SAVE_EVERY, PACE = 15, 3, 0.1
+NOTICE_AFTER_EPOCH = 2  # rank 0 has printed "epoch 2/15": the notice is armed then, 0-2 s later at random
 GRACE = 30
 IMDS_ENV = "AWS_EC2_METADATA_SERVICE_ENDPOINT=http://169.254.169.254"
 STOP_LINE = r"\[rank(\d+)\]:.*preempted: every rank stops at epoch (\d+) batch (\d+) \(step (\d+)\)"
@@ -53,7 +57,7 @@ class PreemptResult:
 def train_args(run_id: str, extra_env: str = "", epochs: int = EPOCHS) -> list[str]:
     env = " ".join(part for part in (IMDS_ENV, extra_env) if part)
     return ["train", "--nodes", "3", f"--run-id={run_id}", f"--pg-timeout={PG_TIMEOUT}", f"--env={env}",
-            f"--args=--workload digits {epochs} {SAVE_EVERY}"]
+            f"--args=--workload digits {epochs} {SAVE_EVERY} --min-step-seconds {PACE:g}"]
 
 
 def _result(name: str, proc, out, notice_at, action_at, cluster) -> PreemptResult:
@@ -182,7 +186,8 @@ def preempt_markdown(rows: list[PreemptRow]) -> str:
     if not rows:
         return ""
     lines = ["", "## Preemption (spot notice, SIGTERM with a grace)", "",
-             f"Our digits trainer on 3 nodes, {EPOCHS} epochs, a snapshot every {SAVE_EVERY}; the notice hits node-1 "
+             f"Our digits trainer on 3 nodes, {EPOCHS} epochs, a snapshot every {SAVE_EVERY}, each step at least "
+             f"{PACE:g} s; the notice hits node-1 "
              f"0-2 s after epoch {NOTICE_AFTER_EPOCH}. Every rank stops at the same step, one snapshot is written on "
              "node-0 and copied to node-1; the same job (same run id) then resumes from it.", "",
              "| drill | exit | ranks stopped at (epoch, batch) | notice -> stopped and replicated (s) | notice -> exit (s) "
