@@ -23,6 +23,7 @@ from bench.nodes import JOBS, REPO, LocalCluster, median
 JOB = JOBS / "trivial.py"
 TRIVIAL = re.compile(r"TRIVIAL (\d+) (\d+)")
 LOGS = re.compile(r"^\s*logs: (\S+)\s*$", re.MULTILINE)
+CONNECT_WAIT = 60.0  # seconds a session round waits for every node to answer SSH (retried, as pre-flight does)
 
 
 def ranks_printed(text: str, world_size: int) -> set[int]:
@@ -141,8 +142,11 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
     names = [f"node-{i}" for i in range(cluster.nodes)]
     times: dict[str, list[float]] = {"alone": [], "session": [], "shell": []}
     with RemoteRunner(cluster.inventory, out=io.StringIO()) as runner:
-        if any(runner.connect_all().values()):
-            raise RuntimeError(f"session rounds at N={cluster.nodes}: a node did not answer")
+        # Retried as pre-flight retries (a cluster just brought up on a loaded host: one node's sshd answered late
+        # in a cold run of the suite, 2026-11-29), and what failed said, node by node.
+        if failed := runner.connect_until(names, time.monotonic() + CONNECT_WAIT):
+            raise RuntimeError(f"session rounds at N={cluster.nodes}: no answer within {CONNECT_WAIT:g} s from "
+                               + "; ".join(f"{name}: {why}" for name, why in failed.items()))
         runner.run_all("true", timeout=60)  # every node's first shell has run its login shell
         for _ in range(repeats):
             start = time.monotonic()
