@@ -206,3 +206,20 @@ def test_two_even_groups_name_no_odd_one():
     even = [d for d in dumps if d.rank != 2]  # rank 0 in all_reduce, rank 1 in broadcast: which is wrong?
     assert mismatch(even).odd is None and mismatch(even).describe().startswith("rank 0 in all_reduce, rank 1 in")
     assert rank_list([5, 0, 3, 4]) == "ranks 0, 3-5" and rank_list([2]) == "rank 2"
+
+
+def test_the_main_thread_is_found_by_its_os_thread_id_when_py_spy_gives_no_names():
+    """py-spy lists a rank's other threads before its main one, and a thread's name is read from the interpreter:
+    without names, the main thread is the one whose OS thread id is the pid, not the first listed."""
+    import json
+
+    frame = {"name": "step", "file": "/x/train.py", "line": 7, "code": "loss.backward()"}
+    raw = {"ranks": [{"pid": 40, "run_id": "r", "rank": 0, "local_rank": "0", "ppid": 1, "samples": [
+        {"state": "R", "cpu_ticks": 3, "threads": [
+            {"name": "140001", "active": False, "os_thread_id": 42, "frames": []},
+            {"name": "140002", "active": True, "os_thread_id": 40, "frames": [frame]}]}]}]}
+    (dump,) = parse_capture("node-0", json.dumps(raw))
+    assert [f.name for f in dump.last.frames] == ["step"] and dump.last.threads == 2
+    raw["ranks"][0]["samples"][0]["threads"][1]["frames"] = []
+    (dump,) = parse_capture("node-0", json.dumps(raw))
+    assert "(no Python frames: py-spy listed 2 Python threads)" in group_stacks([dump])

@@ -109,6 +109,7 @@ def dump(pids):
             continue
         entry["threads"] = [
             {"name": t.get("thread_name") or str(t.get("thread_id")), "active": t.get("active"),
+             "os_thread_id": t.get("os_thread_id"),
              "frames": [{"name": f["name"], "file": f["filename"], "line": f["line"],
                          "code": linecache.getline(f["filename"], f["line"]).strip()[:200]}
                         for f in t.get("frames", [])[:60]]}
@@ -140,12 +141,20 @@ def parse_capture(node: str, text: str) -> list[RankDump]:
                 samples.append(Sample(None))
                 continue
             threads = s.get("threads") or []
-            main = next((t for t in threads if t["name"] == "MainThread"), threads[0] if threads else None)
+            main = _main_thread(threads, raw["pid"])
             frames = tuple(Frame(f["name"], f["file"], f["line"], f.get("code", "")) for f in (main or {}).get("frames", []))
             samples.append(Sample(s["state"], s.get("cpu_ticks", 0), frames, len(threads), s.get("error")))
         dumps.append(RankDump(node, raw["pid"], raw["run_id"], raw["rank"], tuple(samples),
                               parent_is_rank=pids.get(raw.get("ppid")) == raw["rank"], raw=raw))
     return sorted(dumps, key=lambda d: (d.rank, d.parent_is_rank, d.pid))
+
+
+def _main_thread(threads: list[dict], pid: int) -> dict | None:
+    """The process's main thread among py-spy's: the one whose OS thread id is the pid (Linux), else the one named
+    MainThread, else the first. By id first: a thread's name is read from the interpreter and may be missing, and
+    py-spy lists the other threads before the main one (its order, py-spy 0.4.3)."""
+    return next((t for t in threads if t.get("os_thread_id") == pid), None) \
+        or next((t for t in threads if t["name"] == "MainThread"), threads[0] if threads else None)
 
 
 @dataclass

@@ -23,8 +23,8 @@ STATE_WORDS = {"R": "running", "S": "sleeping", "D": "uninterruptible", "T": "st
 def stack_lines(sample: Sample) -> list[str]:
     if sample.error:
         return [f"(no stack: {sample.error})"]
-    if not sample.frames:
-        return ["(no Python frames)"]
+    if not sample.frames:  # what py-spy returned, for a look that finds no stack in a live rank
+        return [f"(no Python frames: py-spy listed {sample.threads} Python thread{'s' if sample.threads != 1 else ''})"]
     return [f.describe() for f in sample.frames]
 
 
