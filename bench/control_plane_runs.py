@@ -142,8 +142,8 @@ def session_rounds(cluster: LocalCluster, repeats: int) -> dict[str, float]:
     names = [f"node-{i}" for i in range(cluster.nodes)]
     times: dict[str, list[float]] = {"alone": [], "session": [], "shell": []}
     with RemoteRunner(cluster.inventory, out=io.StringIO()) as runner:
-        # Retried as pre-flight retries (a cluster just brought up on a loaded host: one node's sshd answered late
-        # in a cold run of the suite, 2026-11-29), and what failed said, node by node.
+        # Retried as pre-flight retries, and what failed said node by node (a cold run of the suite, 2026-11-29: a
+        # node of a cluster just brought up on a loaded host failed the one 10 s attempt; why, the old line dropped).
         if failed := runner.connect_until(names, time.monotonic() + CONNECT_WAIT):
             raise RuntimeError(f"session rounds at N={cluster.nodes}: no answer within {CONNECT_WAIT:g} s from "
                                + "; ".join(f"{name}: {why}" for name, why in failed.items()))
