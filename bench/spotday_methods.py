@@ -1,7 +1,7 @@
 """The spot day's methods: the same job, the same trace, four ways, each on a fresh 4-node local cluster.
 
-* :func:`ours` -- ``train --recover 20`` with RECOVER's defaults (RECOVER_WAIT, GRACE) and the nodes' metadata
-  endpoint for notices: a notice is a coordinated checkpoint, a lost peer's survivors keep their last step, the
+* :func:`ours` -- ``train --recover 20`` with RECOVER's defaults (RECOVER_WAIT, GRACE), the replacement estimate it
+  would have on EC2 (:data:`EC2_ESTIMATE`) and the nodes' metadata endpoint for notices: a notice is a coordinated checkpoint, a lost peer's survivors keep their last step, the
   lost node is replaced (or the job goes on without it and grows back);
 * :func:`restart` -- SkyPilot's managed-job strategy (its default, EAGER_NEXT_REGION: "it immediately terminates
   the cluster and relaunches it", sky/jobs/recovery_strategy.py ``EagerFailoverStrategyExecutor``; its docs: "the
@@ -48,11 +48,20 @@ from bench.nodes import REPO, bring_up
 from bench.spotday_replay import Cloud
 from bench.spotday_trace import Trace
 from bench.spotday_watch import Instances, SampleLog, Watch
+from multinode.providers.aws.launches import PUBLISHED
 
 NODES = 4
 RECOVERIES = 20  # RECOVER and MAX_RESTARTS: more than any trace's events
 BASELINE_ENV = "MULTINODE_SURVIVOR=0"
 RELAUNCHES = 12  # a baseline started again more often than this is a failure of the replay, not of the method
+# What ours would estimate a replacement takes on EC2 before its cluster's first launch (the AWS provider's published
+# lower bound; then the median of its own launches, every one of which the trace makes 40 s or more): the local
+# provider says so from MULTINODE_REPLACE_DELAY. Without it, it says "made at once", and a recovery that restarts
+# every process (a notice on the head) waited up to RECOVER_WAIT for a replacement that takes the trace's 40-180 s,
+# where on EC2 it goes on with the other nodes at once and grows back in their processes (ours, 2026-11-28: 50 s of
+# four nodes idle for a 49 s replacement). Each replacement itself still takes its event's own seconds (the replay's
+# replace-delay file, which the local provider reads instead of the variable).
+EC2_ESTIMATE = {"MULTINODE_REPLACE_DELAY": f"{PUBLISHED.seconds:g}"}
 
 
 @dataclass(frozen=True)
@@ -106,13 +115,14 @@ class Replay:
                                run_id=self.method).start()
         return self.run
 
-    def train(self, *extra: str, env: str = "") -> int:
-        """One ``train`` of the job under the method's run id, to its end; its exit code (and summary kept)."""
+    def train(self, *extra: str, env: str = "", orchestrator: dict[str, str] | None = None) -> int:
+        """One ``train`` of the job under the method's run id, to its end; its exit code (and summary kept).
+        ``env``: the job's (``--env``); ``orchestrator``: more of the orchestrator's own environment."""
         start = time.monotonic()
         envs = [f"--env={env}"] if env else []
         proc = subprocess.Popen([sys.executable, "-m", "multinode", "train", "--nodes", str(NODES),
                                  f"--run-id={self.method}", "--linkcheck=warn", *extra, *envs,
-                                 f"--args={self.job.args()}"], cwd=REPO, env=self.cluster.env(),
+                                 f"--args={self.job.args()}"], cwd=REPO, env=self.cluster.env(**(orchestrator or {})),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         with watched(proc) as (out, err):
             code = proc.wait(timeout=7200)
@@ -196,7 +206,7 @@ def _replay(method: str, job: Job, trace: Trace | None, replaces: str, reports: 
 
 def ours(job: Job, trace: Trace, reports: Path | None = None) -> MethodRun:
     def body(replay: Replay) -> None:
-        if replay.train(f"--recover={RECOVERIES}", env=IMDS_ENV) != 0:
+        if replay.train(f"--recover={RECOVERIES}", env=IMDS_ENV, orchestrator=EC2_ESTIMATE) != 0:
             raise RuntimeError(f"ours: the run failed:\n{replay.run.invocations[-1]['tail']}")
 
     return _replay("ours", job, trace, "orchestrator", reports, body)
