@@ -69,6 +69,7 @@ class TrainConfig:
     # drills: SIGKILL rank 0 halfway through writing this epoch's snapshot (temp file written, not renamed);
     # only in a job's first attempt, so a torchrun restart runs on
     crash_during_snapshot: int = -1
+    crash_before_join: str | None = None  # drills: a joining rank that makes this file first SIGKILLs itself (faults.py)
 
     def pace(self, samples: int) -> float:
         """The least seconds a step of this rank's ``samples`` lasts (a drill's pace; 0: none)."""
@@ -106,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop-after-epoch", type=int, help="exit with code 3 right after this (0-based) epoch and its snapshot")
     p.add_argument("--crash-after-epoch", type=int, help=argparse.SUPPRESS)
     p.add_argument("--crash-during-snapshot", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--crash-before-join", help=argparse.SUPPRESS)
     p.add_argument("--min-step-seconds", type=float, help="a drill's pace: every step lasts at least this long (asleep "
                    "for the rest), so a long drill trains for minutes without using the CPU for minutes")
     p.add_argument("--min-sample-seconds", type=float, help="a drill's pace by the work: every step lasts at least "

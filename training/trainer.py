@@ -100,6 +100,7 @@ class Trainer(ChangeHost):
         self.uploader = upload.Uploader.from_env() if world.rank == 0 else None  # CHECKPOINT_URL: rank 0 uploads
         joining = world.joining is not None
         if joining:  # a new node's rank in a running job, built: in, and its state from a live peer (membership.py)
+            self.faults.before_join()
             self.start_epoch, self.start_consumed = membership.join(self, cfg.distributed.timeout)
         else:
             resumed = checkpoint.restore(self)  # a snapshot's global batch replaces the fresh plan's

@@ -33,10 +33,10 @@ EPOCHS = 20
 PACE = 0.1  # seconds a step lasts at least: an epoch of 14 steps is 1.4 s, a loss at epoch 5 is mid-run
 
 
-def _train(cluster, run_id: str, *extra: str, epochs: int = EPOCHS, **env: str):
+def _train(cluster, run_id: str, *extra: str, epochs: int = EPOCHS, trainer: str = "", **env: str):
     return cluster.popen("train", "--nodes", "3", f"--run-id={run_id}", "--recover=1", "--recover-wait=60",
-                         *extra, f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples",
-                         **env)
+                         *extra, f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples"
+                         f"{' ' + trainer if trainer else ''}", **env)
 
 
 def rank_pids(cluster, node: str) -> list[int]:
@@ -75,10 +75,10 @@ def summary(cluster, run_id: str) -> dict:
 
 
 def _drill(cluster, run_id: str, act, *extra: str, at_epoch: int = 5, epochs: int = EPOCHS,
-           survivors=("node-0", "node-1"), **env: str) -> tuple[str, dict, dict]:
+           survivors=("node-0", "node-1"), trainer: str = "", **env: str) -> tuple[str, dict, dict]:
     """Train, wait for ``at_epoch``, note the survivors' rank pids, ``act()``, wait for the join, note them again,
     wait for the end. (text, summary, {node: (pids before, pids after)})."""
-    proc = _train(cluster, run_id, *extra, epochs=epochs, **env)
+    proc = _train(cluster, run_id, *extra, epochs=epochs, trainer=trainer, **env)
     with watched(proc) as (out, err):
         out.wait_for(rf"\[rank0\]: .*epoch {at_epoch}/{epochs} ", timeout=RUN_BOUND, also=err)
         before = {n: rank_pids(cluster, n) for n in survivors}
@@ -110,13 +110,22 @@ def _kept_whole(cluster, run_id: str, text: str, record: dict, pids: dict, survi
     assert record["result"]["test_accuracy"] >= 0.95 and record["result"]["ranks_weights_equal"], record["result"]
 
 
-def test_a_node_lost_without_warning_costs_the_survivors_no_restart(cluster3):
-    """node-2's processes SIGKILLed, its link and namespace deleted (faults.lose_node): the provider says it is gone."""
+def test_a_node_lost_without_warning_costs_the_survivors_no_restart(cluster3, tmp_path):
+    """node-2's processes SIGKILLed, its link and namespace deleted (faults.lose_node): the provider says it is gone.
+    Its first replacement's rank SIGKILLs itself before it says JOINING (``--crash-before-join``): the survivors go
+    on, untouched; a second replacement is asked for and joins them."""
     from multinode.providers.local import faults
 
-    text, record, pids = _drill(cluster3, "keep-lost", lambda: faults.lose_node(cluster3.state, "node-2"))
+    text, record, pids = _drill(cluster3, "keep-lost", lambda: faults.lose_node(cluster3.state, "node-2"),
+                                trainer=f"--crash-before-join {tmp_path / 'crashed-once'}")
     _kept_whole(cluster3, "keep-lost", text, record, pids)
     assert "[recover] recovery 1/1 of run keep-lost: node-2 is lost" in text, text[-3000:]
+    assert re.search(r"node-2's ranks ended before they joined \(exited with code 137\); the job goes on without "
+                     r"it; asking local for a replacement again", text), text[-3000:]
+    events = [e["event"] for e in record["recovery"]["events"]]
+    failed = events.index("join failed")
+    assert events.count("node ready") == 2 and events.index("node ready") < failed < events.index("world changed",
+                                                                                                  failed), events
 
 
 def test_a_node_that_stops_answering_while_its_machine_runs_costs_no_restart(cluster3):

@@ -116,6 +116,8 @@ class Changes:
             return True
         if isinstance(event, (NodeEnded, NodeGone)) and event.node in self.joins.leaving:
             return True  # a node that already left: its end, or its machine's, changes nothing more
+        if isinstance(event, NodeEnded) and self.joins.ended(event, pending):
+            return True  # a replacement's ranks that ended before they joined: the job goes on without them
         found = self.lost_node(event, capture, lost)
         if found is None or self.why_not(found[0]) is not None:
             return False

@@ -8,7 +8,12 @@ change, :mod:`multinode.app.changes`): its replacement's answer, and its ranks j
   knows only the nodes missing when the attempt began, and the run once ended a node short with nothing said;
 * **its ranks say** ``JOINING``: its generation is opened to the running ranks -- once every earlier generation has
   formed (they take the newest written: one they skipped would leave a survivor alone in it) -- which change at their
-  next agreement: they pause only once the new ranks are ready.
+  next agreement: they pause only once the new ranks are ready;
+* **its part ends before that** (:meth:`Joins.ended`: its ranks failed or were killed while they started): the
+  running ranks never knew of it and go on; its generation is withdrawn (a later join would otherwise wait for it
+  to form, and the job with it). Killed, or its machine lost: a replacement is asked again, as for any lost node;
+  failed by themselves (a bug or a missing file on a fresh machine): not asked again -- a new machine would fail
+  the same way -- and the line names its log.
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ from collections.abc import Callable
 
 from multinode.app.members import Members
 from multinode.backends.base import JobHandle, RunContext
-from multinode.core.events import ReplacementReady, ReplacementRefused
+from multinode.core.events import NodeEnded, ReplacementReady, ReplacementRefused
+from multinode.trainer import channel
 
 
 class Joins:
@@ -53,6 +59,32 @@ class Joins:
         self.told.discard(event.node)
         self.recovery.timeline.add("node ready", event.node, at=event.at)
         threading.Thread(target=self._join, args=(event,), name=f"mn-join-{event.node}", daemon=True).start()
+        return True
+
+    def ended(self, event: NodeEnded, pending: set[str]) -> bool:
+        """A joining node's part ended before the running ranks took it in (module doc); False for any other end
+        (a member's, or a part that ended well: the job itself ended)."""
+        name, code = event.node, event.exit_code
+        if name not in self.members.pending or (not event.lost and code in (0, channel.EXIT_PREEMPTED)):
+            return False
+        self.members.abandon(name)
+        if name in self.ready:
+            self.ready.remove(name)
+        pending.discard(name)
+        self.job.depart(name)
+        killed = event.lost or code is None or code < 0 or code >= 128
+        error = event.error or self.job.fail_node(name, f"exited with code {code}", lost=False)
+        why = error.message if error is not None else f"exit code {code}"
+        self.recovery.timeline.add("join failed", f"{name}: {why}")
+        if killed:
+            self.leaving.add(name)
+            self.say(f"{name}'s ranks ended before they joined ({why}); the job goes on without it; asking "
+                     f"{self.ctx.inv.provider} for a replacement again")
+            self.recovery.replacements.ask(name)
+        else:
+            where = f"; its log: {error.log_path}" if error is not None and error.log_path else ""
+            self.say(f"{name}'s ranks failed before they joined ({why}{where}); the job goes on without it, not "
+                     f"asking for another machine (a fresh one would fail the same way)")
         return True
 
     def tick(self) -> None:
