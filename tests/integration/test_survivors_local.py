@@ -33,9 +33,10 @@ EPOCHS = 20
 PACE = 0.1  # seconds a step lasts at least: an epoch of 14 steps is 1.4 s, a loss at epoch 5 is mid-run
 
 
-def _train(cluster, run_id: str, *extra: str, epochs: int = EPOCHS, trainer: str = "", **env: str):
+def _train(cluster, run_id: str, *extra: str, epochs: int = EPOCHS, pace: float = PACE, trainer: str = "",
+           **env: str):
     return cluster.popen("train", "--nodes", "3", f"--run-id={run_id}", "--recover=1", "--recover-wait=60",
-                         *extra, f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples"
+                         *extra, f"--args=--workload digits {epochs} {epochs} --min-step-seconds {pace} --log-samples"
                          f"{' ' + trainer if trainer else ''}", **env)
 
 
@@ -75,10 +76,10 @@ def summary(cluster, run_id: str) -> dict:
 
 
 def _drill(cluster, run_id: str, act, *extra: str, at_epoch: int = 5, epochs: int = EPOCHS,
-           survivors=("node-0", "node-1"), trainer: str = "", **env: str) -> tuple[str, dict, dict]:
+           survivors=("node-0", "node-1"), pace: float = PACE, trainer: str = "", **env: str) -> tuple[str, dict, dict]:
     """Train, wait for ``at_epoch``, note the survivors' rank pids, ``act()``, wait for the join, note them again,
     wait for the end. (text, summary, {node: (pids before, pids after)})."""
-    proc = _train(cluster, run_id, *extra, epochs=epochs, trainer=trainer, **env)
+    proc = _train(cluster, run_id, *extra, epochs=epochs, pace=pace, trainer=trainer, **env)
     with watched(proc) as (out, err):
         out.wait_for(rf"\[rank0\]: .*epoch {at_epoch}/{epochs} ", timeout=RUN_BOUND, also=err)
         before = {n: rank_pids(cluster, n) for n in survivors}
@@ -116,9 +117,12 @@ def test_a_node_lost_without_warning_costs_the_survivors_no_restart(cluster3, tm
     on, untouched; a second replacement is asked for and joins them."""
     from multinode.providers.local import faults
 
+    # Two replacements start before the join. The module's 20 epochs at 0.1 s a step (28 s) were not enough in a
+    # cold run of the suite: each start took ~21 s under its load, and the job ended first. 30 epochs at 0.3 s (126
+    # s, ~105 s after the loss at epoch 5) give the two starts 2.5 times that, for 10 more epochs' CPU.
     text, record, pids = _drill(cluster3, "keep-lost", lambda: faults.lose_node(cluster3.state, "node-2"),
-                                trainer=f"--crash-before-join {tmp_path / 'crashed-once'}")
-    _kept_whole(cluster3, "keep-lost", text, record, pids)
+                                trainer=f"--crash-before-join {tmp_path / 'crashed-once'}", epochs=30, pace=0.3)
+    _kept_whole(cluster3, "keep-lost", text, record, pids, epochs=30)
     assert "[recover] recovery 1/1 of run keep-lost: node-2 is lost" in text, text[-3000:]
     assert re.search(r"node-2's ranks ended before they joined \(exited with code 137\); the job goes on without "
                      r"it; asking local for a replacement again", text), text[-3000:]
