@@ -105,7 +105,9 @@ def run_straggler_drill(cluster, slowdown: float | None, epochs: int = EPOCHS) -
     before = during = 0
     with watched(proc) as (out, err):
         out.wait_for(ENTRY.pattern, timeout=RUN_BOUND)
-        log_dir = cluster.runs()[-1]
+        # This run's directory by the id it printed: the newest by name is another drill's where run ids were named
+        # (bench.drills' one cluster: every straggler row read the preemption drill's windows, 2026-11-29).
+        log_dir = cluster.state.run_dir(re.search(r"^run (\S+): MODE=", "".join(out.lines), re.M)[1])
         if slowdown is not None:
             with contextlib.ExitStack() as quota:
                 before = len(_windows(log_dir).get(2, []))
@@ -114,7 +116,7 @@ def run_straggler_drill(cluster, slowdown: float | None, epochs: int = EPOCHS) -
                 _until_named_or(out, lambda: len(_windows(log_dir).get(2, [])) >= before + WATCH_WINDOWS)
                 during = len(_windows(log_dir).get(2, []))
         proc.wait(timeout=RUN_BOUND)
-    summary = json.loads((cluster.runs()[-1] / "summary.json").read_text())
+    summary = json.loads((log_dir / "summary.json").read_text())
     return StragglerResult(slowdown, proc.returncode, _windows(Path(summary["log_dir"])), before, during,
                            summary["slow_ranks"], [line for line in out.lines if "slow rank:" in line],
                            cluster.job_processes())
