@@ -277,10 +277,8 @@ class Changes:
         """(node, why) when ``event`` loses a node of the job: its part killed or its session lost, its machine
         gone, or -- a stall -- its rank found frozen in the stacks (``capture``: the run's look at the live ranks),
         stopped or stuck in the kernel. None otherwise (a part's own failure is no loss)."""
-        if isinstance(event, NodeEnded) and event.node in self.members.names:
-            code = event.exit_code
-            if event.lost or code is None or code < 0 or code >= 128:
-                return event.node, (event.error.message if event.error else f"killed (exit code {code})")
+        if isinstance(event, NodeEnded) and event.node in self.members.names and event.killed:
+            return event.node, (event.error.message if event.error else f"killed (exit code {event.exit_code})")
         if isinstance(event, NodeGone) and event.node in self.members.names:
             return event.node, f"its machine is gone ({event.why})"
         if isinstance(event, Stalled):

@@ -72,11 +72,10 @@ class Joins:
             self.ready.remove(name)
         pending.discard(name)
         self.job.depart(name)
-        killed = event.lost or code is None or code < 0 or code >= 128
         error = event.error or self.job.fail_node(name, f"exited with code {code}", lost=False)
         why = error.message if error is not None else f"exit code {code}"
         self.recovery.timeline.add("join failed", f"{name}: {why}")
-        if killed:
+        if event.killed:
             self.leaving.add(name)
             self.say(f"{name}'s ranks ended before they joined ({why}); the job goes on without it; asking "
                      f"{self.ctx.inv.provider} for a replacement again")

@@ -113,15 +113,13 @@ class Members:
         self.pending[name] = membership
         return membership
 
-    def abandon(self, name: str) -> bool:
+    def abandon(self, name: str) -> None:
         """``name``'s join given up before it was opened (its ranks ended first): its generation, written to it alone,
         is withdrawn -- the next change writes that number again, so the running ranks never wait for a generation
-        nobody forms -- unless a later one was written since (then the ranks skip it as they skip any). False when
-        nothing was pending for it."""
+        nobody forms -- unless a later one was written since (then the ranks skip it as they skip any)."""
         membership = self.pending.pop(name, None)
         if membership is not None and membership.generation == self.generation:
             self.generation -= 1
-        return membership is not None
 
     def pending_after(self, name: str) -> int:
         """The generation before ``name``'s pending one: it must have formed before ``name``'s is opened."""

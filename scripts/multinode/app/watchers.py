@@ -41,9 +41,7 @@ class Rejoin:
     def allows(self, event: NodeEnded, relaunches: int) -> bool:
         """Whether ``event``'s node may be started again: it is lost or was killed by a signal, its relaunch has
         not already failed, it is not excluded and it has relaunches left."""
-        code = event.exit_code
-        killed = event.lost or code is None or code < 0 or code >= 128
-        return killed and not event.final and event.node not in self.exclude and relaunches < self.budget
+        return event.killed and not event.final and event.node not in self.exclude and relaunches < self.budget
 
 
 class GoneWatch:

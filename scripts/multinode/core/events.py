@@ -29,6 +29,11 @@ class NodeEnded:
     error: NodeError | None = None
     final: bool = False  # it cannot be started again (an elastic relaunch already failed)
 
+    @property
+    def killed(self) -> bool:
+        """Lost, or ended by a signal (no exit code, a negative one from SSH, 128 + signal from a shell)."""
+        return self.lost or self.exit_code is None or self.exit_code < 0 or self.exit_code >= 128
+
 
 @dataclass(frozen=True)
 class JobEnded:
