@@ -31,8 +31,12 @@ class NodeEnded:
 
     @property
     def killed(self) -> bool:
-        """Lost, or ended by a signal (no exit code, a negative one from SSH, 128 + signal from a shell)."""
-        return self.lost or self.exit_code is None or self.exit_code < 0 or self.exit_code >= 128
+        return part_killed(self.lost, self.exit_code)
+
+
+def part_killed(lost: bool, exit_code: int | None) -> bool:
+    """A part lost, or ended by a signal: no exit code, a negative one (SSH's -1), 128 + signal (a shell's)."""
+    return lost or exit_code is None or exit_code < 0 or exit_code >= 128
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TextIO
 
 from multinode.core.errors import NodeError
-from multinode.core.events import Events, NodeEnded
+from multinode.core.events import Events, NodeEnded, part_killed
 from multinode.core.outcome import Ending, Outcome
 from multinode.ssh.connect import describe_ssh_error
 from multinode.ssh.lines import LineSink, Relabel
@@ -60,8 +60,8 @@ class NodeResult:
 
     @property
     def killed(self) -> bool:
-        """Lost, or the launcher died by a signal (SSH reports -1; a shell, 128 + signal)."""
-        return self.lost or self.exit_code is None or self.exit_code < 0 or self.exit_code >= 128
+        """Lost, or the launcher died by a signal."""
+        return part_killed(self.lost, self.exit_code)
 
 
 class JobRun:
