@@ -88,6 +88,9 @@ def test_mpi_script_uses_srun_pmi_when_offered_else_mpirun(inventory):
     assert 'sed -u "s/^/[rank$OMPI_COMM_WORLD_RANK] /"' in mpirun and "SLURM_PROCID" not in mpirun
     assert "export OMPI_ALLOW_RUN_AS_ROOT=1\nexport OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\n" in mpirun
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in srun
+    # srun's ranks skip MPI_Init's data fence (the start-up SIGSEGV's window: multinode.plan.launchers.mpirun)
+    assert "export OMPI_MCA_pmix_base_async_modex=1\nexport OMPI_MCA_pmix_base_collect_data=0\n" in srun
+    assert "pmix_base" not in mpirun
 
 
 def test_every_mpi_rank_gets_the_mpirun_launchers_env_contract_from_its_own_launcher(inventory):

@@ -36,7 +36,7 @@ from multinode.core.nodepaths import env_file, run_dir
 from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, bucket_env, collective_env, data_env,
                                            entry_dir, grace_env, guard_argv, iface_for_subnet, node_python,
                                            trainer_args)
-from multinode.plan.launchers.mpirun import OPEN_MPI, RankPlace, as_user, env_contract
+from multinode.plan.launchers.mpirun import DIRECT_MODEX, OPEN_MPI, RankPlace, as_user, env_contract
 from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
 from multinode.backends.slurm import grace
@@ -186,8 +186,9 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
     program = (f"{assignments(env_contract(place, group, HEAD, spec.rdzv_port))} "
                + shell_join((*guard_argv(inv, spec, entry, GUARD), _python(inv, spec), "-u", *entry.program(),
                              *PROGRAM_ARGS)))
-    # mpirun, as the SSH path's: allowed to run as root when the job's user is root (the login node's).
-    mpirun_env = {} if mpi_plugin else as_user(inv.head.ssh_user)
+    # srun's ranks: no data fence before their handlers are set (DIRECT_MODEX); mpirun, as the SSH path's: allowed to
+    # run as root when the job's user is root (the login node's).
+    launcher_env = DIRECT_MODEX if mpi_plugin else as_user(inv.head.ssh_user)
     # The line prefix: srun's task id; a rank of mpirun inherits the batch step's SLURM_PROCID (0), so Open MPI's.
     label = "${SLURM_PROCID:-$OMPI_COMM_WORLD_RANK}" if mpi_plugin else "$OMPI_COMM_WORLD_RANK"
     launch_line = f'{grace.catching(spec, program)} 2>&1 | sed -u "s/^/[rank{label}] /"'
@@ -198,7 +199,7 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
         per_task="one task per rank" if mpi_plugin else "mpirun in the allocation",
         env_lines=(f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
                    f"OMPI_MCA_oob_tcp_if_include={inv.subnet}",
-                   *(f"export {assignments({k: v})}" for k, v in mpirun_env.items())),
+                   *(f"export {assignments({k: v})}" for k, v in launcher_env.items())),
         network={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},  # as the SSH path's ranks (RANK_ENV)
         who=" (rank $SLURM_PROCID)" if mpi_plugin else "",
         launch=launcher,

@@ -113,6 +113,17 @@ OPEN_MPI = RankPlace(Sh("$OMPI_COMM_WORLD_RANK"), Sh("$OMPI_COMM_WORLD_LOCAL_RAN
                      Sh("$OMPI_COMM_WORLD_LOCAL_SIZE"))
 
 
+# Ranks that srun starts (--mpi=pmix): Open MPI 4.1.4's MPI_Init waits in its data exchange (a PMIx fence with data)
+# before its PML registers its handlers, making progress on the TCP BTL meanwhile -- a peer's first message landing then
+# goes to a NULL handler (a rank's SIGSEGV at start-up: docs/verification.md). With the modex asynchronous and no data
+# collected a rank skips that fence ("we don't want to do the modex, so fall thru", ompi/runtime/ompi_mpi_init.c), asks
+# a peer's endpoint when it needs it, and makes no progress before its handlers are in place; the final barrier stays.
+# async_modex is Open MPI's own start-up option (its v4.x large-clusters FAQ, docs.open-mpi.org "Reducing startup
+# time"); 4.1.4 skips the fence only with collect_data off as well (on, it runs in the background). `ompi_info --level 9`
+# lists both parameters.
+DIRECT_MODEX = {"OMPI_MCA_pmix_base_async_modex": "1", "OMPI_MCA_pmix_base_collect_data": "0"}
+
+
 def env_contract(place: RankPlace, group_rank: str, master_addr: str, master_port: int) -> dict[str, str]:
     """torch's env:// variables for one MPI rank: its place, its node's index, the rendezvous address."""
     return {**place.env(), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "GROUP_RANK": group_rank}
