@@ -15,7 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from multinode.plan.launchers.mpirun import DIRECT_MODEX
+from multinode.plan.launchers.mpirun import DIRECT_MODEX, tcp_env
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS = REPO / "bench" / "jobs" / "mpi_first_steps.py"
@@ -24,8 +24,7 @@ SETTINGS = {"Open MPI's defaults": {}, "DIRECT_MODEX": DIRECT_MODEX}
 
 def one_job(namespace: str, subnet: str, extra: dict[str, str]) -> tuple[int, float, bool]:
     """One srun job: its exit code, its seconds, whether a rank died of SIGSEGV."""
-    env = {**os.environ, "OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_pml": "ob1",
-           "OMPI_MCA_btl_tcp_if_include": subnet, "OMPI_MCA_oob_tcp_if_include": subnet, **extra}
+    env = {**os.environ, **tcp_env(subnet), **extra}  # the ranks' environment as the sbatch script gives it
     argv = ["ip", "netns", "exec", namespace, "srun", "--mpi=pmix", "-N3", "-n3", "--ntasks-per-node=1",
             "--kill-on-bad-exit=1", sys.executable, str(STEPS)]
     began = time.monotonic()
@@ -48,9 +47,10 @@ def main() -> None:
         busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
         try:
             inv = cluster.inventory()
+            login = inv.extra["namespaces"][0]
             for i in range(args.rounds):
                 for name in (list(SETTINGS) if i % 2 == 0 else list(SETTINGS)[::-1]):
-                    done[name].append(one_job(inv.extra["namespaces"][0], inv.subnet, SETTINGS[name]))
+                    done[name].append(one_job(login, inv.subnet, SETTINGS[name]))
                 loads.append(os.getloadavg()[0])
         finally:
             for proc in busy:

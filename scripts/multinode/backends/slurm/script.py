@@ -36,7 +36,7 @@ from multinode.core.nodepaths import env_file, run_dir
 from multinode.plan.launchers.base import (BASE_ENV, PREEMPT_MARK_ENV, EntryPoint, bucket_env, collective_env, data_env,
                                            entry_dir, grace_env, guard_argv, iface_for_subnet, node_python,
                                            trainer_args)
-from multinode.plan.launchers.mpirun import DIRECT_MODEX, OPEN_MPI, RankPlace, as_user, env_contract
+from multinode.plan.launchers.mpirun import DIRECT_MODEX, OPEN_MPI, RankPlace, as_user, env_contract, tcp_env
 from multinode.plan.launchers.torchrun import Agent, agent_argv, agent_env
 from multinode.plan.launchers.words import Sh, assignments, fixed, shell_join
 from multinode.backends.slurm import grace
@@ -197,8 +197,7 @@ def _mpi_launch(inv: Inventory, spec: LaunchSpec, entry: EntryPoint, mpi_plugin:
         line=launch_line,
         tasks=f"{launcher} {steps} --kill-on-bad-exit=1" if mpi_plugin else f"{launcher} {steps}",
         per_task="one task per rank" if mpi_plugin else "mpirun in the allocation",
-        env_lines=(f"export OMPI_MCA_btl=self,vader,tcp OMPI_MCA_pml=ob1 OMPI_MCA_btl_tcp_if_include={inv.subnet} "
-                   f"OMPI_MCA_oob_tcp_if_include={inv.subnet}",
+        env_lines=(f"export {assignments(tcp_env(inv.subnet))}",
                    *(f"export {assignments({k: v})}" for k, v in launcher_env.items())),
         network={"GLOO_SOCKET_IFNAME": iface_for_subnet(inv.subnet)},  # as the SSH path's ranks (RANK_ENV)
         who=" (rank $SLURM_PROCID)" if mpi_plugin else "",

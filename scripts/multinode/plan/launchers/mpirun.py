@@ -124,6 +124,13 @@ OPEN_MPI = RankPlace(Sh("$OMPI_COMM_WORLD_RANK"), Sh("$OMPI_COMM_WORLD_LOCAL_RAN
 DIRECT_MODEX = {"OMPI_MCA_pmix_base_async_modex": "1", "OMPI_MCA_pmix_base_collect_data": "0"}
 
 
+def tcp_env(subnet: str) -> dict[str, str]:
+    """Open MPI's transports for ranks it does not start with mpirun's ``--mca`` (srun's): ob1 over shared memory and
+    TCP, TCP and the out-of-band channel on the cluster's subnet."""
+    return {"OMPI_MCA_btl": "self,vader,tcp", "OMPI_MCA_pml": "ob1", "OMPI_MCA_btl_tcp_if_include": subnet,
+            "OMPI_MCA_oob_tcp_if_include": subnet}
+
+
 def env_contract(place: RankPlace, group_rank: str, master_addr: str, master_port: int) -> dict[str, str]:
     """torch's env:// variables for one MPI rank: its place, its node's index, the rendezvous address."""
     return {**place.env(), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "GROUP_RANK": group_rank}
