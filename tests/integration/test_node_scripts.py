@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import time
@@ -19,8 +20,9 @@ from multinode.ssh.runner import STOP_SCRIPT
 pytestmark = pytest.mark.integration
 
 
-def stop(run_id: str) -> str:
-    res = subprocess.run(["sh", "-c", STOP_SCRIPT, "stop", run_id, "30"], capture_output=True, text=True, timeout=20)
+def stop(run_id: str, hundredths: int = 300, env: dict | None = None) -> str:
+    res = subprocess.run(["sh", "-c", STOP_SCRIPT, "stop", run_id, str(hundredths)], capture_output=True, text=True,
+                         timeout=30, env=env)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip()
 
@@ -41,6 +43,27 @@ def test_it_stops_every_process_of_its_run_and_nothing_else():
         for p in ours + [paused, theirs]:
             p.kill()
             p.wait()
+
+
+def test_its_kill_comes_at_the_deadline_however_slow_its_rounds(tmp_path: Path):
+    """The wait between TERM and KILL is bounded by the clock, not by a count of rounds: here each round's sleep takes
+    5 s (on a loaded node it was each round's listing of /proc), the grace 1 s. Counting 0.1 s rounds, the KILL came
+    after 10 rounds, 50 s, past the hang guard (and, in a spot day's replay, past the caller's own timeout: the rank
+    that ignored its TERM kept the rendezvous port into the next attempt)."""
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "sleep").write_text(f"#!/bin/sh\nexec {shutil.which('sleep')} 5\n")
+    (slow / "sleep").chmod(0o755)
+    run = f"t-{uuid.uuid4().hex[:8]}"
+    deaf = subprocess.Popen(["sleep", "60"], env={**os.environ, "MULTINODE_RUN_ID": run},
+                            preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))  # a rank in C++
+    try:
+        time.sleep(0.1)
+        assert stop(run, 100, env={**os.environ, "PATH": f"{slow}:{os.environ['PATH']}"}) == "stopped 1"
+        assert deaf.wait(5) == -signal.SIGKILL
+    finally:
+        deaf.kill()
+        deaf.wait()
 
 
 def test_a_refused_overlay_leaves_the_home_shared_and_the_node_starting(tmp_path: Path):

@@ -110,10 +110,10 @@ def test_slurm_script_exports_the_grace(inventory):
 def test_the_stop_waits_the_grace_and_removes_containers_after_it(inventory):
     runner = RemoteRunner(inventory, out=io.StringIO())
     plain = runner.stop_line("r1", "docker rm -f c")
-    assert plain.startswith("docker rm -f c; sh -c ") and plain.endswith(f" stop r1 {int(STOP_GRACE * 10)}")
+    assert plain.startswith("docker rm -f c; sh -c ") and plain.endswith(f" stop r1 {int(STOP_GRACE * 100)}")
     assert runner.stop_line("r1") == plain.removeprefix("docker rm -f c; ")
     graceful = RemoteRunner(inventory, out=io.StringIO(), stop=StopPolicy(30.0)).stop_line("r1", "docker rm -f c")
-    assert graceful.endswith(" stop r1 320; docker rm -f c")  # GRACE + 2 s, then the containers
+    assert graceful.endswith(" stop r1 3200; docker rm -f c")  # GRACE + 2 s (in hundredths), then the containers
     assert StopPolicy(30.0).kill_after == 32.0 and StopPolicy(0.5).kill_after == STOP_GRACE
 
 

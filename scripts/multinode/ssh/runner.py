@@ -64,8 +64,13 @@ class StopPolicy:
 # this node's network namespace (simulated nodes share one /proc). TERM, wait, KILL, report.
 # list(): one grep and, where it matched, one stat for every match's namespace (a readlink per match made a
 # sweep on a simulated node cost a process per live process of every other node).
+# The wait is bounded by the clock (/proc/uptime, in hundredths of a second), not by a count of 0.1 s sleeps: each
+# round also costs a list(), and on a loaded node (a spot day's replay in the suite: GRACE 45, 470 rounds) the
+# rounds outlasted the caller's timeout (kill_after + 5 s), so the KILL was never sent and a rank that could not
+# act on its TERM (the main thread inside a C++ all-reduce) kept the rendezvous port into the next attempt.
 STOP_SCRIPT = r"""
-tag="MULTINODE_RUN_ID=$1"; grace_ticks=$2
+tag="MULTINODE_RUN_ID=$1"; grace_cs=$2
+now_cs() { read -r up _ < /proc/uptime; echo $(( ${up%.*} * 100 + 1${up#*.} - 100 )); }
 self_ns=$(stat -L -c %i /proc/self/ns/net)
 list() {
   files=$(grep -lzxF "$tag" /proc/[0-9]*/environ 2>/dev/null); [ -n "$files" ] || return 0
@@ -77,8 +82,8 @@ pids=$(list)
 n=$(echo $pids | wc -w)
 kill -TERM $pids 2>/dev/null
 kill -CONT $pids 2>/dev/null  # a stopped (SIGSTOPped) process acts on the TERM only once continued
-i=0
-while [ $i -lt $grace_ticks ]; do sleep 0.1; pids=$(list); [ -z "$pids" ] && break; i=$((i+1)); done
+deadline=$(( $(now_cs) + grace_cs ))
+while [ "$(now_cs)" -lt "$deadline" ]; do sleep 0.1; pids=$(list); [ -z "$pids" ] && break; done
 [ -n "$pids" ] && kill -KILL $pids 2>/dev/null && sleep 0.2
 left=$(list)
 echo "stopped $n${left:+ left $left}"
@@ -232,7 +237,7 @@ class RemoteRunner(NodePool):
     def stop_line(self, run_id: str, extra: str | None = None) -> str:
         """The stop of ``run_id`` on one node, with the runtime's ``extra`` step (its containers): before the
         processes' stop, or with GRACE after it (removing a container kills what runs in it at once)."""
-        line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(self.stop.kill_after * 10)}"
+        line = f"sh -c {shlex.quote(STOP_SCRIPT)} stop {shlex.quote(run_id)} {int(self.stop.kill_after * 100)}"
         if not extra:
             return line
         return f"{line}; {extra}" if self.stop.graceful else f"{extra}; {line}"
