@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
 
     def section(name: str, fn, plot=None) -> None:
-        start, stamp = time.monotonic(), began()
+        start, stamp = time.monotonic(), began(settle=not args.quick)
         print(f"== {name}{' (quick)' if args.quick else ''}", flush=True)
         try:
             result = fn()

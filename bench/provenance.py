@@ -10,6 +10,7 @@ import os
 import platform
 import re
 import subprocess
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -72,11 +73,36 @@ def tree() -> str:
     return _commit()
 
 
-def began() -> dict:
-    """When a section starts and the load it finds (stored with its machine by :func:`save_section`)."""
+# How long a section waits for the machine to settle before it starts (:func:`began`). The 1-minute load average
+# decays by e every minute once the work is gone: after the control plane's 64 nodes (64.9) it is under the 2 cores
+# in about 3.5 minutes; a machine still busy after 6 is busy with other work, and the section is flagged.
+SETTLE_MOST = 360.0
+SETTLE_POLL = 5.0
+
+
+def began(settle: bool = False) -> dict:
+    """When a section starts and the load it finds (stored with its machine by :func:`save_section`). ``settle``
+    (every full run, never a quick one): first wait, up to :data:`SETTLE_MOST` seconds, for the 1-minute load
+    average to come down to the machine's cores -- the previous section's own work still in it would otherwise flag
+    the next section (:func:`load_flag`), as it flagged four of 2026-11-29's seven; the wait is stored."""
     tree()
+    waited = _settle() if settle else None
     return {"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "load_avg_1m_at_start": round(os.getloadavg()[0], 1)}
+            "load_avg_1m_at_start": round(os.getloadavg()[0], 1),
+            **({"settle_waited_s": round(waited)} if waited is not None else {})}
+
+
+def _settle() -> float:
+    """Wait for the 1-minute load average to come down to the cores (at most SETTLE_MOST s); the seconds waited."""
+    start, cores = time.monotonic(), os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    if load > cores:
+        print(f"waiting for the load average ({load:.1f}) to come down to {cores} (at most {SETTLE_MOST:.0f} s)",
+              flush=True)
+    while load > cores and time.monotonic() - start < SETTLE_MOST:
+        time.sleep(SETTLE_POLL)
+        load = os.getloadavg()[0]
+    return time.monotonic() - start
 
 
 def load_flag(machine: dict) -> str:

@@ -198,6 +198,8 @@ def page(data: dict) -> str:
                 + (f", commit {m['commit']}" if "commit" in m else ", commit not recorded")
                 + (f", started {m['started']} at load average {m['load_avg_1m_at_start']}" if "started" in m
                    else ", start not recorded")
+                + (f" (after {m['settle_waited_s']} s waiting for the load to settle)" if m.get("settle_waited_s")
+                   else "")
                 + (f", load average {m['load_avg_1m']} when the section ended" if "load_avg_1m" in m else "")
                 + (", QUICK mode: not a measurement.*" if entry["quick"] else ".*")
                 + (f" **Flagged: {load_flag(m)}.**" if load_flag(m) else ""))
@@ -218,7 +220,7 @@ def standalone(name: str, nodes: int | None, run, plot) -> None:
     args = parser.parse_args()
     from bench.nodes import bring_up
 
-    start = began()
+    start = began(settle=not args.quick)
     if nodes is None:
         result = run(None, quick=args.quick)
     else:

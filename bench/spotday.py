@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=DOCS, help="where benchmarks.json/.md and the picture go")
     parser.add_argument("--reports", type=Path, help="write every train's run report (report.html) here")
     args = parser.parse_args(argv)
-    start = began()
+    start = began(settle=not args.quick)
     publish("spotday", run(None, quick=args.quick, reports=args.reports), args.quick, args.out_dir, plot, start)
     return 0
 

@@ -27,7 +27,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO / "tests" / "integration"))
     from localcluster import bring_up, tear_down
 
-    where = {**began(), **machine()}  # the checkout and the load as the drills begin
+    where = {**began(settle=True), **machine()}  # the checkout and the load as the drills begin (settled)
 
     with tempfile.TemporaryDirectory() as home:
         cluster = bring_up(Path(home), 3, prefix="drill")

@@ -128,6 +128,32 @@ def test_provenance_is_the_tree_as_it_was_before_the_bench_wrote_anything(monkey
         provenance.tree.cache_clear()
 
 
+def test_a_full_section_waits_for_the_previous_ones_load_to_settle_and_a_quick_one_does_not(monkeypatch):
+    """2026-11-29: four of seven sections of one `make bench` began above the cores' load -- the previous section's
+    own work, still in the 1-minute average -- and were flagged. A full section waits (simulated clock here)."""
+    from bench import provenance
+
+    clock = [0.0]
+    loads = iter([9.3, 5.1, 2.6, 1.8, 1.8])
+
+    def sleep(seconds: float) -> None:
+        clock[0] += seconds
+
+    monkeypatch.setattr(provenance.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(provenance.os, "getloadavg", lambda: (next(loads), 0.0, 0.0))
+    monkeypatch.setattr(provenance.time, "sleep", sleep)
+    monkeypatch.setattr(provenance.time, "monotonic", lambda: clock[0])
+    stamp = provenance.began(settle=True)
+    assert stamp["load_avg_1m_at_start"] == 1.8 and stamp["settle_waited_s"] == 3 * provenance.SETTLE_POLL
+    assert not provenance.load_flag({"cores": 2, **stamp})
+
+    monkeypatch.setattr(provenance.os, "getloadavg", lambda: (9.3, 0.0, 0.0))  # busy with other work: it gives up
+    clock[0] = 0.0
+    stamp = provenance.began(settle=True)
+    assert stamp["settle_waited_s"] == provenance.SETTLE_MOST and provenance.load_flag({"cores": 2, **stamp})
+    assert "settle_waited_s" not in provenance.began()  # quick mode and the tests: no wait
+
+
 def test_a_side_takes_the_sign_tests_count_of_pairs_and_few_pairs_take_all():
     """Issue 48: every pair on one side flipped the verdict whenever one noisy pair crossed the target. A side now
     takes the fewest pairs a median on the other side would give at most 5 % of the time; under 5 pairs, all."""
