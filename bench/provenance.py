@@ -84,7 +84,8 @@ def began(settle: bool = False) -> dict:
     """When a section starts and the load it finds (stored with its machine by :func:`save_section`). ``settle``
     (every full run, never a quick one): first wait, up to :data:`SETTLE_MOST` seconds, for the 1-minute load
     average to come down to the machine's cores -- the previous section's own work still in it would otherwise flag
-    the next section (:func:`load_flag`), as it flagged four of 2026-11-29's seven; the wait is stored."""
+    the next section (:func:`load_flag`), as it flagged four of the first six of a run on 2026-11-29; the wait is
+    stored."""
     tree()
     waited = _settle() if settle else None
     return {"started": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
