@@ -106,6 +106,12 @@ def _settle() -> float:
     return time.monotonic() - start
 
 
+def settled(machine: dict) -> str:
+    """The page's words for how long the section waited for the load to settle (:func:`began`), or ''."""
+    waited = machine.get("settle_waited_s")
+    return f" (after {waited} s waiting for the load to settle)" if waited else ""
+
+
 def load_flag(machine: dict) -> str:
     """Why a section's figures are suspect, or '': it started at a 1-minute load average above the machine's
     cores, so the machine was still busy: with other work, or with the bench's own previous section, which a

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from bench.nodes import REPO
-from bench.provenance import began, load_flag, machine
+from bench.provenance import began, load_flag, machine, settled
 
 DOCS = REPO / "docs"
 README = REPO / "README.md"
@@ -198,8 +198,7 @@ def page(data: dict) -> str:
                 + (f", commit {m['commit']}" if "commit" in m else ", commit not recorded")
                 + (f", started {m['started']} at load average {m['load_avg_1m_at_start']}" if "started" in m
                    else ", start not recorded")
-                + (f" (after {m['settle_waited_s']} s waiting for the load to settle)" if m.get("settle_waited_s")
-                   else "")
+                + settled(m)
                 + (f", load average {m['load_avg_1m']} when the section ended" if "load_avg_1m" in m else "")
                 + (", QUICK mode: not a measurement.*" if entry["quick"] else ".*")
                 + (f" **Flagged: {load_flag(m)}.**" if load_flag(m) else ""))

@@ -11,18 +11,17 @@ from bench.drills.crashes import DrillResult
 from bench.drills.elastic import ELASTIC_EPOCHS, FAULT_AFTER_EPOCH, SAVE_EVERY, ElasticResult
 from bench.drills.hangs import HANG_AFTER, HangResult, judge as hang_judge
 from bench.drills.stragglers import FAIR_SHARE, StragglerResult, spread
-from bench.provenance import load_flag
+from bench.provenance import load_flag, settled
 from bench.verdicts import loaded, word
 
 
 def provenance(where: dict) -> str:
     """The page's 'measured on' line from ``bench.provenance.machine()`` joined with ``began()``'s stamp."""
     flag = load_flag(where)
-    settled = where.get("settle_waited_s")
     return (f"Measured by `python -m bench.drills`, started {where.get('started', '?')}, on commit "
             f"{where.get('commit', 'not recorded')}, on {where.get('cpu', '?')} ({where.get('cores', os.cpu_count())} "
             f"cores), load average {where.get('load_avg_1m_at_start', '?')} as the drills began"
-            + (f" (after {settled} s waiting for the load to settle)" if settled else "")
+            + settled(where)
             + f" and {os.getloadavg()[0]:.1f} when the page was written" + (f". **Flagged: {flag}.**" if flag else "."))
 
 

@@ -129,7 +129,7 @@ def test_provenance_is_the_tree_as_it_was_before_the_bench_wrote_anything(monkey
 
 
 def test_a_full_section_waits_for_the_previous_ones_load_to_settle_and_a_quick_one_does_not(monkeypatch):
-    """2026-11-29: four of seven sections of one `make bench` began above the cores' load -- the previous section's
+    """2026-11-29: four of the first six sections of one `make bench` began above the cores' load -- the previous section's
     own work, still in the 1-minute average -- and were flagged. A full section waits (simulated clock here)."""
     from bench import provenance
 
