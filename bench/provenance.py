@@ -1,6 +1,6 @@
 """What a section's figures were measured on and from: the machine (CPU, cores, memory, OS, torch, Open MPI), the
-load average, the date, and the commit of the checkout (``+changes`` when its tracked files differ from it) as it
-was before the bench wrote anything (:func:`tree`). Stored with each section by
+load average, the date, and the commit of the checkout (``+changes`` when its tracked files, other than the bench's
+own outputs, differ from it) as it was before the bench wrote anything (:func:`tree`). Stored with each section by
 :func:`bench.report.save_section`; rendered under each section of the page, with :func:`load_flag`."""
 
 from __future__ import annotations
@@ -52,8 +52,15 @@ def machine() -> dict:
     }
 
 
+# What the bench writes itself (the page, its JSON and plots, the drills page under docs/; the README's table): not the
+# code measured, so a change there is no '+changes'. `make bench` is two processes (the sections, then the drills):
+# the second's first look at the tree comes after the first has written these.
+OUTPUTS = (":(exclude)docs", ":(exclude)README.md")
+
+
 def _commit() -> str:
-    """The checkout's commit, '+changes' when the work tree differs from it ('?' outside git)."""
+    """The checkout's commit, '+changes' when the tracked files other than the bench's own outputs (:data:`OUTPUTS`)
+    differ from it ('?' outside git)."""
     def git(*args: str) -> str:
         try:
             return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
@@ -61,7 +68,8 @@ def _commit() -> str:
             return ""
 
     head = git("rev-parse", "--short", "HEAD")
-    return (head + (" +changes" if git("status", "--porcelain", "--untracked-files=no") else "")) if head else "?"
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *OUTPUTS)
+    return (head + (" +changes" if changed else "")) if head else "?"
 
 
 @functools.cache
