@@ -1,7 +1,8 @@
 """A loopback HTTP proxy in front of moto_server that answers chosen EC2 actions with EC2's own error document and
 passes everything else through, so the real client (boto3's botocore, Terraform's AWS provider) parses a real
 refusal: for the errors moto cannot be asked for (InsufficientInstanceCapacity, a DependencyViolation while network
-interfaces detach).
+interfaces detach). A rule may also lose an answer (:data:`LOSE`): the request reaches moto, which acts on it, and the
+client's connection is reset before the answer -- what a dropped connection on the way back does to a real client.
 
 The error document is the EC2 query API's (https://docs.aws.amazon.com/AWSEC2/latest/APIReference/errors-overview.html:
 ``<Response><Errors><Error><Code>..</Code><Message>..</Message></Error></Errors><RequestID>..</RequestID></Response>``);
@@ -11,6 +12,8 @@ client errors such as DependencyViolation come with HTTP 400, InsufficientInstan
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import urllib.error
 import urllib.parse
@@ -25,7 +28,10 @@ def error_document(code: str, message: str) -> bytes:
             "</Response>").encode()
 
 
-# A rule: (form fields of the request) -> None to pass it to moto, or (HTTP status, code, message) to refuse it.
+# A rule's answer that passes the request to moto and resets the client's connection instead of answering (RST: an
+# SO_LINGER of 0 before close): the client sees "connection reset by peer" after the server did the work.
+LOSE = "lose the answer"
+# A rule: (form fields of the request) -> None to pass it to moto, LOSE, or (HTTP status, code, message) to refuse it.
 # The fields of a JSON-protocol request (Service Quotas) are its JSON body, with "Action" from its X-Amz-Target;
 # every request also carries ":method", ":path" and ":range" (its Range header, or "").
 Rule = Callable[[dict[str, str]], "tuple[int, str, str] | None"]
@@ -67,6 +73,9 @@ class RefusingProxy:
                 proxy.calls[action] = proxy.calls.get(action, 0) + 1
                 proxy.requests.append((self.command, self.path, fields[":range"]))
                 refusal = proxy.rule(fields)
+                if refusal == LOSE:
+                    proxy.refused.append((action, LOSE))
+                    return self._lose(body)
                 if refusal:
                     status, code, message = refusal
                     proxy.refused.append((action, code))
@@ -75,13 +84,23 @@ class RefusingProxy:
                 if answered is not None:
                     kind = answered[2] if len(answered) > 2 else "text/xml"
                     return self._answer(answered[0], answered[1], {"Content-Type": kind})
+                return self._answer(*self._moto(body))
+
+            def _moto(self, body):
+                """moto's answer to this request: (HTTP status, body, headers)."""
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 req = urllib.request.Request(target + self.path, data=body or None, headers=headers, method=self.command)
                 try:
                     with urllib.request.urlopen(req, timeout=120) as reply:
-                        return self._answer(reply.status, reply.read(), dict(reply.headers))
+                        return reply.status, reply.read(), dict(reply.headers)
                 except urllib.error.HTTPError as err:
-                    return self._answer(err.code, err.read(), dict(err.headers))
+                    return err.code, err.read(), dict(err.headers)
+
+            def _lose(self, body):
+                self._moto(body)  # moto acts on it (or refuses it); either way its answer goes nowhere
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+                self.close_connection = True
 
             def _answer(self, status, data, headers):
                 self.send_response(status)

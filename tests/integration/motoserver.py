@@ -28,7 +28,8 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
-MOTO = Path(sys.executable).with_name("moto_server")
+# moto's server, with a mend of moto 5.2.5 that a second apply needs (moto_mended.py says which and why)
+MOTO = [sys.executable, str(Path(__file__).with_name("moto_mended.py"))]
 
 
 def free_port() -> int:
@@ -107,7 +108,7 @@ def moto_server(**env: str) -> Iterator[MotoServer]:
         url.requests = url.log.with_suffix(".requests.jsonl")
         env = {**env, "MOTO_ENABLE_RECORDING": "1", "MOTO_RECORDER_FILEPATH": str(url.requests)}
     with open(url.log, "wb") as log:
-        proc = subprocess.Popen([str(MOTO), "-H", "127.0.0.1", "-p", str(port)], stdout=log,
+        proc = subprocess.Popen([*MOTO, "-H", "127.0.0.1", "-p", str(port)], stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, **env})
     try:
         deadline = time.monotonic() + 30
