@@ -22,6 +22,7 @@ from multinode.providers.aws import quotas
 from multinode.providers.aws.keys import write_secret
 from multinode.providers.aws.placement import Layout, missing_nodes, next_move
 from multinode.providers.aws.refusals import Refusal, refusal_in
+from multinode.providers.aws.resent import once_more_if_resent
 from multinode.providers.aws.settings import DEFAULT_INSTANCE_TYPES
 from multinode.providers.aws.terraform import Terraform, TerraformFailed
 
@@ -38,9 +39,10 @@ class LaunchRefused(CapacityRefused):
 
 
 def apply_all(terraform: Terraform, tf_dir: Path) -> None:
-    """``terraform apply`` of the whole cluster; the nodes EC2 refused launched elsewhere (module doc)."""
+    """``terraform apply`` of the whole cluster (once more after a request the SDK sent twice:
+    :mod:`multinode.providers.aws.resent`); the nodes EC2 refused launched elsewhere (module doc)."""
     try:
-        terraform(tf_dir, *APPLY)
+        once_more_if_resent(lambda: terraform(tf_dir, *APPLY))
     except TerraformFailed as err:
         nodes = json.loads((tf_dir / "terraform.tfvars.json").read_text())["nodes"]
         place(terraform, tf_dir, err, lambda: missing_nodes(state_list(terraform, tf_dir), nodes),
