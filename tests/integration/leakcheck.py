@@ -164,6 +164,18 @@ def _describe(pid: str) -> str:
     return f"process {pid} ({cmd[:160] or '?'})"
 
 
+def wait_inside(pid: int, inode: int, command: str, timeout: float = 30.0) -> None:
+    """Wait, at most ``timeout`` s, until process ``pid`` runs ``command`` inside the network namespace ``inode``.
+    ``Popen(["ip", "netns", "exec", ...])`` (or ``nsenter``) returns before its child has entered the namespace and
+    exec'd the command: a leak check that reads /proc before then finds the child in the host's namespace, running
+    ``ip``, and nothing of the cluster (a cold run of b391648 under load: the teardown passed, "DID NOT RAISE")."""
+    deadline = time.monotonic() + timeout
+    while not (_net_inode(str(pid)) == inode and _read(Path(f"/proc/{pid}/cmdline")).startswith(command.encode())):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} did not run {command!r} in namespace {inode} within {timeout} s")
+        time.sleep(0.05)
+
+
 def processes(m: Marks) -> list[str]:
     """Every process on the host that belongs to the cluster, with the reason it was matched."""
     env_marks = {f"MULTINODE_RUN_ID={r}".encode() for r in m.run_ids}

@@ -33,6 +33,7 @@ def test_a_process_left_in_a_replaced_nodes_old_namespace_fails_the_teardown(tmp
         # A process in the old namespace, with nothing else of the cluster on it: a clean environment, cwd /.
         stray = subprocess.Popen(["nsenter", f"--net=/proc/self/fd/{held}", "sleep", "600"], pass_fds=(held,),
                                  env={"PATH": os.environ["PATH"]}, cwd="/", start_new_session=True)
+        leakcheck.wait_inside(stray.pid, old, "sleep")  # nsenter has entered the namespace and exec'd sleep
     finally:
         os.close(held)
     marks = leakcheck.marks(cluster.name, cluster.home)
@@ -54,6 +55,7 @@ def test_a_process_left_running_on_a_node_fails_the_teardown_though_down_would_k
                              start_new_session=True)
     marks = leakcheck.marks(cluster.name, cluster.home)
     try:
+        leakcheck.wait_inside(stray.pid, leakcheck.namespace_inodes(cluster.name)[ns], "sleep")  # not yet in at Popen
         with pytest.raises(AssertionError) as failed:
             tear_down(cluster)
         assert "the tests left running (down killed them)" in str(failed.value), failed.value
