@@ -12,8 +12,9 @@ reset"). A call that carries no idempotency token then meets its own first reque
   tainted: a second apply replaces it (removes the role, deletes it, makes it again) and converges. Seen in one cold run
   against moto (2026-11-27) and made on purpose in tests/integration/test_aws_lost_answer.py.
 
-EC2's RunInstances is not here: the provider sends a ClientToken with it, so EC2 answers a resend with the first
-launch. A call here whose second apply would not converge (a create that fails before Terraform records the resource)
+EC2's RunInstances is not here: the provider sends a ClientToken with it (``terraform-<time><n>`` in moto's record of
+the tests' requests), and EC2 answers a resend of a token it has seen with the first launch (EC2 API reference,
+"Ensure idempotency"). A call here whose second apply would not converge (a create that fails before Terraform records the resource)
 has no place in this registry: it fails ``up``, which destroys what it made.
 """
 
