@@ -34,7 +34,7 @@ LOSE = "lose the answer"
 # A rule: (form fields of the request) -> None to pass it to moto, LOSE, or (HTTP status, code, message) to refuse it.
 # The fields of a JSON-protocol request (Service Quotas) are its JSON body, with "Action" from its X-Amz-Target;
 # every request also carries ":method", ":path" and ":range" (its Range header, or "").
-Rule = Callable[[dict[str, str]], "tuple[int, str, str] | None"]
+Rule = Callable[[dict[str, str]], "tuple[int, str, str] | str | None"]
 # An answer for an action moto does not implement: (form fields) -> None, or (HTTP status, body) -- EC2's XML
 # document -- or (HTTP status, body, content type).
 Answer = Callable[[dict[str, str]], "tuple[int, bytes] | tuple[int, bytes, str] | None"]
@@ -126,20 +126,33 @@ class RefusingProxy:
         self.server.server_close()
 
 
-def first_n(counts: dict[str, int], code: str, message: str, status: int = 400) -> Rule:
-    """Refuse the first ``counts[action]`` calls of each action with ``code``; ``{id}`` in the message becomes the
-    request's GroupId/SubnetId/VpcId."""
+def _first(counts: dict[str, int], answer: Callable[[dict[str, str]], "tuple[int, str, str] | str"]) -> Rule:
+    """A rule that gives the first ``counts[action]`` calls of each action ``answer(fields)`` and passes the rest."""
     left = dict(counts)
 
     def rule(fields: dict[str, str]):
         action = fields.get("Action", "")
         if left.get(action, 0) > 0:
             left[action] -= 1
-            subject = fields.get("GroupId") or fields.get("SubnetId") or fields.get("VpcId") or "?"
-            return status, code, message.replace("{id}", subject)
+            return answer(fields)
         return None
 
     return rule
+
+
+def first_n(counts: dict[str, int], code: str, message: str, status: int = 400) -> Rule:
+    """Refuse the first ``counts[action]`` calls of each action with ``code``; ``{id}`` in the message becomes the
+    request's GroupId/SubnetId/VpcId."""
+    def refusal(fields: dict[str, str]) -> tuple[int, str, str]:
+        subject = fields.get("GroupId") or fields.get("SubnetId") or fields.get("VpcId") or "?"
+        return status, code, message.replace("{id}", subject)
+
+    return _first(counts, refusal)
+
+
+def lose_first_n(counts: dict[str, int]) -> Rule:
+    """Lose the answer (:data:`LOSE`) to the first ``counts[action]`` calls of each action."""
+    return _first(counts, lambda fields: LOSE)
 
 
 EC2_XMLNS = "http://ec2.amazonaws.com/doc/2016-11-15/"

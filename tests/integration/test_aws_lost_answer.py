@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import boto3
 import pytest
-from ec2_refusals import LOSE, RefusingProxy
+from ec2_refusals import LOSE, RefusingProxy, lose_first_n
 from test_aws_capacity import _provider
 from test_aws_moto import REGION, _instances, _spec, ec2, moto_url, offline_terraform, ssh_listener  # noqa: F401
 
@@ -26,22 +26,9 @@ from multinode.core.state import ClusterState
 pytestmark = pytest.mark.integration
 
 
-def lose_first(action: str):
-    """The proxy's rule: the first request of ``action`` loses its answer; every other one passes."""
-    left = [1]
-
-    def rule(fields):
-        if fields.get("Action") == action and left[0]:
-            left[0] -= 1
-            return LOSE
-        return None
-
-    return rule
-
-
 def test_a_lost_answer_to_add_role_to_instance_profile_is_applied_again_not_a_failed_up(
         ec2, offline_terraform, moto_url, tmp_path, ssh_listener, monkeypatch, capsys):
-    proxy = RefusingProxy(moto_url, lose_first("AddRoleToInstanceProfile"))
+    proxy = RefusingProxy(moto_url, lose_first_n({"AddRoleToInstanceProfile": 1}))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)  # Terraform's AWS provider and boto3 both
     state = ClusterState.for_cluster("tflost", root=tmp_path)
     provider = _provider(ssh_listener)
