@@ -23,6 +23,8 @@ kind           who          payload
 ``JOINING``    a new rank   a rank the run started to join a running job is ready and waits in the rendezvous
 ``WAITING``    every rank   its step has run far past its typical step: maybe a peer gone without a word
                             (:mod:`training.waiting`; rank, host, step, seconds)
+``NOTICE``     a rank       a spot interruption notice on its node, which it keeps training through until the
+                            run writes a membership without the node or ``leave_by`` (:mod:`training.notice`)
 ``CHECKPOINT_UPLOADED``      rank 0   a checkpoint reached the bucket: url, bytes, sha256, order, seconds
 ``CHECKPOINT_UPLOAD_FAILED`` rank 0   a checkpoint did not: order, error (boto3's code and message)
 =============  ===========  ==================================================================================
@@ -48,10 +50,11 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import TextIO
 
-RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, WAITING = \
-    "RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD", "JOINING", "WAITING"
+RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, WAITING, NOTICE = \
+    "RESULT", "PREEMPTED", "RESUMED", "MARK", "STEPTIMES", "KEPT", "WORLD", "JOINING", "WAITING", "NOTICE"
 UPLOADED, UPLOAD_FAILED = "CHECKPOINT_UPLOADED", "CHECKPOINT_UPLOAD_FAILED"
-KINDS = (RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, WAITING, UPLOADED, UPLOAD_FAILED)
+KINDS = (RESULT, PREEMPTED, RESUMED, MARK, STEPTIMES, KEPT, WORLD, JOINING, WAITING, NOTICE, UPLOADED,
+         UPLOAD_FAILED)
 LINE = re.compile(r"(?<![A-Z_])(" + "|".join(KINDS) + r") (\{.*\})(?:\[\d+,\d+\]<std(?:out|err)>:)?\s*$")
 
 # --- what the run gives every rank ------------------------------------------------------------------------------
@@ -64,6 +67,7 @@ RUN_ID_ENV = "MULTINODE_RUN_ID"  # every process of the run carries it (the swee
 GRACE_ENV = "MULTINODE_GRACE"  # SIGTERM is a notice; seconds until SIGKILL (docs/preemption.md)
 NOTICES_ENV = "MULTINODE_NOTICES"  # off: no notice source at all
 NOTICE_POLL_ENV = "MULTINODE_NOTICE_POLL"  # seconds between metadata polls (AWS's 5 s without it)
+NOTICE_MARGIN_ENV = "MULTINODE_NOTICE_MARGIN"  # seconds before a notice's action time noticed ranks leave (30)
 PREEMPT_MARK_ENV = "MULTINODE_PREEMPT_MARK"  # the guard's note that its command ended preempted (torchrun hides 75)
 GUARD_ENV = "MULTINODE_GUARD"  # set for training.guard's own process only (it starts its command without it)
 CHECKPOINT_URL_ENV = "MULTINODE_CHECKPOINT_URL"  # the bucket every rank 0 uploads its checkpoints to

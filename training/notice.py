@@ -13,6 +13,13 @@ Agreement (:class:`Agreement`): every ``k`` steps each rank all-reduces ``[notic
 with MAX (1 a notice that stops, 0.5 a rebalance not yet saved for, 0 none): a notice seen by any rank is seen by
 all at the same step (a stop wins over a save), and the next ``k`` (about one check a second) is the same on every
 rank. No other communication; a notice costs at most one check interval; the snapshot holds every step taken.
+
+Staying (a job whose membership the run changes: ``members``): a spot interruption notice does not stop the noticed
+ranks at once. They say ``NOTICE`` (once per process) and train on, so the run can launch the replacement beside
+the noticed machine; they leave when the run writes a membership without their node (the agreement's ``"reform"``)
+or by themselves at the action time less :data:`STAY_MARGIN` (``MULTINODE_NOTICE_MARGIN``; ``"leave"``, or
+``"stop"`` for every rank when rank 0's node is noticed: its coordinated checkpoint). A SIGTERM with a grace, and
+any notice of a job without members, stops as before.
 """
 
 from __future__ import annotations
@@ -30,7 +37,9 @@ EXIT_PREEMPTED = channel.EXIT_PREEMPTED
 GRACE_ENV = channel.GRACE_ENV
 SWITCH_ENV = channel.NOTICES_ENV
 POLL_ENV = channel.NOTICE_POLL_ENV  # seconds between metadata polls (default imds.POLL_SECONDS, AWS's advice)
+MARGIN_ENV = channel.NOTICE_MARGIN_ENV
 CHECK_SECONDS = 1.0  # target time between agreement checks
+STAY_MARGIN = 30.0  # s before the action time (module doc): a check, a head's checkpoint, the stop; AWS gives 120
 MAX_CHECK_STEPS = 1000
 
 log = logging.getLogger("training")
@@ -41,8 +50,8 @@ class Watcher:
     is the first that stops the job; ``rebalance`` a rebalance recommendation not yet taken (:meth:`take_rebalance`)."""
 
     def __init__(self, client: imds.MetadataClient | None, grace: float | None, poll: float = imds.POLL_SECONDS,
-                 started: float | None = None):
-        self.client, self.grace, self.poll = client, grace, poll
+                 started: float | None = None, margin: float = STAY_MARGIN):
+        self.client, self.grace, self.poll, self.margin = client, grace, poll, margin
         self.started = imds.process_started() if started is None else started  # notices before it are not this run's
         self.notice: imds.Notice | None = None
         self.noticed_at: float | None = None  # time.time() when this process first saw it
@@ -137,6 +146,10 @@ def poll_from_env(env=None) -> float:
     return _seconds(os.environ if env is None else env, POLL_ENV, imds.POLL_SECONDS, 5)
 
 
+def margin_from_env(env=None) -> float:  # MULTINODE_NOTICE_MARGIN (module doc)
+    return _seconds(os.environ if env is None else env, MARGIN_ENV, STAY_MARGIN, 60)
+
+
 def _seconds(env, name: str, default: float | None, example: int) -> float | None:
     """A positive number of seconds from ``env[name]`` (``default`` when unset); ValueError with the fix."""
     text = env.get(name)
@@ -168,7 +181,8 @@ def watch(env=None) -> Watcher:
         env = os.environ if env is None else env
         off = notices_off(env)
         client = imds.MetadataClient(imds.endpoint(env)) if reads_metadata(env) else None
-        _WATCHER = Watcher(client, None if off else grace_from_env(env), poll_from_env(env)).start()
+        _WATCHER = Watcher(client, None if off else grace_from_env(env), poll_from_env(env),
+                           margin=margin_from_env(env)).start()
     return _WATCHER
 
 
@@ -208,9 +222,9 @@ class Agreement:
         self.rebalance: imds.Notice | None = None  # this rank's recommendation at the last "save", if it had one
         self.leaving: list[int] = []  # "leave": the ranks with a notice
         self.generation = 0  # "reform": the generation every rank changes to
+        self.stay_told = False  # this rank said NOTICE (:meth:`stays`)
 
-    def restart(self, members: Members | None) -> None:
-        """After a membership change: the same fresh count on every rank of the new world (a new rank starts so)."""
+    def restart(self, members: Members | None) -> None:  # after a membership change: a fresh count
         self.members, self.steps, self.next_check = members, 0, 1
         self._since, self._since_steps = time.perf_counter(), 0
 
@@ -220,7 +234,7 @@ class Agreement:
             return None
         now = time.perf_counter()
         per_step = (now - self._since) / max(self.steps - self._since_steps, 1)
-        stop = self.watcher.requested()
+        stop = self.watcher.requested() and not self.stays()
         rebalance = None if stop else self.watcher.take_rebalance()
         values = [1.0 if stop else 0.5 if rebalance else 0.0, per_step]
         members = self.members
@@ -248,6 +262,22 @@ class Agreement:
             self.rebalance = rebalance
             return "save"
         return None
+
+    def stays(self) -> bool:
+        """Whether this rank's notice lets it keep training for now (module doc: an interruption notice, members,
+        before its action time less the watcher's margin); the first time, ``NOTICE`` to the run."""
+        notice, members = self.watcher.notice, self.members
+        if members is None or notice is None or notice.kind != "interruption":
+            return False
+        leave_by = (notice.epoch() or self.watcher.noticed_at + 120.0) - self.watcher.margin  # AWS: two minutes
+        if time.time() >= leave_by:
+            return False
+        if not self.stay_told:
+            self.stay_told = True
+            log.warning("%s: training on until the run lets this node go (at the latest %s)", notice.describe(),
+                        time.strftime("%H:%M:%SZ", time.gmtime(leave_by)))
+            channel.send(channel.NOTICE, {"rank": members.rank, "time": notice.time, "leave_by": round(leave_by, 3)})
+        return True
 
     def step(self) -> bool:
         """:meth:`check` for a loop that only stops: True on ``"stop"``."""

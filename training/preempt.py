@@ -30,12 +30,12 @@ import contextlib
 from . import marks
 from .elastic import Changed, Elastic
 from .notice import (EXIT_PREEMPTED, GRACE_ENV, POLL_ENV, SWITCH_ENV, Agreement, Watcher, grace_from_env,
-                     poll_from_env, requested, torch_all_reduce_max, watch)
+                     margin_from_env, poll_from_env, requested, torch_all_reduce_max, watch)
 from .survivor import on_peer_loss
 from .upload import fetch_checkpoint, upload_checkpoint, wait_for_uploads
 
 __all__ = ["EXIT_PREEMPTED", "GRACE_ENV", "POLL_ENV", "SWITCH_ENV", "Agreement", "Watcher", "grace_from_env",
-           "poll_from_env", "requested", "torch_all_reduce_max", "watch", "guard", "on_peer_loss",
+           "margin_from_env", "poll_from_env", "requested", "torch_all_reduce_max", "watch", "guard", "on_peer_loss",
            "upload_checkpoint", "wait_for_uploads", "fetch_checkpoint", "Elastic", "Changed"]
 
 

@@ -215,8 +215,8 @@ def _check_grace() -> None:
     from . import preempt
 
     try:
-        preempt.grace_from_env()
-        preempt.poll_from_env()
+        for setting in (preempt.grace_from_env, preempt.poll_from_env, preempt.margin_from_env):
+            setting()
     except ValueError as err:
         raise ConfigError(str(err)) from None
 

@@ -54,7 +54,7 @@ class Held(AwsProvider):
         super().__init__(**kwargs)
         self.asked, self.release = [], threading.Event()
 
-    def replace(self, state, inventory, name):
+    def replace(self, state, inventory, name, retire=None):
         self.asked.append(name)
         self.release.wait(30)
         return inventory

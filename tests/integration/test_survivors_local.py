@@ -146,23 +146,47 @@ def test_a_node_that_stops_answering_while_its_machine_runs_costs_no_restart(clu
     assert "node-2 is lost" in text and "Timeout opening channel" not in text, text[-3000:]
 
 
-def test_a_notice_lets_the_noticed_node_go_and_its_replacement_join_later(cluster3):
-    """A spot notice on node-1, its replacement 30 s away (MULTINODE_REPLACE_DELAY): node-1's ranks leave at the
-    step every rank agreed on, node-0 and node-2 go on, and node-1's replacement joins them later."""
+def _epochs(lines: list[str], epochs: int) -> list[int]:
+    """The epochs rank 0 said it began, in the order of ``lines``."""
+    return [int(m[1]) for line in lines for m in [re.search(rf"\[rank0\]: .*epoch (\d+)/{epochs} ", line)] if m]
+
+
+def test_a_noticed_node_trains_on_until_its_replacement_launched_beside_it_is_ready(cluster3):
+    """A spot notice on node-1, its replacement's launch 30 s away (MULTINODE_REPLACE_DELAY): node-1's ranks say
+    NOTICE and train on -- the job's epochs go on with the same node-1 processes in the world -- while the
+    replacement launches beside node-1; then the run lets node-1 go (world 3 -> 2), the old machine is ended, and
+    the replacement joins (2 -> 3). node-0's and node-2's processes never restart; every sample once."""
     from multinode.providers.local.imds import stop_endpoint
 
-    def notice() -> None:
-        assert cluster3.cli("preempt", "--node", "1", timeout=60).returncode == 0
-
+    epochs = 50
     try:
-        text, record, pids = _drill(cluster3, "keep-notice", notice, f"--env={IMDS_ENV}", epochs=50,
-                                    survivors=("node-0", "node-2"), MULTINODE_REPLACE_DELAY="30")
+        proc = _train(cluster3, "keep-notice", f"--env={IMDS_ENV}", epochs=epochs, MULTINODE_REPLACE_DELAY="30")
+        with watched(proc) as (out, err):
+            out.wait_for(rf"\[rank0\]: .*epoch 5/{epochs} ", timeout=RUN_BOUND, also=err)
+            before = {n: rank_pids(cluster3, n) for n in ("node-0", "node-1", "node-2")}
+            assert cluster3.cli("preempt", "--node", "1", timeout=60).returncode == 0
+            out.wait_for(r"node-1 got a spot interruption notice: its ranks train on", timeout=RUN_BOUND, also=err)
+            said = len(out.lines)
+            after_notice = max(_epochs(list(out.lines), epochs))
+            out.wait_for(rf"\[rank0\]: .*epoch {after_notice + 2}/{epochs} ", timeout=RUN_BOUND, also=err)
+            staying = rank_pids(cluster3, "node-1")  # two epochs on: node-1's ranks are the same, and in the world
+            out.wait_for(r"joined the running job at step \d+", timeout=RUN_BOUND, also=err)
+            after = {n: rank_pids(cluster3, n) for n in ("node-0", "node-2")}
+            code = proc.wait(timeout=RUN_BOUND)
     finally:
         for node in ("node-0", "node-1", "node-2"):
             stop_endpoint(cluster3.state, node)
-    _kept_whole(cluster3, "keep-notice", text, record, pids, survivors=("node-0", "node-2"), epochs=50)
-    assert "node-1 left on a notice" in text, text[-3000:]
-    assert record["recovery"]["events"][0]["event"] == "notice", record["recovery"]
+    text = "".join(out.lines)
+    assert code == 0, text[-4000:] + "".join(err.lines)[-3000:]
+    assert before["node-1"] and staying == before["node-1"], (before, staying)
+    let_go = next(i for i, line in enumerate(out.lines) if "node-1 was let go (its replacement is ready)" in line)
+    assert said < let_go and max(_epochs(list(out.lines)[:let_go], epochs)) >= after_notice + 2, text[-4000:]
+    record = summary(cluster3, "keep-notice")
+    _kept_whole(cluster3, "keep-notice", text, record, {n: (before[n], after[n]) for n in after},
+                survivors=("node-0", "node-2"), epochs=epochs)
+    events = [e["event"] for e in record["recovery"]["events"]]
+    assert events[:3] == ["notice", "replacement asked", "node let go"], events
+    assert events.index("node let go") < events.index("world changed") < events.index("node ready"), events
 
 
 def test_a_node_whose_ranks_froze_is_named_and_replaced_under_the_stall_watchdog(cluster3):
@@ -180,13 +204,15 @@ def test_a_node_whose_ranks_froze_is_named_and_replaced_under_the_stall_watchdog
 
 
 def test_a_notice_on_the_head_restarts_every_process_and_says_why_in_one_line(cluster3):
-    """A spot notice on node-0, whose rank 0 holds the job's store: every rank stops at the agreed step (the
-    coordinated checkpoint), the run says in one line why the survivors could not go on in their processes, node-0
-    is replaced and the job starts again from the checkpoint, no step trained twice."""
+    """A spot notice on node-0, whose rank 0 holds the job's store: its ranks train on while its replacement
+    launches beside it, the run cannot let the head go alone (said in one line), and at the notice's deadline every
+    rank stops at the agreed step (the coordinated checkpoint); node-0 is replaced and the job starts again from
+    the checkpoint, no step trained twice."""
     from multinode.providers.local.imds import stop_endpoint
 
-    epochs = 20
-    proc = cluster3.popen("train", "--nodes", "2", "--run-id=keep-head", "--recover=1", f"--env={IMDS_ENV}",
+    epochs = 20  # its ranks train on for 10 s after the notice (a margin of 110 s of AWS's 120), then stop
+    proc = cluster3.popen("train", "--nodes", "2", "--run-id=keep-head", "--recover=1",
+                          f"--env={IMDS_ENV} MULTINODE_NOTICE_MARGIN=110",
                           f"--args=--workload digits {epochs} {epochs} --min-step-seconds {PACE} --log-samples")
     try:
         with watched(proc) as (out, err):
@@ -201,6 +227,9 @@ def test_a_notice_on_the_head_restarts_every_process_and_says_why_in_one_line(cl
     lines = [line for line in text.splitlines() if "the job restarts every process instead" in line]
     assert len(lines) == 1 and lines[0].endswith("node-0: node-0 is the head: its rank 0 holds the job's store: the "
                                                  "job restarts every process instead"), text[-3000:]
+    assert "node-0 got a spot interruption notice: its ranks train on" in text, text[-3000:]
+    assert "node-0's replacement is ready; node-0 is the head: its rank 0 holds the job's store: its ranks stay " \
+           "until they stop at the notice's deadline" in text, text[-3000:]
     assert list(cluster3.state.run_dir("keep-head").glob("attempt-*")), "the job was not started again"
     assert "the job started again from the coordinated checkpoint of step" in text, text[-3000:]
     record = summary(cluster3, "keep-head")  # node-0's sample log went with its machine: the ledger's count

@@ -43,7 +43,7 @@ class FakeMembers:
     def usable(self, name):
         return None
 
-    def leave(self, name, first=lambda: None) -> None:
+    def leave(self, name, first=lambda: None, told=False) -> None:
         self.names.remove(name)
         self.generation += 1
         first()

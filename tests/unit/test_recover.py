@@ -28,7 +28,7 @@ class Provider:
     def __init__(self, refuse: set[str] = frozenset()):
         self.refuse, self.asked = set(refuse), []
 
-    def replace(self, state, inventory, name):
+    def replace(self, state, inventory, name, retire=None):
         self.asked.append(name)
         if name in self.refuse:
             raise CapacityRefused(f"{name}: no capacity")

@@ -44,7 +44,7 @@ class Slow:
     def replacement_estimate(self, state, inventory):
         return Estimate(self.estimate, "told by the test")
 
-    def replace(self, state, inventory, name):
+    def replace(self, state, inventory, name, retire=None):
         self.asked.append(name)
         if not self.release.wait(30):
             raise CapacityRefused("never released")
@@ -55,7 +55,7 @@ def test_a_replacement_under_way_is_taken_when_ready_and_never_asked_twice():
     made = threading.Event()
     calls = []
 
-    def replace(name):
+    def replace(name, retire=None):
         calls.append(name)
         made.wait(30)
         return "inventory"
@@ -73,7 +73,7 @@ def test_any_error_of_a_replacement_is_a_refusal_in_one_line_and_never_a_dead_th
     """boto3's own errors (throttling after its retries, a waiter giving up) are not MultinodeErrors: the thread
     used to die with an empty result box, and the run's wait raised KeyError."""
 
-    def replace(name):
+    def replace(name, retire=None):
         raise RuntimeError("Waiter InstanceRunning failed: Max attempts exceeded")
 
     replacements = Replacements(replace)
@@ -85,7 +85,7 @@ def test_any_error_of_a_replacement_is_a_refusal_in_one_line_and_never_a_dead_th
 
 def test_a_replacement_done_between_attempts_reports_to_the_next_attempts_loop():
     done = threading.Event()
-    replacements = Replacements(lambda name: done.set() or "inventory")
+    replacements = Replacements(lambda name, retire=None: done.set() or "inventory")
     events = Events()
     replacements.ask("node-1")
     done.wait(30)

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from multinode.app import look
 from multinode.app.joins import Joins
 from multinode.app.members import Members
+from multinode.app.stays import Stays
 from multinode.backends.base import JobHandle, RunContext
 from multinode.core.errors import NodeError
 from multinode.core.events import Events, JobRecord, Looked, NodeEnded, NodeGone, Stalled, Unreachable
@@ -62,6 +63,8 @@ class Changes:
         self.paused: dict[str, float] = {}  # every node that paused since the newest generation formed: -> when
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.joins = Joins(ctx, job, members, recovery, prepare, say)  # the way back of the nodes that left
+        self.stays = Stays(members, recovery, say, lambda name, why, pending: self.lose(
+            name, why, pending, notice=True, told=True), self.blocked)  # noticed nodes training on
         self.unended: set[str] = set()  # nodes that left while their old session still ran: its end is to come
         self.looks = 0  # the looks at silent members started in this attempt
         self.looking: int | None = None  # the look under way or answered, for the change now (None: none)
@@ -90,6 +93,8 @@ class Changes:
         """The attempt loop's event, if it is one of a membership change: True when it was taken (the job goes on
         in its processes), False for the loop's other decisions. ``gone`` is the loop's record of vanished
         machines, kept up to date here too."""
+        if self.stays.take(event, pending):
+            return True
         if isinstance(event, JobRecord):
             if event.kind == channel.JOINING:
                 pending.add(event.node)
@@ -124,10 +129,12 @@ class Changes:
         self.lose(found[0], found[1], pending, ended=isinstance(event, NodeEnded))
         return True
 
-    def lose(self, name: str, why: str, pending: set[str], notice: bool = False, ended: bool = False) -> None:
+    def lose(self, name: str, why: str, pending: set[str], notice: bool = False, ended: bool = False,
+             told: bool = False) -> None:
         """``name`` leaves the running job (module doc); ``pending`` loses it. Unless its part has ``ended`` (or it
-        left on a notice: it exited), its old session's end is still to come -- maybe after its replacement is back
-        in the job -- and changes nothing then."""
+        left on a notice: it exits), its old session's end is still to come -- maybe after its replacement is back
+        in the job -- and changes nothing then. ``told``: a noticed node let go while its ranks train
+        (:mod:`multinode.app.stays`): the new generation is written to it too."""
         at = self.last_seen.get(name, time.time())  # the last sign of life, not its detection
         survivors = [n for n in self.members.names if n != name]
         # The survivors' connections to the lost node (their collective with it fails now) and, the job's store kept,
@@ -141,7 +148,7 @@ class Changes:
         cut = (lambda: None) if notice else lambda: self.ctx.runner.cut_off([name], survivors,
                                                                            spare_port=self.ctx.spec.rdzv_port,
                                                                            peers=survivors)
-        self.members.leave(name, first=cut)
+        self.members.leave(name, first=cut, told=told)
         pending.discard(name)
         self.joins.leaving.add(name)
         if not (notice or ended):
@@ -149,7 +156,8 @@ class Changes:
         self.job.depart(name)
         if not notice:
             self.job.drop(name)  # never waited on; what of it still runs goes with the machine its replacement ends
-        self.recovery.left_in_process(name, "notice" if notice else "lost", why, at, len(survivors))
+        self.recovery.left_in_process(name, "let go" if told else "notice" if notice else "lost", why, at,
+                                      len(survivors))
 
     def take_record(self, event: JobRecord, pending: set[str]) -> None:
         """A record the ranks sent about the membership."""

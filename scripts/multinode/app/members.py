@@ -10,7 +10,8 @@ changes; later: the new world is training), ``KEPT`` (a survivor paused with the
 and its writes:
 
 * :meth:`Members.leave`: a node lost or noticed leaves; generation + 1, without its host, to the others (the
-  survivors, paused, wait for exactly this);
+  survivors, paused, wait for exactly this) -- and to a noticed node let go while its ranks train
+  (:mod:`multinode.app.stays`), whose ranks then leave at their next agreement;
 * :meth:`Members.again`: every member paused and none left (a peer slower than the process-group timeout):
   generation + 1, the same hosts, to every node;
 * :meth:`Members.join`: a replacement joins; generation + 1, with its host, to it alone first (its ranks start
@@ -84,19 +85,20 @@ class Members:
         return self.ctx.runner.parallel(lambda name: self.ctx.runner.put_bytes(name, self.path(name), text), names,
                                         timeout=15)
 
-    def leave(self, name: str, first: Callable[[], object] = lambda: None) -> channel.Membership:
-        """``name`` leaves: the next generation, without it, written to every other node (:meth:`again`)."""
+    def leave(self, name: str, first: Callable[[], object] = lambda: None, told: bool = False) -> channel.Membership:
+        """``name`` leaves: the next generation, without it, written to every other node (:meth:`again`), and to
+        ``name`` too when its ranks still train and are ``told`` (a noticed node let go: they read it and leave)."""
         self.names.remove(name)
-        return self.again(first)
+        return self.again(first, (name,) if told else ())
 
-    def again(self, first: Callable[[], object] = lambda: None) -> channel.Membership:
+    def again(self, first: Callable[[], object] = lambda: None, also: tuple[str, ...] = ()) -> channel.Membership:
         """The next generation of the members now -- the same hosts when every member paused and none left (a
-        collective failed, every node answering) -- written to every one of them on the writer thread (in order,
-        one change after the other), once ``first`` (a leave's cut-off of the survivors) has run; the account
-        changes now."""
+        collective failed, every node answering) -- written to every one of them (and ``also`` to the nodes
+        named) on the writer thread (in order, one change after the other), once ``first`` (a leave's cut-off of
+        the survivors) has run; the account changes now."""
         self.generation += 1
         membership = channel.Membership(self.generation, self._hosts(self.names), self.nproc)
-        names = list(self.names)
+        names = list(self.names) + list(also)
         self._writer.submit(lambda: (first(), self._write(names, membership)))
         return membership
 

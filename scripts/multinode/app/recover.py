@@ -21,8 +21,7 @@ nodes, or None for the end of the run:
    (:mod:`multinode.app.growback`), then the job the notice.
 
 The :class:`~multinode.app.timeline.Timeline` (notice or loss -> checkpoint -> replacement asked -> node ready -> job
-started again, with times and the steps lost) goes into the summary and ``recovery.json``; each attempt's logs
-under ``attempt-<k>/`` (``grow-<k>/``).
+started again, with times and steps lost) goes into the summary and ``recovery.json``; logs under ``attempt-<k>/``.
 """
 
 from __future__ import annotations
@@ -109,13 +108,16 @@ class Recovery:
         return self.attempt < self.spec.recover
 
     def left_in_process(self, name: str, cause: str, why: str, at: float, survivors: int) -> None:
-        """A node left the running job (a membership change inside the attempt: :mod:`multinode.app.changes`): a
-        recovery, on the timeline from the loss (its last sign of life) or the notice, its replacement asked."""
+        """A node left the running job (:mod:`multinode.app.changes`; ``cause``: notice, lost, or let go -- its
+        replacement, beside it, is ready): a recovery, on the timeline from the loss or the notice; a replacement."""
         self.attempt += 1
-        self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}: {name} "
-                 f"{'left on a notice' if cause == 'notice' else 'is lost'} ({why}); the {survivors} other node(s) "
-                 f"go on in their processes; asking {self.cluster.provider} for a replacement")
-        self.timeline.add("notice" if cause == "notice" else "node lost", f"{name} ({why})", at=at)
+        said, event = {"notice": ("left on a notice", "notice"), "lost": ("is lost", "node lost"),
+                       "let go": ("was let go", "node let go")}[cause]
+        asked = "its replacement takes its place" if cause == "let go" else \
+            f"asking {self.cluster.provider} for a replacement"
+        self.say(f"recovery {self.attempt}/{self.spec.recover} of run {self.spec.run_id}: {name} {said} ({why}); the "
+                 f"{survivors} other node(s) go on in their processes; {asked}")
+        self.timeline.add(event, f"{name} ({why})", at=at)
         self.timeline.add("replacement asked", name)
         self.replacements.ask(name)
 
@@ -139,10 +141,10 @@ class Recovery:
     def _back(self, name: str, at: float) -> None:
         self.timeline.add("node back", name, at=at)
 
-    def _provider_replace(self, name: str) -> Inventory:
+    def _provider_replace(self, name: str, retire: Callable[[], None] | None = None) -> Inventory:
         """One provider call at a time, each from the inventory the last one wrote (replacements run on threads)."""
         with self._replacing:
-            self.cluster = self.provider.replace(self.state, self.cluster, name)
+            self.cluster = self.provider.replace(self.state, self.cluster, name, retire=retire)
             return self.cluster
 
     # --- between attempts ----------------------------------------------------------------
@@ -288,8 +290,7 @@ class Recovery:
             self.timeline.steps_lost.append(max(0, loss.last_step - resumed["step"]))
 
     def keep_attempt(self, run_dir: Path) -> None:
-        """The ended attempt's logs and summary moved to ``attempt-<k>/`` or ``grow-<k>/`` (the next attempt writes
-        the same names)."""
+        """The ended attempt's logs and summary moved to ``attempt-<k>/`` or ``grow-<k>/`` (the next: the same)."""
         RunDir(run_dir).keep(self.label)
 
 

@@ -16,6 +16,13 @@ waits only when the provider says the replacement comes sooner than that restart
 restart, the seconds from the run's start to its first job's launch (pre-flight, code sync and setup, launch: what a
 grow-back's attempt repeats, the sync then incremental; not counted: the job's own start to its first step). A
 provider that cannot say (hosts: None) is waited for up to RECOVER_WAIT, as before.
+
+**Beside a noticed node** (``ask(name, beside=True)``, :mod:`multinode.app.stays`): the provider is given a
+``retire`` call for the moment its new machine is ready to take the old one's place; it puts a
+:class:`~multinode.core.events.Retire` on the listening attempt's queue and waits -- at most
+:data:`RETIRE_PATIENCE` s -- until the run lets the node go: its ranks ended after the run told them to leave
+(:meth:`Replacements.retired`), or the run waits for the replacement between attempts (:meth:`Replacements.wait`:
+a noticed head, whose ranks stopped every rank at its deadline, after the attempt's sweep), or the run ends.
 """
 
 from __future__ import annotations
@@ -26,11 +33,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from multinode.core.errors import CapacityRefused, MultinodeError
-from multinode.core.events import Events, ReplacementReady, ReplacementRefused
+from multinode.core.events import Events, ReplacementReady, ReplacementRefused, Retire
 from multinode.core.inventory import Inventory
 
 
 FINISH_PATIENCE = 900.0  # seconds a run's end waits for its replacements under way (an EC2 launch, bootstrap)
+# Seconds a replacement launched beside a noticed node waits for the run to let that node go: the notice's two
+# minutes (its ranks leave by themselves before then: training/notice.py's STAY_MARGIN) and the leave itself.
+RETIRE_PATIENCE = 150.0
 
 
 def wait_seconds(estimate: float | None, restart: float | None, recover_wait: float) -> float:
@@ -58,27 +68,34 @@ class Replaced:
 
 
 class Replacements:
-    """One replacement per node at a time, each ``replace(name) -> Inventory`` on a daemon thread."""
+    """One replacement per node at a time, each ``replace(name, retire) -> Inventory`` on a daemon thread
+    (``retire``: None, or the call before the old machine ends, for a replacement beside a noticed node)."""
 
-    def __init__(self, replace: Callable[[str], Inventory]) -> None:
+    def __init__(self, replace: Callable[[str, Callable[[], None] | None], Inventory]) -> None:
         self.replace = replace
+        self._retiring: dict[str, threading.Event] = {}  # beside a noticed node: set when the run lets it go
         self._under_way: dict[str, threading.Thread] = {}
         self._done: dict[str, Replaced] = {}  # done, not yet taken
         self._listener: Events | None = None
         self._lock = threading.Lock()
 
-    def ask(self, name: str) -> None:
-        """Start ``name``'s replacement unless one is under way (or done and not yet taken)."""
+    def ask(self, name: str, beside: bool = False) -> None:
+        """Start ``name``'s replacement unless one is under way (or done and not yet taken); ``beside``: launched
+        while the noticed node still trains (module doc)."""
         with self._lock:
             if name in self._under_way or name in self._done:
                 return
-            worker = threading.Thread(target=self._run, args=(name,), name=f"mn-replace-{name}", daemon=True)
+            worker = threading.Thread(target=self._run, args=(name, beside), name=f"mn-replace-{name}", daemon=True)
             self._under_way[name] = worker
         worker.start()
 
-    def _run(self, name: str) -> None:
+    def under_way(self, name: str) -> bool:
+        with self._lock:
+            return name in self._under_way
+
+    def _run(self, name: str, beside: bool = False) -> None:
         try:
-            done = Replaced(name, self.replace(name), time.time())
+            done = Replaced(name, self.replace(name, (lambda: self._retire(name)) if beside else None), time.time())
         except CapacityRefused as err:
             done = Replaced(name, None, time.time(), str(err))
         except MultinodeError as err:
@@ -94,9 +111,31 @@ class Replacements:
         if listener is not None:
             listener.put(done.event())
 
+    def _retire(self, name: str) -> None:
+        """The provider's call before it ends ``name``'s old machine: a Retire on the listening attempt's queue,
+        then wait until the run lets the node go or the attempt ends (at once when no attempt listens)."""
+        with self._lock:
+            listener = self._listener
+            if listener is None:
+                return
+            let_go = self._retiring.setdefault(name, threading.Event())
+        listener.put(Retire(name))
+        let_go.wait(RETIRE_PATIENCE)
+        with self._lock:
+            self._retiring.pop(name, None)
+
+    def retired(self, name: str) -> None:
+        """The run let ``name`` go (its ranks ended): its replacement ends the old machine now."""
+        with self._lock:
+            let_go = self._retiring.get(name)
+        if let_go is not None:
+            let_go.set()
+
     def wait(self, name: str, seconds: float) -> Replaced | None:
         """``name``'s replacement once it is done within ``seconds`` (taken: a refusal ends the ask), or None while
-        it is still under way (it goes on, and reports to the attempt running when it is done)."""
+        it is still under way (it goes on, and reports to the attempt running when it is done). Nothing keeps the
+        old node once the run waits for its replacement: a replacement beside it goes on."""
+        self.retired(name)
         with self._lock:
             worker = self._under_way.get(name)
         if worker is not None:
@@ -110,6 +149,8 @@ class Replacements:
         would leave the cluster a node short."""
         with self._lock:
             under_way = dict(self._under_way)
+            for let_go in self._retiring.values():  # the run is over: nothing keeps a noticed node
+                let_go.set()
         if under_way:
             say(f"waiting for the replacement of {', '.join(under_way)} (under way): the cluster is left whole")
         end = time.monotonic() + patience

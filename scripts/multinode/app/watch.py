@@ -86,7 +86,7 @@ class AttemptLoop:
         if record.kind == channel.MARK:
             self.trains.set()
             return True
-        if record.kind in (channel.WORLD, channel.KEPT, channel.JOINING, channel.WAITING):
+        if record.kind in (channel.WORLD, channel.KEPT, channel.JOINING, channel.WAITING, channel.NOTICE):
             self.events.put(JobRecord(node, record.kind, record.data))  # the membership's: the loop's to act on
             return True
         return False

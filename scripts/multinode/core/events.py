@@ -88,6 +88,14 @@ class ReplacementRefused:
 
 
 @dataclass(frozen=True)
+class Retire:
+    """A replacement launched beside noticed ``node`` is ready to take its place: the provider waits to end the old
+    machine until the run lets the node go (:mod:`multinode.app.stays`)."""
+
+    node: str
+
+
+@dataclass(frozen=True)
 class JobRecord:
     """A record of the job channel (:mod:`training.channel`) from ``node``'s output, that the loop acts on."""
 

@@ -6,6 +6,7 @@ A provider never imports launchers or runtimes; it only produces and destroys cl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -40,10 +41,14 @@ class Provider(Protocol):
         On a failure half-way, cleans up what it created before raising.
         """
 
-    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+    def replace(self, state: ClusterState, inventory: Inventory, name: str,
+                retire: Callable[[], None] | None = None) -> Inventory:
         """Remove whatever is left of node ``name`` and make ONE new machine in its place, under the same name and
         position in the inventory (rank order stays); pin its host key, write ``state.inventory_path`` and return
-        the new inventory. The other nodes are not touched.
+        the new inventory. The other nodes are not touched. ``retire`` (a noticed node that still trains,
+        :mod:`multinode.app.stays`) is called once before the old machine is ended, and returns when the run has
+        let it go: a provider that launches the new machine beside the old one calls it once the new one is
+        launched, one that ends the old machine first calls it first.
 
         Raises CapacityRefused (one line; nothing changed) when no replacement can be had now (EC2 capacity, a
         local provider told to refuse), UserError when ``name`` is not a node of the cluster.

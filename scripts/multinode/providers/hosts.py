@@ -111,7 +111,7 @@ class HostsProvider:
         """Cannot tell: hosts are not ours to look at (only SSH says whether they answer)."""
         return {}
 
-    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+    def replace(self, state: ClusterState, inventory: Inventory, name: str, retire=None) -> Inventory:
         """Machines we did not make cannot be replaced: always CapacityRefused (nothing changed)."""
         raise CapacityRefused(f"{name}: no replacement: the hosts provider describes machines you already have and "
                               f"makes none; go on with fewer nodes, or bring the machine back yourself")

@@ -191,9 +191,12 @@ class AwsProvider:
         region = json.loads((state.provider_dir / "aws.json").read_text())["region"]
         return {ids[i]: f"its instance is {st}" for i, st in aws_ec2.not_running(self.ec2_client(region), list(ids)).items()}
 
-    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+    def replace(self, state: ClusterState, inventory: Inventory, name: str, retire=None) -> Inventory:
         """One new instance for node ``name`` (multinode.providers.aws.replacing); the other instances are not
-        touched. CapacityRefused when EC2 refuses it wherever it may go, or for a quota."""
+        touched. CapacityRefused when EC2 refuses it wherever it may go, or for a quota. ``retire`` is called
+        first: the node's instance index is one machine, so the old instance ends before the new one launches."""
+        if retire is not None:
+            retire()
         return replace_node(self, state, inventory, name)
 
     # down -------------------------------------------------------------------------------

@@ -69,16 +69,18 @@ def remove_node(state: ClusterState, plan: NetPlan, name: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def replace_node(state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+def replace_node(state: ClusterState, inventory: Inventory, name: str, retire=None) -> Inventory:
     """Remove what is left of ``name`` and make one new node under its name and IP (see the module doc); write the
     new inventory to state and return it. Raises CapacityRefused (nothing changed) when told to refuse
     (:func:`faults.take_refusal`); UserError for a node that is not the cluster's or a SCHEDULER=slurm cluster.
-    Once a change of the node under way (a drilled loss) is done (:func:`meta.node_change`)."""
+    Once a change of the node under way (a drilled loss) is done (:func:`meta.node_change`). ``retire``: the
+    drilled launch runs first, beside the old node, which is removed once ``retire()`` returns (a noticed node the
+    run keeps training until then); without it the old node goes first, as a lost one's machine does."""
     with node_change(state, name):
-        return _replace(state, inventory, name)
+        return _replace(state, inventory, name, retire)
 
 
-def _replace(state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+def _replace(state: ClusterState, inventory: Inventory, name: str, retire=None) -> Inventory:
     meta = load_meta(state)
     if meta is None:
         raise UserError(f"cluster {state.name!r} is not up; run 'make up' first")
@@ -94,8 +96,12 @@ def _replace(state: ClusterState, inventory: Inventory, name: str) -> Inventory:
     # the new node, with no notice armed, as a new instance has its own IMDS.
     serves_metadata = bool(inventory.extra.get("metadata_endpoint")) and any(
         (node_dir(state, n) / "imds" / "server.pid").exists() for n in names)
+    if retire is not None:  # launched beside the old node, which goes once the run lets it go
+        time.sleep(faults.replace_delay(state=state))
+        retire()
     remove_node(state, plan, name)
-    time.sleep(faults.replace_delay(state=state))  # an instance's launch and bootstrap, drilled
+    if retire is None:
+        time.sleep(faults.replace_delay(state=state))  # an instance's launch and bootstrap, drilled
     i = node_index(name)
     if isolated():
         localnet.create_node(plan, i)

@@ -138,10 +138,12 @@ class LocalProvider:
         inventory.save(state.inventory_path)
         return inventory
 
-    def replace(self, state: ClusterState, inventory: Inventory, name: str) -> Inventory:
+    def replace(self, state: ClusterState, inventory: Inventory, name: str, retire=None) -> Inventory:
         """One new node for ``name`` under the same name and private IP (:mod:`multinode.providers.local.node`);
-        the others untouched. CapacityRefused when told to refuse (:mod:`multinode.providers.local.faults`)."""
-        return replace_node(state, inventory, name)
+        the others untouched. CapacityRefused when told to refuse (:mod:`multinode.providers.local.faults`).
+        With ``retire``, the drilled launch (MULTINODE_REPLACE_DELAY) runs beside the old node, which is removed
+        only once ``retire`` returns."""
+        return replace_node(state, inventory, name, retire)
 
     def replacement_estimate(self, state: ClusterState, inventory: Inventory) -> Estimate:
         """``MULTINODE_REPLACE_DELAY`` when a drill sets one (an EC2 launch, drilled); the local node itself is made
