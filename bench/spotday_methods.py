@@ -1,9 +1,10 @@
 """The spot day's methods: the same job, the same trace, four ways, each on a fresh 4-node local cluster.
 
 * :func:`ours` -- ``train --recover 20`` with RECOVER's defaults (RECOVER_WAIT, GRACE), the replacement estimate it
-  would have on EC2 (:data:`EC2_ESTIMATE`) and the nodes' metadata endpoint for notices: a notice is a coordinated
-  checkpoint, a lost peer's survivors keep their last step, the lost node is replaced (or the job goes on without
-  it and grows back);
+  would have on EC2 (:data:`EC2_ESTIMATE`) and the nodes' metadata endpoint for notices: a noticed node trains on
+  while its replacement launches beside it and is let go when it is ready (a noticed head: every rank stops at the
+  notice's deadline, the coordinated checkpoint, and the job starts again on the replacement), a lost peer's
+  survivors keep their last step, the lost node is replaced (or the job goes on without it and grows back);
 * :func:`restart` -- SkyPilot's managed-job strategy (its default, EAGER_NEXT_REGION: "it immediately terminates
   the cluster and relaunches it", sky/jobs/recovery_strategy.py ``EagerFailoverStrategyExecutor``; its docs: "the
   user application code can checkpoint its progress periodically to a mounted cloud bucket. The program can reload
