@@ -56,6 +56,7 @@ class Watcher:
         self.notice: imds.Notice | None = None
         self.noticed_at: float | None = None  # time.time() when this process first saw it
         self.rebalance: imds.Notice | None = None  # a recommendation not yet saved for
+        self.signalled = False  # a SIGTERM came (with a grace: the guard's, or a stop's): no staying on then
         self._known: set[tuple[str, str | None]] = set()  # rebalances taken and stale notices told, once each
         self._event = threading.Event()
         self._stop = threading.Event()
@@ -88,8 +89,7 @@ class Watcher:
             self.notice, self.noticed_at = notice, time.time()
             self._event.set()
 
-    def requested(self) -> bool:
-        """Whether this process has a notice that stops the job."""
+    def requested(self) -> bool:  # whether this process has a notice that stops the job
         return self._event.is_set()
 
     def take_rebalance(self) -> imds.Notice | None:
@@ -107,8 +107,7 @@ class Watcher:
                         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started)))
         return True
 
-    def wait(self, timeout: float) -> bool:
-        """Until a notice (True) or ``timeout`` seconds (False)."""
+    def wait(self, timeout: float) -> bool:  # until a notice (True) or ``timeout`` seconds (False)
         return self._event.wait(timeout)
 
     def seconds_left(self) -> float | None:
@@ -118,6 +117,7 @@ class Watcher:
         return self.noticed_at + self.grace - time.time()
 
     def _on_signal(self, signum, frame) -> None:
+        self.signalled = True
         self.note(imds.Notice("signal", signal.Signals(signum).name, time.strftime("%Y-%m-%dT%H:%M:%SZ",
                                                                                    time.gmtime()), "signal"))
 
@@ -267,7 +267,7 @@ class Agreement:
         """Whether this rank's notice lets it keep training for now (module doc: an interruption notice, members,
         before its action time less the watcher's margin); the first time, ``NOTICE`` to the run."""
         notice, members = self.watcher.notice, self.members
-        if members is None or notice is None or notice.kind != "interruption":
+        if members is None or notice is None or notice.kind != "interruption" or self.watcher.signalled:
             return False
         leave_by = (notice.epoch() or self.watcher.noticed_at + 120.0) - self.watcher.margin  # AWS: two minutes
         if time.time() >= leave_by:

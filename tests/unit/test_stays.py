@@ -92,6 +92,17 @@ def test_a_signal_or_a_job_without_members_stops_at_once():
     assert _decide(alone) == "stop"
 
 
+def test_a_sigterm_after_the_notice_ends_the_stay():
+    """A user script behind training.guard: the guard passes the same notice on as SIGTERM, then SIGKILLs after the
+    grace -- a rank that stayed on its own reading of the notice leaves at the signal instead of being killed."""
+    agreement, watcher, _ = _agreement(grace=30.0)
+    watcher.note(imds.Notice("interruption", "terminate", _at(120)))
+    with redirect_stdout(io.StringIO()):
+        assert _decide(agreement) is None
+    watcher._on_signal(15, None)
+    assert _decide(agreement) == "leave" and agreement.leaving == [1]
+
+
 def test_a_replacement_beside_a_node_waits_for_the_run_to_let_it_go():
     order: list[str] = []
 
