@@ -113,7 +113,7 @@ class Replacements:
 
     def _retire(self, name: str) -> None:
         """The provider's call before it ends ``name``'s old machine: a Retire on the listening attempt's queue,
-        then wait until the run lets the node go or the attempt ends (at once when no attempt listens)."""
+        then wait until the run lets the node go (module doc); at once when no attempt listens."""
         with self._lock:
             listener = self._listener
             if listener is None:
