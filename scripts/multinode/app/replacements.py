@@ -41,6 +41,9 @@ FINISH_PATIENCE = 900.0  # seconds a run's end waits for its replacements under 
 # Seconds a replacement launched beside a noticed node waits for the run to let that node go: the notice's two
 # minutes (its ranks leave by themselves before then: training/notice.py's STAY_MARGIN) and the leave itself.
 RETIRE_PATIENCE = 150.0
+# Seconds the run waits, at least, for a replacement already launched beside a noticed node once it lets the node
+# go: the old machine ended and the new one made (a local node: about a second) -- never worth a shrink and a grow-back.
+SWAP_PATIENCE = 60.0
 
 
 def wait_seconds(estimate: float | None, restart: float | None, recover_wait: float) -> float:
@@ -124,22 +127,25 @@ class Replacements:
         with self._lock:
             self._retiring.pop(name, None)
 
-    def retired(self, name: str) -> None:
-        """The run let ``name`` go (its ranks ended): its replacement ends the old machine now."""
+    def retired(self, name: str) -> bool:
+        """The run let ``name`` go (its ranks ended): its replacement ends the old machine now. True when one was
+        waiting for that (launched beside the node)."""
         with self._lock:
             let_go = self._retiring.get(name)
         if let_go is not None:
             let_go.set()
+        return let_go is not None
 
     def wait(self, name: str, seconds: float) -> Replaced | None:
         """``name``'s replacement once it is done within ``seconds`` (taken: a refusal ends the ask), or None while
         it is still under way (it goes on, and reports to the attempt running when it is done). Nothing keeps the
-        old node once the run waits for its replacement: a replacement beside it goes on."""
-        self.retired(name)
+        old node once the run waits for its replacement: one launched beside it goes on, waited for SWAP_PATIENCE s
+        at least (only the swap is left)."""
+        launched = self.retired(name)
         with self._lock:
             worker = self._under_way.get(name)
         if worker is not None:
-            worker.join(seconds)
+            worker.join(max(seconds, SWAP_PATIENCE) if launched else seconds)
         with self._lock:
             return self._done.pop(name, None)
 

@@ -15,7 +15,8 @@ changes in its processes (RECOVER, the static launcher), the noticed ranks say `
   (:mod:`multinode.app.joins`). A node that cannot leave alone (the head, whose rank 0 holds the job's store) is
   not told: its ranks stop by themselves at the notice's deadline (every rank's coordinated checkpoint), and the
   provider waits until the run, between attempts, waits for the replacement (after the attempt's sweep): the
-  restart path, the new machine already launched;
+  restart path, the new machine already launched (waited for however long a whole launch would take:
+  :data:`~multinode.app.replacements.SWAP_PATIENCE`);
 * **a late replacement**: the ranks leave by themselves at the action time less ``STAY_MARGIN``, as before staying;
   the replacement goes on and joins when it is ready.
 
