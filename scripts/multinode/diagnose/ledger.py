@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from multinode.diagnose import steplosses
+from multinode.diagnose import markpace, steplosses
 from multinode.trainer import channel
 
 BUCKETS = ("wait", "pre-flight", "sync", "start", "training", "slow steps", "missing capacity", "checkpoint",
@@ -70,6 +70,8 @@ class _Book:
     healthy: float | None = None  # the run's healthy step, ms (steplosses.healthy_ms)
     full: int = 0  # the nodes asked: the most any attempt ran on
     world: int | None = None  # the ranks asked: the most any step-time window ran on
+    paces: dict[int, list] = field(default_factory=dict)  # attempt -> its marks' intervals (markpace)
+    pace: float | None = None  # the run's healthy seconds of training time per step (markpace.healthy)
 
     def recovery(self, key: tuple[str, int] | int, part: str, seconds: float) -> None:
         """``key``: an attempt's number (the restart into it) or a ("pause", i) membership change."""
@@ -101,6 +103,11 @@ def account(spans: list[dict], jobs: list[JobMarks], wall: float, began_unix: fl
     spans = _clipped(spans, wall)
     last = max((s["attempt"] for s in spans), default=0)
     by_attempt = {j.attempt: j for j in jobs}
+    for span in (s for s in spans if s["phase"] == "job" and s["attempt"] in by_attempt):
+        job = by_attempt[span["attempt"]]
+        book.paces[job.attempt] = markpace.intervals(_marks(job, span, began_unix))
+    book.pace = markpace.healthy([i for j in jobs if len(j.nodes) >= book.full for i in markpace.whole(
+        book.paces.get(j.attempt, []), markpace.short_steps(list(j.windows), book.world))])
     for span in spans:
         seconds, number, phase = span["to"] - span["from"], span["attempt"], span["phase"]
         if phase == "job":
@@ -149,8 +156,7 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
     """One attempt's job span: start, training, checkpoints, steps trained twice and its end (module doc), one
     process generation of it at a time."""
     start, end, number = span["from"], span["to"], span["attempt"]
-    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in (job.marks if job else ())
-             if m["at"] - began_unix >= start - EARLIER]  # not a mark of an earlier run of the same run id
+    marks = [{**m, "t": min(max(m["at"] - began_unix, start), end)} for m in _marks(job, span, began_unix)]
     row = {"attempt": number, "nodes": list(job.nodes) if job else [], "job": [round(start, 3), round(end, 3)],
            "reported": False, "checkpoints": []}
     book.attempts.append(row)
@@ -179,6 +185,11 @@ def _job(book: _Book, span: dict, job: JobMarks | None, following: JobMarks | No
         row.update(last_step=round(t_last, 3), steps=[first, max(high, n_last)])
     if job.windows:
         row["compute"] = steplosses.series(list(job.windows), row["steps"][0] - 1)
+
+
+def _marks(job: JobMarks | None, span: dict, began_unix: float) -> list[dict]:
+    """The job's marks of this run: none more than EARLIER s before its span (an earlier run of the same run id)."""
+    return [m for m in (job.marks if job else ()) if m["at"] - began_unix >= span["from"] - EARLIER]
 
 
 def _generations(marks: list[dict]) -> list[list[dict]]:
@@ -223,11 +234,14 @@ def _generation(book: _Book, row: dict, job: JobMarks, following: JobMarks | Non
 
 
 def _losses(book: _Book, job: JobMarks | None, judged: list, trained: float) -> None:
-    """The attempt's slow steps and missing capacity (:mod:`multinode.diagnose.steplosses`), as shares of the
-    ``trained`` seconds it added, out of them; the slow steps attributed to the ranks that held them back."""
+    """The attempt's slow steps and missing capacity (:mod:`multinode.diagnose.steplosses`), out of the ``trained``
+    seconds it added; the slow steps attributed to the ranks that held them back. Where the windows found any, their
+    total is their share of ``trained`` or the marks' excess over the healthy pace, whichever is more
+    (:mod:`multinode.diagnose.markpace`; how it is shared: :meth:`~multinode.diagnose.steplosses.Losses.at_least`)."""
     if job is None or not judged:
         return
     lost = steplosses.losses(judged, len(job.nodes) >= book.full, book.healthy, book.world).scaled(trained)
+    lost = lost.at_least(markpace.excess(book.paces.get(job.attempt, []), book.pace), trained)
     book.buckets["training"] -= lost.slow + lost.missing
     book.buckets["slow steps"] += lost.slow
     book.buckets["missing capacity"] += lost.missing

@@ -70,6 +70,21 @@ class Losses:
     by_rank: dict[tuple[int, str] | None, float] = field(default_factory=dict)  # None: no single rank
     steps_seconds: float = 0.0  # the windows' steps' time: the share of it lost is the training time's share
 
+    def at_least(self, excess: float | None, most: float) -> "Losses":
+        """Raised to the marks' excess over the healthy pace where that is more (:mod:`multinode.diagnose.markpace`),
+        never above ``most`` seconds: the missing capacity as it is (the windows see a smaller world's every step),
+        the rest slow steps, their ranks in the same shares -- or missing capacity, where the windows found no slow
+        step. Nothing where the windows found neither."""
+        found = self.slow + self.missing
+        total = min(excess or 0.0, most)
+        if found <= 0 or total <= found:
+            return self
+        if self.slow <= 0:
+            return Losses(0.0, total, dict(self.by_rank), self.steps_seconds)
+        ranks = (total - self.missing) / self.slow
+        return Losses(total - self.missing, self.missing, {k: v * ranks for k, v in self.by_rank.items()},
+                      self.steps_seconds)
+
     def scaled(self, training: float) -> "Losses":
         """The same shares of ``training`` seconds (the attempt's, epoch ends included: a slow rank validates as
         slowly as it trains, and each of fewer nodes validates more), never more than all of it."""
