@@ -12,6 +12,8 @@ import time
 from contextlib import redirect_stdout
 from types import SimpleNamespace
 
+import pytest
+
 from multinode.app.replacements import Replacements
 from multinode.app.stays import Stays
 from multinode.core.events import Events, JobRecord, NodeEnded, ReplacementReady, Retire
@@ -209,3 +211,11 @@ def test_the_record_is_one_line_the_run_reads():
     line = channel.line(channel.NOTICE, {"rank": 3, "time": "2026-12-07T12:00:00Z", "leave_by": 1.5})
     record = channel.parse(line)
     assert record.kind == channel.NOTICE and json.loads(line.split(" ", 1)[1])["rank"] == 3
+
+
+def test_the_margin_is_30_s_unless_set_to_positive_seconds():
+    assert notice.margin_from_env({}) == notice.STAY_MARGIN == 30.0
+    assert notice.margin_from_env({"MULTINODE_NOTICE_MARGIN": "60"}) == 60.0
+    for bad in ("x", "0", "-5"):
+        with pytest.raises(ValueError, match="MULTINODE_NOTICE_MARGIN=.* e.g. MULTINODE_NOTICE_MARGIN=60"):
+            notice.margin_from_env({"MULTINODE_NOTICE_MARGIN": bad})
