@@ -130,7 +130,7 @@ def test_the_runs_wait_for_the_replacement_lets_a_kept_node_go_and_nobody_listen
     replacements.ask("node-0", beside=True)
     assert isinstance(events.take(10), Retire)
     replacements.listen(None)  # the attempt ended (the head's ranks stopped at their deadline): still kept
-    assert replacements.under_way("node-0")
+    assert replacements.under_way("node-0") and replacements.launched("node-0")
     # Recovery waits for it -- the old node goes -- even where it would not wait for a whole launch (0 s: a shrink):
     assert replacements.wait("node-0", 0.0).inventory == "inventory"
 

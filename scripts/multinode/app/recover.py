@@ -247,13 +247,14 @@ class Recovery:
         return max(steps) if steps else None
 
     def _replace_or_shrink(self, active: Inventory, loss: Loss, wait: float) -> Inventory | None:
-        """Each lost node replaced within ``wait`` seconds, or the run goes on without it; None when no node is
-        left."""
+        """Each lost node replaced within ``wait`` seconds, or the run goes on without it; None when none is left."""
         keep = [n.name for n in active.nodes]
         for name in loss.nodes:
-            self.timeline.add("replacement asked", f"{name} ({self._waiting(wait)})")
+            waiting = "launched beside it already: waiting for the old machine to go and the new one to be made" \
+                if self.replacements.launched(name) else self._waiting(wait)
+            self.timeline.add("replacement asked", f"{name} ({waiting})")
             self.say(f"{name} {'got a notice' if loss.cause == 'notice' else 'is lost'}: asking "
-                     f"{self.cluster.provider} for a replacement ({self._waiting(wait)})")
+                     f"{self.cluster.provider} for a replacement ({waiting})")
             self.replacements.ask(name)
             done = self.replacements.wait(name, wait)
             if done is not None and done.refused is None:
@@ -277,8 +278,7 @@ class Recovery:
                 "at once")
 
     def _resumed(self, started_at: float | None, resumed: dict | None) -> None:
-        """The attempt that recovered from ``pending`` on the timeline; steps lost = the last step reached - the
-        step resumed from."""
+        """The attempt that recovered from ``pending`` on the timeline; steps lost: the last reached - the resumed."""
         loss, self.pending = self.pending, None
         if loss is None or started_at is None:  # the first attempt, or one that ended before its job started
             return

@@ -96,6 +96,11 @@ class Replacements:
         with self._lock:
             return name in self._under_way
 
+    def launched(self, name: str) -> bool:
+        """Whether ``name``'s replacement is launched beside it and waits for the run to let the node go."""
+        with self._lock:
+            return name in self._retiring
+
     def _run(self, name: str, beside: bool = False) -> None:
         try:
             done = Replaced(name, self.replace(name, (lambda: self._retire(name)) if beside else None), time.time())
