@@ -76,3 +76,15 @@ def test_a_malformed_event_is_refused_naming_what_it_lacks(fields, why):
 
 def test_the_quick_trace_says_it_is_one():
     assert QUICK.quick and len(QUICK.events) == 2 and QUICK.to_json()["quick"] is True
+
+
+def test_a_shortage_at_the_second_of_a_loss_is_applied_first():
+    """The committed trace has node-3 lost and replacements refused at the same +735 s, the loss first: the replay
+    applies the shortage first, so the lost node's replacement finds no capacity (bench.spotday_replay.in_order)."""
+    from bench.spotday_replay import in_order
+
+    lost, short, later = (Event(735.0, "lost", node=3, replacement=139.0), Event(735.0, "no_capacity", seconds=226.0),
+                          Event(780.0, "slow", node=3, seconds=68.0, share=0.03))
+    assert in_order([later, lost, short]) == [short, lost, later]
+    events = load(spotday.TRACE).events
+    assert [e.kind for e in in_order(events) if e.at == 735.0] == ["no_capacity", "lost"]
