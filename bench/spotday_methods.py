@@ -104,7 +104,8 @@ class Replay:
         self.method, self.job, self.trace, self.replaces, self.reports = method, job, trace, replaces, reports
         names = [f"mn-{self.cluster.name}-{i}" for i in range(NODES)]
         files = [self.cluster.workdir(i) / "runs" / method / "samples.jsonl" for i in range(NODES)]
-        self.watch = Watch(Instances(names), SampleLog(files))
+        self.watch = Watch(Instances(names, provider_dir=self.cluster.home / self.cluster.name / "provider"),
+                           SampleLog(files))
         self.cloud: Cloud | None = None
         self.run: MethodRun | None = None
         self.bucket: Path | None = None  # the restart method's bucket (a directory), for the replay's whole day

@@ -4,8 +4,10 @@ node-seconds paid) and the trainer's sample log on every node (the work done, wi
 * :class:`Instances`: a node's instance is its network namespace (the same name across replacements, a new
   namespace each time: its inode tells them apart), or, where the replay brings a taken node back in the same
   namespace (:meth:`Instances.take`, :meth:`Instances.back`), each of its lives. One is paid from its start --
-  back-dated by the launch time the replay gave its replacement (``booting``: the local provider makes the namespace
-  only once that time has passed, an EC2 instance is paid from its launch) -- to its end, or the end of the run.
+  back-dated to its launch (the local provider's note of when its replacement's launch began, ``launched-<node>``;
+  else the launch time the replay gave it, ``booting``: the namespace is made only once the launch -- and, beside a
+  noticed node, that node's stay -- is over, an EC2 instance is paid from its launch) -- to its end, or the end of
+  the run.
 * :class:`SampleLog`: rank 0 appends one line per optimizer step to ``runs/<id>/samples.jsonl`` in its node's work
   directory (``training/runlog.py``); a new head (a node replaced, a cluster made again) starts a new file. Every
   node's file is read as it grows (every :data:`POLL` s, and on demand: before the replay takes a node away), each
@@ -19,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from multinode.providers.local.faults import launched_at
 
 POLL = 0.5
 
@@ -49,6 +53,7 @@ class Instances:
     seen: list[Instance] = field(default_factory=list)
     taken: set[int] = field(default_factory=set)  # nodes taken whose namespace stays (Instances.take)
     lives: dict[int, int] = field(default_factory=dict)  # node -> how many times it came back in its namespace
+    provider_dir: Path | None = None  # where the local provider notes its launches (faults.note_launch)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self, node: int) -> None:
@@ -81,7 +86,9 @@ class Instances:
                 live.ended = now
                 live = None
             if live is None and ident is not None:
-                self.seen.append(Instance(node, ident, now - self.booting.pop(node, 0.0)))
+                booting = self.booting.pop(node, 0.0)
+                launched = None if self.provider_dir is None else launched_at(self.provider_dir, f"node-{node}")
+                self.seen.append(Instance(node, ident, now - (time.time() - launched if launched else booting)))
 
     def current(self, node: int) -> Instance | None:
         return next((i for i in reversed(self.seen) if i.node == node and i.ended is None), None)

@@ -26,6 +26,24 @@ def test_an_instance_is_paid_from_its_launch_to_its_end_and_a_taken_node_costs_n
     assert instances.paid(50.0, 100.0) == pytest.approx(100)
 
 
+def test_a_replacement_launched_beside_a_noticed_node_is_paid_from_its_launch(monkeypatch, tmp_path):
+    """The local provider notes when a replacement's launch began (faults.note_launch): beside a noticed node the new
+    namespace is made only after that node's stay, later than the launch time given (``booting``) says."""
+    from multinode.providers.local import faults
+
+    spaces = {"ns-0": (1, 1)}
+    monkeypatch.setattr(spotday_watch, "namespace_id", lambda name: spaces.get(name))
+    monkeypatch.setattr(spotday_watch.time, "time", lambda: 1000.0)
+    instances = Instances(["ns-0"], provider_dir=tmp_path)
+    instances.poll(now=0.0)
+    (tmp_path / f"{faults.LAUNCH_PREFIX}node-0").write_text("900.0\n")  # launched 100 s before it appears
+    instances.booting[0] = 49.0  # what the trace gave its launch
+    spaces["ns-0"] = (2, 1)
+    instances.poll(now=150.0)
+    assert instances.current(0).paid_from == pytest.approx(50.0)
+    assert faults.launched_at(tmp_path, "node-0") is None  # taken once
+
+
 def test_a_node_brought_back_in_its_namespace_is_a_new_instance(monkeypatch):
     monkeypatch.setattr(spotday_watch, "namespace_id", lambda name: (7, 7))
     instances = Instances(["ns-0"])

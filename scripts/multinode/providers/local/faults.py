@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 from multinode.core.errors import CapacityRefused, UserError
@@ -70,6 +71,27 @@ def set_replace_delay(state: ClusterState, seconds: float | None) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(f"{seconds}\n")
     os.replace(tmp, path)
+
+
+LAUNCH_PREFIX = "launched-"  # <provider dir>/launched-<node>: when its replacement's drilled launch began (Unix s)
+
+
+def note_launch(state: ClusterState, node: str) -> None:
+    """A replacement's drilled launch begins now: its instance is paid from here (an EC2 instance from its launch),
+    though the node is made only once the launch -- and, beside a noticed node, that node's stay -- is over. The spot
+    day reads it (:func:`launched_at`)."""
+    (state.provider_dir / f"{LAUNCH_PREFIX}{node}").write_text(f"{time.time():.3f}\n")
+
+
+def launched_at(provider_dir: Path, node: str) -> float | None:
+    """When ``node``'s last replacement launch began (Unix seconds), taken once: the file is removed; None if none."""
+    path = provider_dir / f"{LAUNCH_PREFIX}{node}"
+    try:
+        text = path.read_text()
+        path.unlink()
+        return float(text)
+    except (OSError, ValueError):
+        return None
 
 
 def node_pids(state: ClusterState, node: str) -> list[int]:
@@ -168,5 +190,5 @@ def take_refusal(state: ClusterState, node: str) -> None:
                           f"go on with fewer nodes, or delete that file (faults.allow_replacements) and ask again")
 
 
-__all__ = ["allow_replacements", "job_pids", "kill_node", "lose_node", "node_pids", "refuse_replacements",
-           "refusals_left", "set_link", "set_replace_delay", "take_refusal"]
+__all__ = ["allow_replacements", "job_pids", "kill_node", "launched_at", "lose_node", "node_pids", "note_launch",
+           "refuse_replacements", "refusals_left", "set_link", "set_replace_delay", "take_refusal"]

@@ -97,10 +97,12 @@ def _replace(state: ClusterState, inventory: Inventory, name: str, retire=None) 
     serves_metadata = bool(inventory.extra.get("metadata_endpoint")) and any(
         (node_dir(state, n) / "imds" / "server.pid").exists() for n in names)
     if retire is not None:  # launched beside the old node, which goes once the run lets it go
+        faults.note_launch(state, name)
         time.sleep(faults.replace_delay(state=state))
         retire()
     remove_node(state, plan, name)
     if retire is None:
+        faults.note_launch(state, name)
         time.sleep(faults.replace_delay(state=state))  # an instance's launch and bootstrap, drilled
     i = node_index(name)
     if isolated():
