@@ -16,8 +16,8 @@ the difference of the two recomputed ledgers is what is taken off the run's own)
 * an **interval** is two successive step marks of one process generation (first step, progress, last step, a
   checkpoint's): its steps and its seconds, less the checkpoint stalls and the survivors' pauses in it;
 * the run's **healthy pace** (:func:`healthy`) is the steps-weighted mean of the intervals within ``BAND`` of their
-  steps-weighted median, over the attempts on every node asked and the intervals none of whose steps ran on fewer
-  ranks (:func:`short_steps`, from the windows);
+  steps-weighted median (``steplosses.mean_in_band``, as for the windows' usual step), over the attempts on every
+  node asked and the intervals none of whose steps ran on fewer ranks (:func:`short_steps`, from the windows);
 * an attempt's **excess** (:func:`excess`) is its intervals' seconds less their steps at the healthy pace: the
   training time the whole, healthy cluster would not have spent on those steps. Where the windows found slow steps
   or missing capacity in the attempt, the ledger takes the excess as their total when it is more than the windows'
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from multinode.diagnose.steplosses import BAND
+from multinode.diagnose.steplosses import Judged, mean_in_band
 
 STEP_MARKS = ("first_step", "steps", "last_step", "checkpoint")
 
@@ -88,18 +88,10 @@ def whole(found: list[Interval], short: list[tuple[int, int]]) -> list[Interval]
 
 
 def healthy(found: list[Interval]) -> float | None:
-    """The healthy pace in seconds per step (module doc); None without an interval."""
-    rates = sorted((i.seconds / i.steps, i.steps) for i in found if i.steps > 0)
-    if not rates:
-        return None
-    half, seen, middle = sum(n for _, n in rates) / 2, 0, rates[-1][0]
-    for rate, n in rates:
-        seen += n
-        if seen >= half:
-            middle = rate
-            break
-    usual = [(rate, n) for rate, n in rates if abs(rate - middle) <= BAND * middle]
-    return sum(rate * n for rate, n in usual) / sum(n for _, n in usual)
+    """The healthy pace in seconds per step (module doc: the steps' usual rate, as the windows' usual step is);
+    None without an interval."""
+    usual = mean_in_band([Judged(i.steps, 1000 * i.seconds / i.steps) for i in found if i.steps > 0])
+    return None if usual is None else usual / 1000
 
 
 def excess(found: list[Interval], pace: float | None) -> float | None:

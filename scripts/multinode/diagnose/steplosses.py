@@ -186,7 +186,7 @@ def _weighted_median(judged: list[Judged]) -> float | None:
     return None
 
 
-def _mean_in_band(judged: list[Judged]) -> float | None:
+def mean_in_band(judged: list[Judged]) -> float | None:
     """The steps-weighted mean step time of the windows within BAND of the steps-weighted median (None: no window)."""
     middle = _weighted_median(judged)
     if middle is None:
@@ -201,9 +201,9 @@ def full_world(windows: list[dict]) -> int | None:
 
 
 def healthy_ms(attempts: list[tuple[bool, list[Judged]]], world: int | None = None) -> float | None:
-    """The run's healthy step (ms): :func:`_mean_in_band` over the windows on every node asked (``(full, judged)``:
+    """The run's healthy step (ms): :func:`mean_in_band` over the windows on every node asked (``(full, judged)``:
     the attempt ran on every node; ``world``: the ranks asked, for the windows of a survivors' smaller world)."""
-    return _mean_in_band([j for full, judged in attempts if full for j in judged if j.whole(world)])
+    return mean_in_band([j for full, judged in attempts if full for j in judged if j.whole(world)])
 
 
 def losses(judged: list[Judged], full: bool, healthy: float | None, world: int | None = None) -> Losses:
@@ -224,7 +224,7 @@ def losses(judged: list[Judged], full: bool, healthy: float | None, world: int |
 
 def _losses(judged: list[Judged], full: bool, healthy: float | None) -> Losses:
     out = Losses(steps_seconds=sum(j.steps * j.step_ms for j in judged) / 1000)
-    own = _mean_in_band(judged)
+    own = mean_in_band(judged)
     if healthy is None or own is None:
         return out
     base = healthy if full else max(own, healthy)
