@@ -43,7 +43,7 @@ class Stays:
     def __init__(self, members: Members, recovery, say: Callable[[str], None],
                  lose: Callable[[str, str, set[str]], None], blocked: Callable[[str], str | None]) -> None:
         self.members, self.recovery, self.say, self.lose, self.blocked = members, recovery, say, lose, blocked
-        self.noticed: dict[str, float] = {}  # node -> when its ranks leave by themselves (Unix seconds)
+        self.noticed: set[str] = set()  # nodes whose NOTICE was taken (its first rank's)
         self.letting_go: set[str] = set()  # told to leave: the provider goes on once their ranks have ended
 
     def take(self, event, pending: set[str]) -> bool:
@@ -65,7 +65,7 @@ class Stays:
         if name in self.noticed or name not in self.members.names or not self.recovery.may_recover():
             return
         leave_by = float(event.data.get("leave_by") or time.time())
-        self.noticed[name] = leave_by
+        self.noticed.add(name)
         self.recovery.timeline.add("notice", f"{name}: spot interruption notice ({event.data.get('time')}); its "
                                              f"ranks train on until its replacement is ready")
         self.recovery.timeline.add("replacement asked", f"{name} (beside it)")
