@@ -64,10 +64,14 @@ class Watcher:
         raise TimeoutError(f"no {pattern!r} within {timeout} s:\n{self.tail(also)}")
 
     def tail(self, also: "Watcher | None" = None, lines: int = 30) -> str:
-        """The last ``lines`` lines, and those of ``also`` (by default the process's other stream)."""
+        """The run's own lines (none of a node's: what it decided, from the start -- a failure seen only in a
+        loaded CI run is explained by its early decisions, which the last lines no longer hold), the last ``lines``
+        lines, and those of ``also`` (by default the process's other stream)."""
         also = also or self.partner
+        own = [line for line in list(self.lines)[:-lines] if not line.startswith("[node-")][-2 * lines:]
+        said = f"the run's own lines before them:\n{''.join(own)}...\n" if own else ""
         other = f"\nand on the other stream:\n{''.join(also.lines[-lines:])}" if also is not None else ""
-        return f"{''.join(self.lines[-lines:])}{other}"
+        return f"{said}{''.join(self.lines[-lines:])}{other}"
 
 
 @contextlib.contextmanager

@@ -59,3 +59,32 @@ def test_static_killed_rank_stops_every_node_and_names_it(shared_cluster3: Clust
     assert "job failed first on node-1 (rank 1)" in stderr
     assert summary_of(shared_cluster3)["failed_node"] == "node-1"
     assert_no_job_left(shared_cluster3)
+
+
+def test_a_rank_whose_subshell_was_killed_is_killed_not_a_success_or_a_failure_of_its_own(tmp_path: Path):
+    """The node's starter itself (plain ``sh``, no cluster): rank 1's subshell SIGKILLed before it could write its
+    exit file, then rank 1, the starter left running -- as when a machine vanishes and its processes die in no set
+    order. The node's exit code is 137 (killed: the run lets the node go and the survivors keep running), rank 1
+    named. Before, the starter read only the files it found: rank 0's 0, so the node said success (and with one rank
+    per node, "no file" read as exit 1: a failure of the job's own -- a CI run restarted every process for it)."""
+    import subprocess
+    import time
+
+    from multinode.plan.launchers.static import STARTER
+
+    program = ("if [ \"$RANK\" = 1 ]; then echo \"$PPID $$\" > \"$PIDS.tmp\"; mv \"$PIDS.tmp\" \"$PIDS\"; "
+               "exec sleep 60; fi")
+    pids = tmp_path / "pids"
+    proc = subprocess.Popen(["sh", "-c", STARTER, "multinode-static", "0", "2", str(tmp_path / "ranks"),
+                             "sh", "-c", program], env={**os.environ, "PIDS": str(pids)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 30
+    while not pids.exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    subshell, rank = (int(p) for p in pids.read_text().split())
+    os.kill(subshell, signal.SIGKILL)  # first: killed after its rank, it would write the rank's 137 itself
+    os.kill(rank, signal.SIGKILL)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 137, (proc.returncode, out, err)
+    assert "rank      : 1 (local_rank: 1)" in err and "exitcode  : 137" in err, err
+    assert not (tmp_path / "ranks" / "rank1").exists()  # its subshell wrote nothing: the case under test

@@ -44,11 +44,15 @@ from multinode.trainer import channel
 
 # $1 = this node's first global rank, $2 = processes on this node, $3 = directory for per-rank exit files;
 # the rest is the program. Exit files of an earlier run of the same run id go first (a resumed or recovered
-# run may place other ranks on this node: their old files would read as this run's failures). Each rank: its own RANK/LOCAL_RANK, output through sed for the prefix,
-# exit code and, for a failure, its time into a file (a pipeline's status is sed's in POSIX sh). Then the
-# earliest failure is reported the way torchrun does, and is the node's exit code. A rank that exited 75
-# (preempted: training/preempt.py) is no failure: without one, the node exits 75 and reports no root cause.
-# One line (statements joined with spaces), so the plan prints as one shell line.
+# run may place other ranks on this node: their old files would read as this run's failures). Each rank: its own
+# RANK/LOCAL_RANK, output through sed for the prefix, exit code and, for a failure, its time into a file (a
+# pipeline's status is sed's in POSIX sh). Then every rank's file is read, in rank order, and the earliest failure
+# is reported the way torchrun does, and is the node's exit code. A rank without a file had its subshell killed
+# before it could write one (SIGKILL: a vanishing machine's processes die in no set order, and a starter that
+# outlived its subshells read "no file" as exit 1 -- a failure of the job's own, which restarted every process
+# instead of the survivors going on): 137, killed, timed as read (a failure seen earlier stays the root cause).
+# A rank that exited 75 (preempted: training/preempt.py) is no failure: without one, the node exits 75 and
+# reports no root cause. One line (statements joined with spaces), so the plan prints as one shell line.
 STARTER = " ".join(part.strip() for part in [
     'base=$1; nproc=$2; status_dir=$3; shift 3; mkdir -p "$status_dir"; rm -f "$status_dir"/rank*; i=0;',
     'while [ "$i" -lt "$nproc" ]; do',
@@ -56,11 +60,12 @@ STARTER = " ".join(part.strip() for part in [
     '  { RANK=$rank LOCAL_RANK=$i "$@" 2>&1; c=$?; t=0; [ "$c" = 0 ] || t=$(date +%s%N); echo "$c $t" > "$status_dir/rank$rank"; }',
     '    | sed -u "s/^/[rank$rank]: /" &',
     '  i=$((i + 1));',
-    'done; wait; first=; first_t=; code=0; preempted=;',
-    'for f in "$status_dir"/rank*; do',
-    '  read -r c t < "$f" || { c=1; t=0; };',
+    'done; wait; first=; first_t=; code=0; preempted=; i=0;',
+    'while [ "$i" -lt "$nproc" ]; do',
+    '  rank=$((base + i)); i=$((i + 1)); f="$status_dir/rank$rank";',
+    '  if [ -s "$f" ] && read -r c t < "$f"; then :; else c=137; t=$(date +%s%N); fi;',
     '  if [ "$c" = 75 ]; then preempted=75; continue; fi;',
-    '  if [ "$c" != 0 ] && { [ -z "$first_t" ] || [ "$t" -lt "$first_t" ]; }; then first=${f##*/rank}; first_t=$t; code=$c; fi;',
+    '  if [ "$c" != 0 ] && { [ -z "$first_t" ] || [ "$t" -lt "$first_t" ]; }; then first=$rank; first_t=$t; code=$c; fi;',
     'done;',
     'if [ -n "$first" ]; then',
     '  echo "Root Cause (first observed failure):" >&2;',
