@@ -209,16 +209,16 @@ def _generation(book: _Book, row: dict, job: JobMarks, following: JobMarks | Non
     training, its checkpoint stalls, the steps trained twice, and its start (``start``: the job's, for the first
     generation). (First step, last step's time, last step, the seconds of its tail no bucket took: the caller's.)"""
     steps = [m for m in marks if m.get("mark") in ("first_step", "steps", "last_step") and isinstance(m.get("step"), int)]
-    stalls = [(m["t"], min(m["t"] + max(float(m.get("seconds", 0)), 0.0), end), m.get("kind", "periodic"))
-              for m in marks if m.get("mark") == "checkpoint"]
+    stalls = [(a, min(b, end), m.get("kind", "periodic"))
+              for m in marks if m.get("mark") == "checkpoint" for a, b in [markpace.held(m, "t")]]
     row["checkpoints"] += [[round(a, 3), round(b - a, 3), k] for a, b, k in stalls]
     t_first, n_first = marks[0]["t"], marks[0]["step"]
     t_last, n_last = max(m["t"] for m in steps), max(m["step"] for m in steps)
     later = [m for m in marks if m.get("mark") == "checkpoint" and isinstance(m.get("step"), int) and m["step"] > n_last]
     if later:  # a checkpoint after the last step mark: its step was trained by the time it began
         t_last, n_last = max((m["t"], m["step"]) for m in later)
-    stalled_in = sum(max(0.0, min(b, t_last) - max(a, t_first)) for a, b, _ in stalls)
-    stalled_after = sum(max(0.0, b - max(a, t_last)) for a, b, _ in stalls)
+    stalled_in = sum(markpace.overlap(a, b, t_first, t_last) for a, b, _ in stalls)
+    stalled_after = sum(markpace.overlap(a, b, t_last, b) for a, b, _ in stalls)
     train = max(0.0, t_last - t_first - stalled_in)
     tail = max(0.0, end - t_last - stalled_after)
     book.buckets["checkpoint"] += stalled_in + stalled_after
@@ -255,7 +255,7 @@ def _paused(book: _Book, marks: list[dict], t_first: float, t_last: float) -> fl
     recovery of its own, its *pause* part; the seconds of them inside the training span."""
     inside = 0.0
     for m in (m for m in marks if m.get("mark") == "pause"):
-        seconds = max(0.0, min(m["t"] + max(float(m.get("seconds", 0)), 0.0), t_last) - max(m["t"], t_first))
+        seconds = markpace.overlap(*markpace.held(m, "t"), t_first, t_last)
         book.recovery(("pause", sum(kind == "pause" for kind, _ in book.recoveries)), "pause", seconds)
         inside += seconds
     return inside

@@ -48,14 +48,21 @@ class Interval:
     seconds: float
 
 
+def held(mark: dict, clock: str = "at") -> tuple[float, float]:
+    """When a checkpoint stall or a survivors' pause (its mark) began and ended, on ``clock`` (``at``: Unix
+    seconds; the ledger's ``t``: seconds into the run)."""
+    begin = float(mark[clock])
+    return begin, begin + max(float(mark.get("seconds", 0)), 0.0)
+
+
+def overlap(begin: float, end: float, lo: float, hi: float) -> float:
+    """Seconds of ``begin``..``end`` within ``lo``..``hi``."""
+    return max(0.0, min(end, hi) - max(begin, lo))
+
+
 def _held(marks: list[dict], lo: float, hi: float) -> float:
     """Seconds of checkpoint stalls and survivors' pauses within ``lo``..``hi`` (Unix seconds)."""
-    held = 0.0
-    for m in marks:
-        if m.get("mark") in ("checkpoint", "pause"):
-            begin = float(m["at"])
-            held += max(0.0, min(begin + max(float(m.get("seconds", 0)), 0.0), hi) - max(begin, lo))
-    return held
+    return sum(overlap(*held(m), lo, hi) for m in marks if m.get("mark") in ("checkpoint", "pause"))
 
 
 def intervals(marks: list[dict]) -> list[Interval]:
