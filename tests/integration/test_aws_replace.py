@@ -105,14 +105,15 @@ def replacing_node_1_of_3_creates_exactly_one_instance(ec2, state, provider, inv
     capfd.readouterr()
     called = []
 
-    def retire() -> None:  # a noticed node's call back: EC2's provider ends the old instance first, so it comes first
-        called.append((_by_id(ec2, "tfrep")[old["InstanceId"]]["State"]["Name"], len(_by_id(ec2, "tfrep"))))
+    def retire(ready: bool) -> None:  # a noticed node's call back: EC2's provider ends the old instance first, so it
+        # comes first, and says nothing is ready yet
+        called.append((ready, _by_id(ec2, "tfrep")[old["InstanceId"]]["State"]["Name"], len(_by_id(ec2, "tfrep"))))
 
     after = provider.replace(state, inv, "node-1", retire=retire)
 
     now = _by_id(ec2, "tfrep")
     (new_id,) = set(now) - set(before)
-    assert called == [("running", len(before))], called  # before the old instance ended and the new one launched
+    assert called == [(False, "running", len(before))], called  # before the old instance ended and the new one launched
     assert now[old["InstanceId"]]["State"]["Name"] == "terminated"
     assert {iid: i["State"]["Name"] for iid, i in now.items() if iid != old["InstanceId"]} == {
         inv.nodes[0].instance_id: "running", inv.nodes[2].instance_id: "running", new_id: "running"}

@@ -205,9 +205,10 @@ def test_a_node_whose_ranks_froze_is_named_and_replaced_under_the_stall_watchdog
 
 def test_a_notice_on_the_head_restarts_every_process_and_says_why_in_one_line(cluster3):
     """A spot notice on node-0, whose rank 0 holds the job's store: its ranks train on while its replacement
-    launches beside it, the run cannot let the head go alone (said in one line), and at the notice's deadline every
-    rank stops at the agreed step (the coordinated checkpoint); node-0 is replaced and the job starts again from
-    the checkpoint, no step trained twice."""
+    launches beside it, the run cannot let the head go alone (said in one line), and once the replacement is ready
+    its ranks are stopped -- every rank stops at the agreed step (the coordinated checkpoint); node-0 is replaced and
+    the job starts again from the checkpoint, no step trained twice. (Its deadline, 10 s after the notice here, is
+    the backstop: the drilled launch takes about a second.)"""
     from multinode.providers.local.imds import stop_endpoint
 
     epochs = 20  # its ranks train on for 10 s after the notice (a margin of 110 s of AWS's 120), then stop
@@ -228,8 +229,8 @@ def test_a_notice_on_the_head_restarts_every_process_and_says_why_in_one_line(cl
     assert len(lines) == 1 and lines[0].endswith("node-0: node-0 is the head: its rank 0 holds the job's store: the "
                                                  "job restarts every process instead"), text[-3000:]
     assert "node-0 got a spot interruption notice: its ranks train on" in text, text[-3000:]
-    assert "node-0's replacement is ready; node-0 is the head: its rank 0 holds the job's store: its ranks stay " \
-           "until they stop at the notice's deadline" in text, text[-3000:]
+    assert "node-0's replacement is ready; node-0 is the head: its rank 0 holds the job's store: its ranks stop " \
+           "now (every rank's coordinated checkpoint) and the job starts again on the replacement" in text, text[-3000:]
     assert list(cluster3.state.run_dir("keep-head").glob("attempt-*")), "the job was not started again"
     assert "the job started again from the coordinated checkpoint of step" in text, text[-3000:]
     record = summary(cluster3, "keep-head")  # node-0's sample log went with its machine: the ledger's count

@@ -110,7 +110,7 @@ def test_a_replacement_beside_a_node_waits_for_the_run_to_let_it_go():
 
     def replace(name, retire=None):
         order.append("launched")
-        retire()
+        retire(True)
         order.append("old machine ended")
         return "inventory"
 
@@ -118,14 +118,14 @@ def test_a_replacement_beside_a_node_waits_for_the_run_to_let_it_go():
     replacements.listen(events)
     replacements.ask("node-2", beside=True)
     retire = events.take(10)
-    assert isinstance(retire, Retire) and retire.node == "node-2" and order == ["launched"]
+    assert isinstance(retire, Retire) and (retire.node, retire.ready) == ("node-2", True) and order == ["launched"]
     replacements.retired("node-2")
     ready = events.take(10)
     assert isinstance(ready, ReplacementReady) and order == ["launched", "old machine ended"]
 
 
 def test_the_runs_wait_for_the_replacement_lets_a_kept_node_go_and_nobody_listening_lets_it_go_at_once():
-    replacements, events = Replacements(lambda name, retire=None: retire() or "inventory"), Events()
+    replacements, events = Replacements(lambda name, retire=None: retire(True) or "inventory"), Events()
     replacements.listen(events)
     replacements.ask("node-0", beside=True)
     assert isinstance(events.take(10), Retire)
@@ -134,14 +134,14 @@ def test_the_runs_wait_for_the_replacement_lets_a_kept_node_go_and_nobody_listen
     # Recovery waits for it -- the old node goes -- even where it would not wait for a whole launch (0 s: a shrink):
     assert replacements.wait("node-0", 0.0).inventory == "inventory"
 
-    ended, events = Replacements(lambda name, retire=None: retire() or "inventory"), Events()
+    ended, events = Replacements(lambda name, retire=None: retire(True) or "inventory"), Events()
     ended.listen(events)
     ended.ask("node-2", beside=True)
     assert isinstance(events.take(10), Retire)
     ended.finish(lambda line: None, patience=10)  # the run's end lets it go too
     assert not ended.under_way("node-2")
 
-    alone = Replacements(lambda name, retire=None: retire() or "inventory")
+    alone = Replacements(lambda name, retire=None: retire(True) or "inventory")
     alone.ask("node-1", beside=True)
     assert alone.wait("node-1", 10).inventory == "inventory"
 
@@ -165,7 +165,10 @@ def _stays(blocked=lambda name: None, recover_left=True):
                                cluster=SimpleNamespace(provider="local"))
     recovery.timeline.add = lambda event, detail="", at=None: recovery.timeline.events.append(event)
     members = SimpleNamespace(names=["node-0", "node-1", "node-2"])
-    stays = Stays(members, recovery, said.append, lambda name, why, pending: lost.append((name, why)), blocked)
+    stopped: list[str] = []
+    stays = Stays(members, recovery, said.append, lambda name, why, pending: lost.append((name, why)), blocked,
+                  stopped.append)
+    stays.stopped = stopped  # what the tests read: the nodes whose ranks were stopped
     return stays, recovery, said, lost
 
 
@@ -191,15 +194,33 @@ def test_the_call_back_lets_a_member_go_and_its_end_lets_the_provider_go_on():
     assert recovery.replacements.let_go == ["node-2"]
 
 
-def test_the_head_is_not_let_go_and_a_node_already_gone_lets_the_provider_go_on_at_once():
+def test_the_head_is_not_let_go_its_ranks_stop_once_its_replacement_is_ready():
     stays, recovery, said, lost = _stays(blocked=lambda name: "node-0 is the head" if name == "node-0" else None)
     pending = {"node-0", "node-1"}
     stays.take(_notice("node-0"), pending)
-    stays.take(Retire("node-0"), pending)
-    assert lost == [] and recovery.replacements.let_go == [] and "stay until" in said[-1]
-    assert not stays.take(NodeEnded("node-0", 75), pending) and recovery.replacements.let_go == []  # not before the sweep
+    stays.take(Retire("node-0"), pending)  # launched beside it: ready
+    assert lost == [] and recovery.replacements.let_go == [] and stays.stopped == ["node-0"]
+    assert said[-1].endswith("node-0 is the head: its ranks stop now (every rank's coordinated checkpoint) and the "
+                             "job starts again on the replacement")
+    assert not stays.take(NodeEnded("node-0", 75), pending)
+    assert recovery.replacements.let_go == []  # not before the sweep
     stays.take(Retire("node-2"), pending)  # its ranks left at their deadline: not pending any more
     assert recovery.replacements.let_go == ["node-2"]
+
+
+def test_a_head_whose_replacement_launches_only_once_its_machine_is_gone_trains_on_to_its_deadline():
+    """EC2's provider calls back first (``ready`` false): stopping the head then would trade its training for a
+    wait on the whole launch. A budget spent: nothing would take the job on, so its ranks train on too."""
+    stays, recovery, said, lost = _stays(blocked=lambda name: "node-0 is the head" if name == "node-0" else None)
+    pending = {"node-0", "node-1"}
+    stays.take(_notice("node-0"), pending)
+    stays.take(Retire("node-0", ready=False), pending)
+    assert lost == [] and stays.stopped == [] and said[-1].endswith(
+        "launched once its machine is gone; node-0 is the head: its ranks stay until they stop at the notice's "
+        "deadline")
+    spent, recovery, said, _ = _stays(blocked=lambda name: "RECOVER=1 recoveries spent", recover_left=False)
+    spent.take(Retire("node-1"), {"node-0", "node-1"})
+    assert spent.stopped == [] and "stay until" in said[-1]
 
 
 def test_no_replacement_is_asked_once_recover_is_spent():

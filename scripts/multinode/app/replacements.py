@@ -103,7 +103,8 @@ class Replacements:
 
     def _run(self, name: str, beside: bool = False) -> None:
         try:
-            done = Replaced(name, self.replace(name, (lambda: self._retire(name)) if beside else None), time.time())
+            retire = (lambda ready: self._retire(name, ready)) if beside else None
+            done = Replaced(name, self.replace(name, retire), time.time())
         except CapacityRefused as err:
             done = Replaced(name, None, time.time(), str(err))
         except MultinodeError as err:
@@ -119,15 +120,16 @@ class Replacements:
         if listener is not None:
             listener.put(done.event())
 
-    def _retire(self, name: str) -> None:
-        """The provider's call before it ends ``name``'s old machine: a Retire on the listening attempt's queue,
-        then wait until the run lets the node go (module doc); at once when no attempt listens."""
+    def _retire(self, name: str, ready: bool = True) -> None:
+        """The provider's call before it ends ``name``'s old machine (``ready``: its new one launched beside it): a
+        Retire on the listening attempt's queue, then wait until the run lets the node go (module doc); at once
+        when no attempt listens."""
         with self._lock:
             listener = self._listener
             if listener is None:
                 return
             let_go = self._retiring.setdefault(name, threading.Event())
-        listener.put(Retire(name))
+        listener.put(Retire(name, ready))
         let_go.wait(RETIRE_PATIENCE)
         with self._lock:
             self._retiring.pop(name, None)

@@ -13,16 +13,20 @@ changes in its processes (RECOVER, the static launcher), the noticed ranks say `
   its ranks leave at their next agreement (exit 75) and the others go on in their processes -- and, once its ranks
   have ended, the provider ends the old machine and makes the new one, which joins as any replacement does
   (:mod:`multinode.app.joins`). A node that cannot leave alone (the head, whose rank 0 holds the job's store) is
-  not told: its ranks stop by themselves at the notice's deadline (every rank's coordinated checkpoint), and the
-  provider waits until the run, between attempts, waits for the replacement (after the attempt's sweep): the
-  restart path, the new machine already launched (waited for however long a whole launch would take:
-  :data:`~multinode.app.replacements.SWAP_PATIENCE`);
+  not told: its ranks are stopped now -- SIGTERM with the grace to them, so every rank stops at the agreed step
+  with the coordinated checkpoint -- and the provider waits until the run, between attempts, waits for the
+  replacement (after the attempt's sweep): the restart path, the new machine already launched (waited for however
+  long a whole launch would take: :data:`~multinode.app.replacements.SWAP_PATIENCE`). Its ranks stopped, before,
+  only at the notice's deadline: the new machine, ready, was paid idle until then (node-0's in the spot day's
+  replay of 2026-12-07: about 40 s);
 * **a late replacement**: the ranks leave by themselves at the action time less ``STAY_MARGIN``, as before staying;
   the replacement goes on and joins when it is ready.
 
 Where the old machine must end before the new one launches (EC2 here: the node's instance index is one machine,
-:meth:`multinode.providers.aws.provider.AwsProvider.replace`), the provider calls back first and the node leaves
-at once: staying pays only where the launch runs beside the noticed machine (the local provider's drilled launch).
+:meth:`multinode.providers.aws.provider.AwsProvider.replace`), the provider calls back first (``Retire.ready``
+false) and the node leaves at once -- staying pays only where the launch runs beside the noticed machine (the
+local provider's drilled launch) -- but the head, which would only trade its training for a wait on the whole
+launch, trains on and stops at the notice's deadline.
 """
 
 from __future__ import annotations
@@ -38,11 +42,14 @@ from multinode.trainer import channel
 class Stays:
     """The noticed nodes of one attempt that train on (module doc). ``lose(name, why, pending)`` lets a node go as
     a noticed one (:meth:`multinode.app.changes.Changes.lose`, its ranks told); ``blocked(name)``: why it cannot
-    leave alone, or None."""
+    leave alone, or None; ``stop(name)``: the grace's SIGTERM to its ranks, on a thread (every rank stops with the
+    coordinated checkpoint)."""
 
     def __init__(self, members: Members, recovery, say: Callable[[str], None],
-                 lose: Callable[[str, str, set[str]], None], blocked: Callable[[str], str | None]) -> None:
+                 lose: Callable[[str, str, set[str]], None], blocked: Callable[[str], str | None],
+                 stop: Callable[[str], None]) -> None:
         self.members, self.recovery, self.say, self.lose, self.blocked = members, recovery, say, lose, blocked
+        self.stop = stop
         self.noticed: set[str] = set()  # nodes whose NOTICE was taken (its first rank's)
         self.letting_go: set[str] = set()  # told to leave: the provider goes on once their ranks have ended
 
@@ -53,7 +60,7 @@ class Stays:
             self._noticed(event)
             return True
         if isinstance(event, Retire):
-            self._retire(event.node, pending)
+            self._retire(event.node, pending, event.ready)
             return True
         if isinstance(event, NodeEnded) and event.node in self.letting_go:
             self.letting_go.discard(event.node)
@@ -74,14 +81,21 @@ class Stays:
                  f"{time.strftime('%H:%M:%S', time.localtime(leave_by))})")
         self.recovery.replacements.ask(name, beside=True)
 
-    def _retire(self, name: str, pending: set[str]) -> None:
-        """The replacement is ready to take ``name``'s place: let the node go (module doc)."""
+    def _retire(self, name: str, pending: set[str], ready: bool = True) -> None:
+        """The provider waits to end ``name``'s machine (``ready``: its replacement is ready to take its place): let
+        the node go (module doc)."""
         if name not in self.members.names or name not in pending:  # it left already (its deadline, a loss)
             self.recovery.replacements.retired(name)
             return
         why = self.blocked(name)
-        if why is not None:  # the head: its ranks stop at the deadline; the provider waits for that
-            self.say(f"{name}'s replacement is ready; {why}: its ranks stay until they stop at the notice's deadline")
+        if why is not None:  # the head: the provider waits until recovery waits for the replacement
+            if ready and self.recovery.may_recover():  # not a budget spent: nothing would take the job on then
+                self.say(f"{name}'s replacement is ready; {why}: its ranks stop now (every rank's coordinated "
+                         f"checkpoint) and the job starts again on the replacement")
+                self.stop(name)
+            else:
+                self.say(f"{name}'s replacement is {'ready' if ready else 'launched once its machine is gone'}; "
+                         f"{why}: its ranks stay until they stop at the notice's deadline")
             return
         self.letting_go.add(name)
         self.lose(name, "its replacement is ready", pending)

@@ -58,9 +58,9 @@ class JobHandle(Protocol):
     def stop(self, names: list[str] | None = None) -> dict[str, bool]:
         """Stop the job (on ``names``; all), under the run's stop policy; {part: it answered}."""
 
-    def notice(self) -> bool:
-        """GRACE's notice to the ranks (SIGTERM: one coordinated checkpoint, then exit 75); the job goes on being
-        watched. True when it reached the job."""
+    def notice(self, names: list[str] | None = None) -> bool:
+        """GRACE's notice to the ranks (on ``names``; all) (SIGTERM: one coordinated checkpoint, then exit 75); the
+        job goes on being watched. True when it reached the job."""
 
     def drop(self, name: str) -> None:
         """Give up on a part whose node does not answer."""

@@ -89,10 +89,12 @@ class ReplacementRefused:
 
 @dataclass(frozen=True)
 class Retire:
-    """A replacement launched beside noticed ``node`` is ready to take its place: the provider waits to end the old
-    machine until the run lets the node go (:mod:`multinode.app.stays`)."""
+    """The provider of noticed ``node``'s replacement waits to end the old machine until the run lets the node go
+    (:mod:`multinode.app.stays`): ``ready``, the new machine was launched beside it and is ready to take its place;
+    else the provider ends the old machine before it launches the new one."""
 
     node: str
+    ready: bool = True
 
 
 @dataclass(frozen=True)

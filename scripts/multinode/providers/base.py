@@ -42,13 +42,14 @@ class Provider(Protocol):
         """
 
     def replace(self, state: ClusterState, inventory: Inventory, name: str,
-                retire: Callable[[], None] | None = None) -> Inventory:
+                retire: Callable[[bool], None] | None = None) -> Inventory:
         """Remove whatever is left of node ``name`` and make ONE new machine in its place, under the same name and
         position in the inventory (rank order stays); pin its host key, write ``state.inventory_path`` and return
         the new inventory. The other nodes are not touched. ``retire`` (a noticed node that still trains,
         :mod:`multinode.app.stays`) is called once before the old machine is ended, and returns when the run has
-        let it go: a provider that launches the new machine beside the old one calls it once the new one is
-        launched, one that ends the old machine first calls it first.
+        let it go: a provider that launches the new machine beside the old one calls ``retire(True)`` once the new
+        one is launched (it is ready: a noticed head stops now), one that ends the old machine first calls
+        ``retire(False)`` first (nothing is ready yet: a noticed head trains on to its deadline).
 
         Raises CapacityRefused (one line; nothing changed) when no replacement can be had now (EC2 capacity, a
         local provider told to refuse), UserError when ``name`` is not a node of the cluster.

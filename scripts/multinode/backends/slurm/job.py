@@ -82,7 +82,9 @@ class SlurmJobRun:
         final = cancel(self.runner, self.job_id)
         return {part: final is not None for part in self.parts}
 
-    def notice(self) -> bool:
+    def notice(self, names: list[str] | None = None) -> bool:
+        """The batch job's notice, to every node (a batch job is signalled whole: ``names`` is not asked for --
+        a membership change, the only caller that names nodes, is never a SLURM job's)."""
         notice(self.runner, self.job_id)
         return True
 

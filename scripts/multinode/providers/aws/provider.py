@@ -193,10 +193,11 @@ class AwsProvider:
 
     def replace(self, state: ClusterState, inventory: Inventory, name: str, retire=None) -> Inventory:
         """One new instance for node ``name`` (multinode.providers.aws.replacing); the other instances are not
-        touched. CapacityRefused when EC2 refuses it wherever it may go, or for a quota. ``retire`` is called
-        first: the node's instance index is one machine, so the old instance ends before the new one launches."""
+        touched. CapacityRefused when EC2 refuses it wherever it may go, or for a quota. ``retire(False)`` is
+        called first: the node's instance index is one machine, so the old instance ends before the new one
+        launches."""
         if retire is not None:
-            retire()
+            retire(False)
         return replace_node(self, state, inventory, name)
 
     # down -------------------------------------------------------------------------------

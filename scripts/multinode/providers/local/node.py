@@ -74,7 +74,7 @@ def replace_node(state: ClusterState, inventory: Inventory, name: str, retire=No
     new inventory to state and return it. Raises CapacityRefused (nothing changed) when told to refuse
     (:func:`faults.take_refusal`); UserError for a node that is not the cluster's or a SCHEDULER=slurm cluster.
     Once a change of the node under way (a drilled loss) is done (:func:`meta.node_change`). ``retire``: the
-    drilled launch runs first, beside the old node, which is removed once ``retire()`` returns (a noticed node the
+    drilled launch runs first, beside the old node, which is removed once ``retire(True)`` returns (a noticed node the
     run keeps training until then); without it the old node goes first, as a lost one's machine does."""
     with node_change(state, name):
         return _replace(state, inventory, name, retire)
@@ -99,7 +99,7 @@ def _replace(state: ClusterState, inventory: Inventory, name: str, retire=None) 
     if retire is not None:  # launched beside the old node, which goes once the run lets it go
         faults.note_launch(state, name)
         time.sleep(faults.replace_delay(state=state))
-        retire()
+        retire(True)
     remove_node(state, plan, name)
     if retire is None:
         faults.note_launch(state, name)
