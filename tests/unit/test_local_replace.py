@@ -81,3 +81,31 @@ def test_the_bridge_has_its_own_mac_apart_from_every_node():
     plan = NetPlan("kh", 3, "10.201.7.0/24", 1500)
     assert plan.bridge_mac == NetPlan("kh", 3, "10.201.7.0/24", 1500).bridge_mac
     assert plan.bridge_mac not in {plan.mac(i) for i in range(64)} and int(plan.bridge_mac[:2], 16) & 2
+
+
+def test_a_vanishing_machine_freezes_every_process_before_it_kills_any(monkeypatch):
+    """Killed one by one, a process that outlived its neighbour acted on its death (a starter read its killed rank's
+    missing exit file as exit 1; CI's stop 62 restarted every process for it): every process -- one forked after the
+    first listing too -- gets SIGSTOP before any gets SIGKILL."""
+    import os
+    import signal
+
+    from multinode.providers.local import netns
+
+    alive, sent = {10, 11}, []
+    listings = iter([{10, 11}, {10, 11, 12}])  # 12: forked by 11 before 11 was stopped
+
+    def pids(ns):
+        assert ns == "mn-c-1"
+        return sorted(next(listings, alive))
+
+    def kill(pid, sig):
+        sent.append((pid, sig))
+        alive.add(pid) if sig == signal.SIGSTOP else alive.discard(pid)
+
+    monkeypatch.setattr(netns, "netns_pids", pids)
+    monkeypatch.setattr(os, "kill", kill)
+    assert netns.stop_processes(["mn-c-1"], grace=0.0, warn=False) == 3
+    signals = [sig for _, sig in sent]
+    assert signals == [signal.SIGSTOP] * 3 + [signal.SIGKILL] * 3, sent
+    assert {pid for pid, _ in sent[:3]} == {pid for pid, _ in sent[3:]} == {10, 11, 12} and not alive

@@ -207,13 +207,13 @@ def destroy_node(plan: NetPlan, i: int, warn: bool = True) -> int:
 
 
 def stop_processes(namespaces: list[str], grace: float = 1.0, warn: bool = True) -> int:
-    """SIGTERM everything in the namespaces, then SIGKILL what is left (``warn=False``: SIGKILL only); a process
-    that appears meanwhile (a child forked before its parent died) gets the same signal. Returns how many
-    processes there were."""
+    """SIGTERM everything in the namespaces, then SIGKILL what is left (``warn=False``: a machine that vanishes,
+    every process frozen first -- :func:`freeze` -- then SIGKILL); a process that appears meanwhile (a child forked
+    before its parent died) gets the same signal. Returns how many processes there were."""
     import os
     import signal
 
-    seen: set[int] = set()
+    seen: set[int] = set() if warn else freeze(namespaces)
     steps = ((signal.SIGTERM, grace), (signal.SIGKILL, 3.0)) if warn else ((signal.SIGKILL, 3.0),)
     for sig, wait in steps:
         signalled: set[int] = set()
@@ -233,6 +233,27 @@ def stop_processes(namespaces: list[str], grace: float = 1.0, warn: bool = True)
                 break
             time.sleep(0.05)
     return len(seen)
+
+
+def freeze(namespaces: list[str]) -> set[int]:
+    """SIGSTOP every process in the namespaces, again for those that appear, until a listing finds none new (a
+    stopped process forks nothing); returns them. A vanishing machine's processes all stop at once; killed one by
+    one, a process that outlived its neighbour acted on its death -- a starter read its rank's missing exit file,
+    a rank wrote into its killed ``sed`` (EPIPE, exit 1) -- and sent that through a still-living sshd as the job's
+    own failure. Frozen first, none runs again: SIGKILL ends a stopped process, and the kernel acts on a pending
+    SIGSTOP before the process runs another instruction of its own."""
+    import os
+    import signal
+
+    stopped: set[int] = set()
+    while new := {pid for ns in namespaces for pid in netns_pids(ns)} - stopped:
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        stopped |= new
+    return stopped
 
 
 def destroy(cluster: str) -> tuple[int, int, int]:
