@@ -209,8 +209,8 @@ def _generation(book: _Book, row: dict, job: JobMarks, following: JobMarks | Non
     training, its checkpoint stalls, the steps trained twice, and its start (``start``: the job's, for the first
     generation). (First step, last step's time, last step, the seconds of its tail no bucket took: the caller's.)"""
     steps = [m for m in marks if m.get("mark") in ("first_step", "steps", "last_step") and isinstance(m.get("step"), int)]
-    stalls = [(a, min(b, end), m.get("kind", "periodic"))
-              for m in marks if m.get("mark") == "checkpoint" for a, b in [markpace.held(m, "t")]]
+    held = [(markpace.held(m, "t"), m.get("kind", "periodic")) for m in marks if m.get("mark") == "checkpoint"]
+    stalls = [(a, min(b, end), kind) for (a, b), kind in held]
     row["checkpoints"] += [[round(a, 3), round(b - a, 3), k] for a, b, k in stalls]
     t_first, n_first = marks[0]["t"], marks[0]["step"]
     t_last, n_last = max(m["t"] for m in steps), max(m["step"] for m in steps)
