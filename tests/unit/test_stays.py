@@ -167,7 +167,7 @@ def _stays(blocked=lambda name: None, recover_left=True):
     members = SimpleNamespace(names=["node-0", "node-1", "node-2"])
     stopped: list[str] = []
     stays = Stays(members, recovery, said.append, lambda name, why, pending: lost.append((name, why)), blocked,
-                  stopped.append)
+                  stopped.extend)
     stays.stopped = stopped  # what the tests read: the nodes whose ranks were stopped
     return stays, recovery, said, lost
 
@@ -199,6 +199,8 @@ def test_the_head_is_not_let_go_its_ranks_stop_once_its_replacement_is_ready():
     pending = {"node-0", "node-1"}
     stays.take(_notice("node-0"), pending)
     stays.take(Retire("node-0"), pending)  # launched beside it: ready
+    stays.stopping.join(5.0)  # the stop runs on a thread; the attempt joins it at its end (Stays.join)
+    assert not stays.stopping.is_alive()
     assert lost == [] and recovery.replacements.let_go == [] and stays.stopped == ["node-0"]
     assert said[-1].endswith("node-0 is the head: its ranks stop now (every rank's coordinated checkpoint) and the "
                              "job starts again on the replacement")
@@ -215,12 +217,12 @@ def test_a_head_whose_replacement_launches_only_once_its_machine_is_gone_trains_
     pending = {"node-0", "node-1"}
     stays.take(_notice("node-0"), pending)
     stays.take(Retire("node-0", ready=False), pending)
-    assert lost == [] and stays.stopped == [] and said[-1].endswith(
+    assert lost == [] and stays.stopping is None and stays.stopped == [] and said[-1].endswith(
         "launched once its machine is gone; node-0 is the head: its ranks stay until they stop at the notice's "
         "deadline")
     spent, recovery, said, _ = _stays(blocked=lambda name: "RECOVER=1 recoveries spent", recover_left=False)
     spent.take(Retire("node-1"), {"node-0", "node-1"})
-    assert spent.stopped == [] and "stay until" in said[-1]
+    assert spent.stopping is None and spent.stopped == [] and "stay until" in said[-1]
 
 
 def test_no_replacement_is_asked_once_recover_is_spent():

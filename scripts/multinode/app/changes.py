@@ -33,7 +33,6 @@ the restart of every process -- takes over, as does a RECOVER budget spent.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 
@@ -65,8 +64,7 @@ class Changes:
         self.alive: set[str] = set()  # silent in this change, but answering with live ranks: waited for
         self.joins = Joins(ctx, job, members, recovery, prepare, say)  # the way back of the nodes that left
         self.stays = Stays(members, recovery, say, lambda name, why, pending: self.lose(
-            name, why, pending, notice=True, told=True), self.blocked, lambda name: threading.Thread(
-            target=job.notice, args=([name],), name=f"mn-stop-{name}", daemon=True).start())  # noticed, training on
+            name, why, pending, notice=True, told=True), self.blocked, lambda names: job.notice(names))  # noticed
         self.unended: set[str] = set()  # nodes that left while their old session still ran: its end is to come
         self.looks = 0  # the looks at silent members started in this attempt
         self.looking: int | None = None  # the look under way or answered, for the change now (None: none)

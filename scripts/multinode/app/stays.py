@@ -31,6 +31,7 @@ launch, trains on and stops at the notice's deadline.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -42,14 +43,14 @@ from multinode.trainer import channel
 class Stays:
     """The noticed nodes of one attempt that train on (module doc). ``lose(name, why, pending)`` lets a node go as
     a noticed one (:meth:`multinode.app.changes.Changes.lose`, its ranks told); ``blocked(name)``: why it cannot
-    leave alone, or None; ``stop(name)``: the grace's SIGTERM to its ranks, on a thread (every rank stops with the
-    coordinated checkpoint)."""
+    leave alone, or None; ``stop(names)``: the grace's SIGTERM to their ranks (the job's notice), run here on a thread
+    the attempt joins at its end (:meth:`join`): every rank stops with the coordinated checkpoint."""
 
     def __init__(self, members: Members, recovery, say: Callable[[str], None],
                  lose: Callable[[str, str, set[str]], None], blocked: Callable[[str], str | None],
-                 stop: Callable[[str], None]) -> None:
+                 stop: Callable[[list[str]], object]) -> None:
         self.members, self.recovery, self.say, self.lose, self.blocked = members, recovery, say, lose, blocked
-        self.stop = stop
+        self.stop, self.stopping = stop, None  # the head's stop under way (a thread), or None
         self.noticed: set[str] = set()  # nodes whose NOTICE was taken (its first rank's)
         self.letting_go: set[str] = set()  # told to leave: the provider goes on once their ranks have ended
 
@@ -92,10 +93,16 @@ class Stays:
             if ready and self.recovery.may_recover():  # not a budget spent: nothing would take the job on then
                 self.say(f"{name}'s replacement is ready; {why}: its ranks stop now (every rank's coordinated "
                          f"checkpoint) and the job starts again on the replacement")
-                self.stop(name)
+                self.stopping = threading.Thread(target=self.stop, args=([name],), name=f"mn-stop-{name}", daemon=True)
+                self.stopping.start()
             else:
                 self.say(f"{name}'s replacement is {'ready' if ready else 'launched once its machine is gone'}; "
                          f"{why}: its ranks stay until they stop at the notice's deadline")
             return
         self.letting_go.add(name)
         self.lose(name, "its replacement is ready", pending)
+
+    def join(self, timeout: float) -> None:
+        """The attempt ended: a head's stop still under way is done first (at most ``timeout`` seconds)."""
+        if self.stopping is not None:
+            self.stopping.join(timeout)

@@ -123,6 +123,7 @@ class AttemptLoop:
                 self._notice_thread.join(timeout=self.ctx.runner.stop.kill_after + 10)
             self.grow.end()
             if self.changes is not None:
+                self.changes.stays.join(timeout=self.ctx.runner.stop.kill_after + 10)  # a head's stop, done first
                 self.recovery.replacements.listen(None)
             self.job.close()
         outcome = self.job.outcome(ending)
