@@ -173,3 +173,36 @@ def test_an_existing_cluster_description_is_checked(change, fragment):
 
     with pytest.raises(UserError, match=re.escape(fragment)):
         inventory_from_options("hpc", {**HPC, **change}, "ssh-ed25519 AAAA")
+
+
+def test_a_killed_rank_whose_task_slurm_ended_before_it_said_so_is_the_root_cause():
+    """cold run of 2026-12-07: rank 1 (node-1) SIGKILLed; its peers' collective failed at once (exit 76) and node-0's
+    task said so first; --kill-on-bad-exit then ended node-1's task before it printed how it ended -- but its torchrun
+    agent had reported the rank's -9. The run named node-0. The node that never said is a failure too, and its rank's
+    own exit code (not a peer's 76, though its log reads like a reaction: the store went with node-0) names it."""
+    import io
+    from types import SimpleNamespace
+
+    from conftest import make_inventory
+
+    from multinode.backends.slurm.follow import SlurmEnded
+    from multinode.backends.slurm.job import SlurmJobRun
+    from multinode.core.events import Events
+    from multinode.core.outcome import Ending
+    from multinode.diagnose.rank import pick_root_cause
+
+    nodes = ["node-0", "node-1", "node-2"]
+    job = SlurmJobRun(SimpleNamespace(inventory=make_inventory(3)), None, "5", nodes, io.StringIO(),
+                      Path("/nonexistent"), Events())
+    reaction = ["[rank{}]: RuntimeError: [pair.cc:537] Read error: Connection reset by peer", "  exitcode  : 76"]
+    job.follower.lines = [*(f"[node-0] {line.format(0)}" for line in reaction),
+                          "[node-1] E1207 api.py:1002] failed (exitcode: -9) local_rank: 0 (pid: 10782) of binary",
+                          "[node-1] frame #2: c10::DistNetworkError::DistNetworkError(c10::SourceLocation)",
+                          *(f"[node-2] {line.format(2)}" for line in reaction)]
+    job.ended = SlurmEnded("5", "FAILED", 1, failed_nodes=[("node-0", 1, 0)])
+    outcome = job.outcome(Ending())
+    assert [f.node for f in outcome.failures] == nodes and outcome.failure.node == "node-0"
+    assert outcome.failures[1].message.startswith("a rank of it ended with code -9, then SLURM ended its task")
+    assert pick_root_cause(list(outcome.failures), outcome.failure).node == "node-1"
+    job.follower.lines = [line for line in job.follower.lines if not line.startswith("[node-1]")]  # it said nothing
+    assert pick_root_cause(list(job.outcome(Ending()).failures), outcome.failure).node == "node-0"  # as before

@@ -25,6 +25,7 @@ from typing import TextIO
 from multinode.backends.slurm.follow import POLL, Follower, SlurmEnded, cancel, notice
 from multinode.backends.slurm.script import TERMINAL_STATES, SlurmJob
 from multinode.core.errors import EXIT_PREEMPTED, NodeError
+from multinode.diagnose.rank import RANK_EXIT
 from multinode.core.events import Events, JobEnded, JobError
 from multinode.core.outcome import Ending, Outcome
 from multinode.ssh.runner import RemoteRunner
@@ -112,6 +113,20 @@ class SlurmJobRun:
         self.runner.stop_all(self.job.run_id)
         self._thread.join(timeout=POLL * 4)
 
+    def _unsaid(self, failed: dict[str, int], state: str) -> tuple[NodeError, ...]:
+        """The nodes whose task never said how it ended -- ``--kill-on-bad-exit`` ended it once another task failed
+        -- though its launcher had reported a rank of it ended (:data:`~multinode.diagnose.rank.RANK_EXIT`): the
+        rank killed first may be one of them, its report later than its peers' (their collective failed at once)."""
+        unsaid = []
+        for node in (n for n in self.nodes if n not in failed):
+            lines = self.follower.node_lines(node)
+            code = next((m[1] for line in lines if (m := RANK_EXIT.search(line))), None)
+            if code is not None:
+                unsaid.append(NodeError(node, "srun task", None, f"a rank of it ended with code {code}, then SLURM "
+                                        f"ended its task when another failed (batch job {self.job_id}, {state})",
+                                        tail=lines[-20:], log_path=str(self.follower.log_dir / f"{node}.log")))
+        return tuple(unsaid)
+
     # --- the outcome -----------------------------------------------------------------------------------------------
 
     def outcome(self, ending: Ending) -> Outcome:
@@ -145,6 +160,7 @@ class SlurmJobRun:
             why = ending.failure.message.removesuffix("; the job was stopped")
             stall = NodeError(head, "job", None, f"{why}; batch job {self.job_id} was cancelled")
             return Outcome("stalled", codes, failure=stall, failures=errors or (stall,), lines=lines)
+        errors += self._unsaid(failed, state)  # a failure's, not a stall's (the stacks name that one)
         if ending.failure is not None:
             why = {node: self.failures[node].message for node in self.lost_nodes}
             return Outcome(ending.kind, codes, failure=ending.failure, failures=(ending.failure, *errors),
