@@ -11,9 +11,9 @@ A hung rank does not fail: its peers do, when their collective times out, and th
 * :func:`own_failure` / :func:`pick_root_cause`: among the nodes that failed (NodeErrors, in the order
   they ended), the first whose log does not read like a reaction to another node's failure
   (:data:`PEER_FAILURE`) -- or, when every one reads so, the first whose ranks' exit codes are their own
-  (:data:`RANK_EXIT`, :data:`NOT_ITS_OWN`). Only a node's failure counts (:func:`is_node_failure`: it carries the node's exit
-  code or its log); a stop the run made itself -- the stall watchdog's, the deadline's -- names the head but
-  says nothing of any node, and is never "a node that failed on its own".
+  (:data:`RANK_EXIT`, :data:`NOT_ITS_OWN`). Only a node's failure counts (:func:`is_node_failure`: it carries
+  the node's exit code or its log); a stop the run made itself -- the stall watchdog's, the deadline's -- names
+  the head but says nothing of any node, and is never "a node that failed on its own".
 * :func:`odd_collective`: when the live ranks wait in different collectives, the odd one out.
 * :func:`root_cause` weighs them: a stopped or uninterruptible rank; else the odd one out of mismatched
   collectives; else none when a node failed on its own (the caller names that node from its log); else a rank
@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from multinode.diagnose.collectives import mismatch
-from multinode.trainer import channel
 from multinode.diagnose.dumps import Frame, RankDump
+from multinode.trainer import channel
 
 # A frame in one of these files means the rank is inside a collective, a store or rendezvous wait, or
 # DDP's gradient all-reduce (which torch runs from the autograd engine during backward).

@@ -25,9 +25,9 @@ from typing import TextIO
 from multinode.backends.slurm.follow import POLL, Follower, SlurmEnded, cancel, notice
 from multinode.backends.slurm.script import TERMINAL_STATES, SlurmJob
 from multinode.core.errors import EXIT_PREEMPTED, NodeError
-from multinode.diagnose.rank import RANK_EXIT
 from multinode.core.events import Events, JobEnded, JobError
 from multinode.core.outcome import Ending, Outcome
+from multinode.diagnose.rank import RANK_EXIT
 from multinode.ssh.runner import RemoteRunner
 
 
