@@ -9,7 +9,7 @@ from multinode.core.errors import UserError
 from multinode.plan.launchers import EntryPoint, get_launcher, launcher_for_mode
 from multinode.plan.launchers.mpirun import RANK_ENV
 from conftest import plan_job
-from multinode.diagnose.rank import pick_root_cause
+from multinode.diagnose.rank import own_failure, pick_root_cause
 from multinode.core.errors import NodeError
 from multinode.plan.runtime import to_shell
 
@@ -136,6 +136,19 @@ def test_root_cause_skips_peer_reactions():
     cause = NodeError("node-1", "torchrun", 1, "exit", tail=["exitcode  : -9 (pid: 12)"])
     assert pick_root_cause([peer, cause], peer) is cause
     assert pick_root_cause([peer], peer) is peer
+
+
+def test_when_every_failure_is_a_reaction_the_node_of_a_killed_rank_is_named_not_a_timeout_or_the_runs_stop():
+    """A rank killed by a signal (-9, 137, an abort's -6) is named even when its node's log reads like a reaction;
+    a rank whose collective timed out (exit 1) or the run's SIGTERM (-15, 143) is no such evidence, and the look at
+    the live ranks (root_cause, which reads own_failure) is left as it was: a hung rank is still theirs to name."""
+    timed_out = NodeError("node-0", "torchrun", 1, "exit", tail=["RuntimeError: ... timed out", "  exitcode  : 1"])
+    stopped = NodeError("node-2", "torchrun", 143, "exit", tail=["Signals.SIGTERM", "  exitcode  : -15 (pid: 7)"])
+    killed = NodeError("node-1", "torchrun", 1, "exit", tail=["c10::DistNetworkError::DistNetworkError",
+                                                              "failed (exitcode: -9) local_rank: 0 (pid: 9)"])
+    assert pick_root_cause([timed_out, stopped], timed_out) is timed_out and own_failure([timed_out, stopped]) is None
+    assert pick_root_cause([timed_out, stopped, killed], timed_out) is killed
+    assert own_failure([timed_out, stopped, killed]) is None
 
 
 def test_a_plan_word_is_literal_unless_it_holds_shell_text_evaluated_on_the_node():

@@ -10,8 +10,8 @@ A hung rank does not fail: its peers do, when their collective times out, and th
   culprit: it is waiting for the culprit. None when no live rank qualifies.
 * :func:`own_failure` / :func:`pick_root_cause`: among the nodes that failed (NodeErrors, in the order
   they ended), the first whose log does not read like a reaction to another node's failure
-  (:data:`PEER_FAILURE`) -- or, when every one reads so, the first whose ranks' exit codes are their own
-  (:data:`RANK_EXIT`, :data:`NOT_ITS_OWN`). Only a node's failure counts (:func:`is_node_failure`: it carries
+  (:data:`PEER_FAILURE`) -- for the failed node's name, when every one reads so, the first with a rank killed by
+  a signal (:func:`killed_rank`). Only a node's failure counts (:func:`is_node_failure`: it carries
   the node's exit code or its log); a stop the run made itself -- the stall watchdog's, the deadline's -- names
   the head but says nothing of any node, and is never "a node that failed on its own".
 * :func:`odd_collective`: when the live ranks wait in different collectives, the odd one out.
@@ -31,7 +31,6 @@ from pathlib import Path
 
 from multinode.diagnose.collectives import mismatch
 from multinode.diagnose.dumps import Frame, RankDump
-from multinode.trainer import channel
 
 # A frame in one of these files means the rank is inside a collective, a store or rendezvous wait, or
 # DDP's gradient all-reduce (which torch runs from the autograd engine during backward).
@@ -135,32 +134,42 @@ def is_node_failure(failure) -> bool:
     return failure.returncode is not None or bool(failure.log_path)
 
 
-# A rank's exit code as its launcher reports it: torchrun's agent ("failed (exitcode: -9) local_rank: 0") and its
-# error summary ("exitcode  : 76"), which the static starter writes too. Those that say nothing of the rank's own:
-# ended well, stopped on a notice, its collective failed (our trainer's word), the run's stop (SIGTERM).
-RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
-NOT_ITS_OWN = {0, channel.EXIT_PREEMPTED, channel.EXIT_PEER_FAILED, -signal.SIGTERM, 128 + signal.SIGTERM}
-
-
 def own_failure(failures: list):
     """The first node (NodeError) that failed on its own: a node's failure (:func:`is_node_failure`) whose log does
-    not read like a reaction to another's failure. When every one reads like a reaction, the first whose ranks'
-    exit codes say otherwise (:data:`NOT_ITS_OWN`): a rank killed (-9, 137) or failed. A killed rank's node reads
-    like a reaction too when the store it rendezvoused on went with the first node to end (torchrun's
-    DistNetworkError): under SLURM, whose --kill-on-bad-exit ended its task before it said how it ended."""
-    nodes = [(failure, log_lines(failure)) for failure in failures if is_node_failure(failure)]
-    for failure, lines in nodes:
-        if not any(PEER_FAILURE.search(line) for line in lines):
+    not read like a reaction to another's failure."""
+    for failure in failures:
+        if is_node_failure(failure) and not any(PEER_FAILURE.search(line) for line in log_lines(failure)):
             return failure
-    for failure, lines in nodes:
-        if any(int(m[1]) not in NOT_ITS_OWN for line in lines if (m := RANK_EXIT.search(line))):
+    return None
+
+
+# A rank's exit code as its launcher reports it: torchrun's agent ("failed (exitcode: -9) local_rank: 0") and its
+# error summary ("exitcode  : 137"), which the static starter writes too.
+RANK_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
+
+
+def killed_by_a_signal(code: int) -> bool:
+    """A rank ended by a signal (minus it where Python reports a child so ended, 128 + it where a shell does), but
+    not by SIGTERM, the run's own stop."""
+    return (code < 0 and code != -signal.SIGTERM) or (code > 128 and code != 128 + signal.SIGTERM)
+
+
+def killed_rank(failures: list):
+    """The first node (NodeError) whose launcher reported a rank of it killed by a signal
+    (:func:`killed_by_a_signal`): a killed rank's node reads like a reaction too when the store it rendezvoused on
+    went with the first node to end (torchrun's DistNetworkError). Under SLURM, ``--kill-on-bad-exit`` ended such
+    a node's task before it said how it ended, once a peer whose collective failed at once had said so first."""
+    for failure in failures:
+        if is_node_failure(failure) and any(killed_by_a_signal(int(m[1])) for line in log_lines(failure)
+                                            if (m := RANK_EXIT.search(line))):
             return failure
     return None
 
 
 def pick_root_cause(failures: list, first):
-    """The first failure whose log does not read like a reaction to another node's failure."""
-    return own_failure(failures) or first
+    """The first failure whose log does not read like a reaction to another node's failure; when every one does,
+    the first with a rank killed by a signal (:func:`killed_rank`); else ``first``."""
+    return own_failure(failures) or killed_rank(failures) or first
 
 
 def odd_collective(dumps: Iterable[RankDump]) -> Culprit | None:
@@ -193,5 +202,6 @@ def root_cause(dumps: Iterable[RankDump], failures: Iterable = ()) -> Culprit | 
     return pick_culprit(dumps)
 
 
-__all__ = ["PEER_FAILURE", "Culprit", "is_node_failure", "odd_collective", "own_failure", "pick_culprit", "pick_root_cause",
+__all__ = ["PEER_FAILURE", "RANK_EXIT", "Culprit", "is_node_failure", "killed_rank", "odd_collective", "own_failure",
+           "pick_culprit", "pick_root_cause",
            "root_cause", "verdict", "waiting"]
